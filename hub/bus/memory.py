@@ -1,0 +1,46 @@
+"""The in-process doorbell, for one hub node."""
+
+from __future__ import annotations
+
+import asyncio
+
+__all__ = ["MemoryBus"]
+
+
+class MemoryBus:
+    """Remembers the highest published seq per stream and wakes whoever waits for more.
+
+    ``wait`` returns at once when a newer seq is already known, so a reader that drained
+    the log and then waits cannot miss an event committed in between.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[str, int] = {}
+        self._waiters: dict[str, asyncio.Event] = {}
+
+    def publish(self, stream: str, seq: int) -> None:
+        if seq <= self._last.get(stream, 0):
+            return
+        self._last[stream] = seq
+        waiter = self._waiters.pop(stream, None)
+        if waiter is not None:
+            waiter.set()
+
+    def last_seq(self, stream: str) -> int:
+        """The highest seq published here (0 when none was)."""
+        return self._last.get(stream, 0)
+
+    async def wait(self, stream: str, after_seq: int, timeout: float | None = None) -> int:
+        """Wait until a seq above ``after_seq`` is published; return the highest known.
+
+        On timeout the highest known seq is returned, which may still be ``<= after_seq``.
+        """
+        while self._last.get(stream, 0) <= after_seq:
+            waiter = self._waiters.get(stream)
+            if waiter is None:
+                waiter = self._waiters[stream] = asyncio.Event()
+            try:
+                await asyncio.wait_for(waiter.wait(), timeout)
+            except TimeoutError:
+                break
+        return self._last.get(stream, 0)

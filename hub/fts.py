@@ -1,0 +1,29 @@
+"""Full-text query builders. Every user word is quoted, so no FTS syntax gets through."""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["phrase_query", "words_query"]
+
+# JavaScript's \s: Unicode whitespace plus U+FEFF (the original splits with /\s+/).
+_WS = re.compile(r"[\s\ufeff]+")
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace('"', '""') + '"'
+
+
+def phrase_query(query: str) -> str | None:
+    """The whole query as one quoted phrase (``Session.search``); None when blank."""
+    if not _WS.sub("", query):
+        return None
+    return _quote(query)
+
+
+def words_query(query: str) -> str | None:
+    """Each word quoted and ANDed (``SessionManager.search``); None when blank."""
+    words = [w for w in _WS.split(query) if w]
+    if not words:
+        return None
+    return " ".join(_quote(w) for w in words)

@@ -1,0 +1,180 @@
+"""`SessionManager`: the sessions registry and the operations that span sessions."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+
+from protocol import (
+    Compaction,
+    Event,
+    InvalidInput,
+    Message,
+    SearchResult,
+    SessionInfo,
+    SessionNotFound,
+    coerce_message,
+)
+
+from .events import follow
+from .session import MessageInput, Session, check_ids, check_parent
+from .store.base import LATEST, REGISTRY, Parent, ParentArg, Store
+
+__all__ = ["SessionManager"]
+
+
+def _opt_str(value: object, name: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise InvalidInput(f"{name} must be a string or None, got {type(value).__name__}")
+    return value
+
+
+class SessionManager:
+    """Many sessions in one store.
+
+    Every method that takes a session id raises :class:`~protocol.errors.SessionNotFound`
+    for an id that is not in the registry (``get`` returns None instead); writes check and
+    touch ``updated_at`` in the same transaction as the change.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._sessions: dict[str, Session] = {}
+
+    @classmethod
+    def create_manager(cls, store: Store) -> SessionManager:
+        return cls(store)
+
+    async def _require(self, session_id: str) -> SessionInfo:
+        if not isinstance(session_id, str):
+            raise InvalidInput("session id must be a string")
+        info = await self.store.get_session(session_id)
+        if info is None:
+            raise SessionNotFound(session_id)
+        return info
+
+    # -- registry ------------------------------------------------------------------------
+    async def create(
+        self,
+        name: str,
+        parent_session_id: str | None = None,
+        model: str | None = None,
+        source: str | None = None,
+    ) -> SessionInfo:
+        """Register a new session with a random UUID id."""
+        return await self.store.create_session(
+            name,
+            parent_session_id=_opt_str(parent_session_id, "parent_session_id"),
+            model=_opt_str(model, "model"),
+            source=_opt_str(source, "source"),
+        )
+
+    async def get(self, session_id: str) -> SessionInfo | None:
+        return await self.store.get_session(session_id)
+
+    async def list(self) -> list[SessionInfo]:
+        """Every session, most recently updated first."""
+        return await self.store.list_sessions()
+
+    async def rename(self, session_id: str, name: str) -> SessionInfo:
+        return await self.store.rename_session(session_id, name)
+
+    async def delete(self, session_id: str) -> None:
+        """Delete the session with its messages, overlays and event log."""
+        await self.store.delete_session(session_id)
+        self._sessions.pop(session_id, None)
+
+    def get_session(self, session_id: str) -> Session:
+        """The :class:`Session` for ``session_id`` (cached; the registry is not checked)."""
+        session = self._sessions.get(session_id)
+        if session is None:
+            session = self._sessions[session_id] = Session(self.store, session_id=session_id)
+        return session
+
+    # -- messages ------------------------------------------------------------------------
+    async def append(self, session_id: str, message: MessageInput, parent_id: ParentArg | Parent = LATEST) -> str:
+        """Append one message (idempotent on its id); returns the message id."""
+        m = coerce_message(message)
+        await self.store.append_messages(session_id, [m], check_parent(parent_id), managed=True)
+        return m.id
+
+    async def upsert(self, session_id: str, message: MessageInput, parent_id: ParentArg | Parent = LATEST) -> str:
+        """Update the message if its id is stored in the session, else append it."""
+        m = coerce_message(message)
+        await self.store.upsert_message(session_id, m, check_parent(parent_id), managed=True)
+        return m.id
+
+    async def append_all(
+        self, session_id: str, messages: Sequence[MessageInput], parent_id: ParentArg | Parent = LATEST
+    ) -> str | None:
+        """Append a chain in one transaction; returns the last message's id.
+
+        Departure: without ``parent_id`` the chain continues from the latest leaf (the
+        original started a new root)."""
+        if isinstance(messages, Mapping) or not isinstance(messages, Sequence):
+            raise InvalidInput("messages must be a list of messages")
+        batch = [coerce_message(m) for m in messages]
+        result = await self.store.append_messages(session_id, batch, check_parent(parent_id), managed=True)
+        if batch:
+            return result.last_id
+        if isinstance(parent_id, str) or parent_id is None:
+            return parent_id
+        leaf = await self.store.get_latest_leaf(session_id)
+        return None if leaf is None else leaf.id
+
+    async def get_history(self, session_id: str, leaf_id: str | None = None) -> list[Message]:
+        await self._require(session_id)
+        return await self.get_session(session_id).get_history(leaf_id)
+
+    async def get_branches(self, session_id: str, message_id: str) -> list[Message]:
+        await self._require(session_id)
+        return await self.get_session(session_id).get_branches(message_id)
+
+    async def get_message_count(self, session_id: str) -> int:
+        """Messages on the active branch (the path to the latest leaf)."""
+        await self._require(session_id)
+        return await self.store.get_path_length(session_id)
+
+    async def clear_messages(self, session_id: str) -> None:
+        await self.store.clear_messages(session_id, managed=True)
+
+    async def delete_messages(self, session_id: str, ids: Sequence[str]) -> list[str]:
+        return await self.store.delete_messages(session_id, check_ids(ids), managed=True)
+
+    # -- forks, overlays, usage ----------------------------------------------------------
+    async def fork(self, session_id: str, at_message_id: str, name: str) -> SessionInfo:
+        """A new session holding the path root → ``at_message_id`` of ``session_id``.
+
+        Departure: message ids are kept (they are unique per session) and the overlays
+        lying on the forked path come along, so the fork reads exactly like the source."""
+        if not isinstance(at_message_id, str):
+            raise InvalidInput("at_message_id must be a string")
+        return await self.store.fork_session(session_id, at_message_id, name)
+
+    async def add_compaction(self, session_id: str, summary: str, from_id: str, to_id: str) -> Compaction:
+        return await self.store.add_compaction(session_id, summary, from_id, to_id, managed=True)
+
+    async def get_compactions(self, session_id: str) -> list[Compaction]:
+        await self._require(session_id)
+        return await self.store.get_compactions(session_id)
+
+    async def compact_and_split(self, session_id: str, summary: str, name: str | None = None) -> SessionInfo:
+        """End ``session_id`` (``end_reason='compaction'``) and continue in a new session
+        whose first message carries ``summary``; returns the new session."""
+        return await self.store.split_session(session_id, summary, _opt_str(name, "name"))
+
+    async def add_usage(self, session_id: str, input_tokens: int, output_tokens: int, cost: float) -> SessionInfo:
+        """Add token counts and cost to the session's totals."""
+        return await self.store.add_usage(session_id, input_tokens, output_tokens, cost)
+
+    async def search(self, query: str, limit: int = 20) -> list[SearchResult]:
+        """Every word must match (each is quoted, so FTS operators are plain words); hits
+        from all registered sessions, best first, each naming its ``session_id``."""
+        return await self.store.search_messages(query, session_id=None, limit=limit, match="words")
+
+    # -- events --------------------------------------------------------------------------
+    async def read_registry_events(self, after_seq: int = 0, limit: int = 1000) -> list[Event]:
+        return await self.store.read_events(REGISTRY, after_seq, limit)
+
+    def registry_events(self, after_seq: int = 0, *, epoch: str | None = None) -> AsyncIterator[Event]:
+        """Registry changes (created, renamed, forked, ended, deleted, usage): backlog, then live."""
+        return follow(self.store, REGISTRY, after_seq, epoch=epoch)

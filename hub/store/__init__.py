@@ -1,0 +1,16 @@
+"""Storage backends. Nothing outside this package writes SQL."""
+
+from .base import LATEST, REGISTRY, AppendResult, Parent, ParentArg, Store, StreamPosition, session_stream
+from .sqlite import SqliteStore
+
+__all__ = [
+    "LATEST",
+    "REGISTRY",
+    "AppendResult",
+    "Parent",
+    "ParentArg",
+    "SqliteStore",
+    "Store",
+    "StreamPosition",
+    "session_stream",
+]

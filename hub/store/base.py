@@ -1,0 +1,220 @@
+"""The storage contract every backend implements, and the markers it shares with the engine.
+
+A store owns SQL, migrations, transactions and the event log; nothing above it writes SQL.
+Every mutating method runs as one transaction that also appends the change's events to the
+session's log (and, for registry changes, to the registry log), so an acknowledged change is
+never missing from the log and a failed one leaves neither change nor event behind.
+
+``managed=True`` means "on behalf of the SessionManager": the session must exist in the
+registry (else :class:`~protocol.errors.SessionNotFound`, nothing written) and its
+``updated_at`` is touched in the same transaction.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Sequence
+from typing import Final, Literal
+
+import msgspec
+
+from protocol import Compaction, Event, Message, SearchResult, SessionInfo
+
+from ..bus import Bus
+
+__all__ = [
+    "LATEST",
+    "REGISTRY",
+    "AppendResult",
+    "Parent",
+    "ParentArg",
+    "Store",
+    "StreamPosition",
+    "session_stream",
+]
+
+
+class Parent(enum.Enum):
+    """Where an appended message attaches when no explicit parent id is given."""
+
+    LATEST = "latest"
+
+
+#: Attach to the session's latest leaf (the newest message without children).
+LATEST: Final = Parent.LATEST
+
+#: ``str`` attaches to that message (unknown → new root); ``None`` starts a new root.
+ParentArg = str | None | Literal[Parent.LATEST]
+
+#: The stream key of the sessions-registry log.
+REGISTRY: Final = "registry"
+
+
+def session_stream(session_id: str) -> str:
+    """The stream key of a session's own log."""
+    return "s:" + session_id
+
+
+class AppendResult(msgspec.Struct, kw_only=True):
+    """What an append wrote: ids actually inserted (duplicates are skipped), the id the
+    chain ended on (the last message given, stored or already there), and the session's
+    last event seq after the write (0 if nothing was written)."""
+
+    inserted: list[str]
+    last_id: str | None
+    last_seq: int
+
+
+class StreamPosition(msgspec.Struct, kw_only=True):
+    """What an event stream can serve: events ``first_seq..last_seq`` of ``epoch``.
+    An empty stream has ``first_seq = 1`` and ``last_seq = 0``."""
+
+    stream: str
+    epoch: str
+    first_seq: int
+    last_seq: int
+
+
+class Store(abc.ABC):
+    """Storage for sessions, messages, overlays and event logs."""
+
+    #: Rung with ``(stream, seq)`` after every commit that wrote events.
+    bus: Bus
+
+    # -- lifecycle -----------------------------------------------------------------------
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # -- messages ------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def append_messages(
+        self,
+        session_id: str,
+        messages: Sequence[Message],
+        parent: ParentArg = LATEST,
+        *,
+        managed: bool = False,
+    ) -> AppendResult:
+        """Append a chain: the first message attaches per ``parent``, each next one to the
+        one before it. Ids already stored in the session are skipped (first content wins)
+        but still continue the chain."""
+
+    @abc.abstractmethod
+    async def update_message(self, session_id: str, message: Message, *, managed: bool = False) -> bool:
+        """Replace a stored message's content; False (and nothing written) if unknown."""
+
+    @abc.abstractmethod
+    async def upsert_message(
+        self, session_id: str, message: Message, parent: ParentArg = LATEST, *, managed: bool = False
+    ) -> bool:
+        """Update the message if its id is stored, else append it. True when appended."""
+
+    @abc.abstractmethod
+    async def delete_messages(
+        self, session_id: str, ids: Sequence[str], *, managed: bool = False
+    ) -> list[str]:
+        """Delete messages; each one's children move to its parent. Returns the ids deleted."""
+
+    @abc.abstractmethod
+    async def clear_messages(self, session_id: str, *, managed: bool = False) -> None:
+        """Delete every message and overlay of the session."""
+
+    @abc.abstractmethod
+    async def get_message(self, session_id: str, message_id: str) -> Message | None: ...
+
+    @abc.abstractmethod
+    async def get_history(self, session_id: str, leaf_id: str | None = None) -> list[Message]:
+        """Root → leaf (latest leaf by default) with overlays applied; unknown leaf → []."""
+
+    @abc.abstractmethod
+    async def get_path(self, session_id: str, leaf_id: str | None = None) -> list[Message]:
+        """Root → leaf without overlays."""
+
+    @abc.abstractmethod
+    async def get_latest_leaf(self, session_id: str) -> Message | None: ...
+
+    @abc.abstractmethod
+    async def get_path_length(self, session_id: str, leaf_id: str | None = None) -> int:
+        """Raw rows on the path (overlays not collapsed); unknown leaf → 0."""
+
+    @abc.abstractmethod
+    async def get_branches(self, session_id: str, message_id: str) -> list[Message]:
+        """Direct children, oldest first."""
+
+    @abc.abstractmethod
+    async def search_messages(
+        self, query: str, *, session_id: str | None, limit: int = 20, match: Literal["phrase", "words"]
+    ) -> list[SearchResult]:
+        """Full-text search of text parts, best first. ``session_id=None`` searches every
+        session of the registry. A query that is blank or matches nothing returns []."""
+
+    # -- compaction overlays -------------------------------------------------------------
+    @abc.abstractmethod
+    async def add_compaction(
+        self, session_id: str, summary: str, from_id: str, to_id: str, *, managed: bool = False
+    ) -> Compaction: ...
+
+    @abc.abstractmethod
+    async def get_compactions(self, session_id: str) -> list[Compaction]:
+        """Every overlay of the session, oldest first."""
+
+    # -- sessions registry ---------------------------------------------------------------
+    @abc.abstractmethod
+    async def create_session(
+        self,
+        name: str,
+        *,
+        parent_session_id: str | None = None,
+        model: str | None = None,
+        source: str | None = None,
+        session_id: str | None = None,
+    ) -> SessionInfo: ...
+
+    @abc.abstractmethod
+    async def get_session(self, session_id: str) -> SessionInfo | None: ...
+
+    @abc.abstractmethod
+    async def list_sessions(self) -> list[SessionInfo]:
+        """Most recently updated first."""
+
+    @abc.abstractmethod
+    async def rename_session(self, session_id: str, name: str) -> SessionInfo: ...
+
+    @abc.abstractmethod
+    async def delete_session(self, session_id: str) -> None:
+        """Delete the session, its messages, overlays and log; a final ``session.deleted``
+        event stays readable."""
+
+    @abc.abstractmethod
+    async def add_usage(
+        self, session_id: str, input_tokens: int, output_tokens: int, cost: float
+    ) -> SessionInfo: ...
+
+    @abc.abstractmethod
+    async def fork_session(self, session_id: str, at_message_id: str, name: str) -> SessionInfo:
+        """A new session holding the path root → ``at_message_id`` (same ids) and the
+        overlays lying wholly on it."""
+
+    @abc.abstractmethod
+    async def split_session(self, session_id: str, summary: str, name: str | None = None) -> SessionInfo:
+        """End the session (``end_reason='compaction'``) and start its continuation, whose
+        one message carries the summary."""
+
+    # -- event logs ----------------------------------------------------------------------
+    @abc.abstractmethod
+    async def read_events(
+        self, stream: str, after_seq: int = 0, limit: int = 1000, *, epoch: str | None = None
+    ) -> list[Event]:
+        """Events of ``stream`` after ``after_seq``, oldest first, at most ``limit``.
+        Raises :class:`~protocol.errors.PositionLost` when the log cannot serve that
+        position (pruned, another epoch, or beyond its end)."""
+
+    @abc.abstractmethod
+    async def stream_position(self, stream: str) -> StreamPosition: ...

@@ -1,0 +1,951 @@
+"""`SqliteStore`: the embedded default, on aiosqlite with WAL.
+
+Design (measured in docs/benchmarks.md):
+
+- Each operation is one Python function run in the connection's worker thread, wrapping
+  ``BEGIN IMMEDIATE .. COMMIT`` (writes) or ``BEGIN .. COMMIT`` (reads). One thread hop per
+  operation instead of one per statement; a transaction can never interleave with another
+  task's statements; a failure rolls the whole change back, events included.
+- Writes go through one connection, reads through another: in WAL mode a reader sees a
+  committed snapshot and never waits for the writer. (``:memory:`` uses one connection.)
+- Messages are keyed ``(session_id, id)``. ``pk`` (the rowid) is insertion order and
+  ``parent_pk`` points at the parent's rowid. A parent is always older than its children
+  (deleting a message hands its children to its own, older, parent), so the session's
+  newest row is always a leaf: the latest leaf is one index probe, and a path walk follows
+  rowids and must strictly descend, so it ends even on a corrupted file.
+- FTS5 (``porter unicode61``) keyed by the message rowid; a hashed session token column
+  lets one session's search intersect posting lists instead of filtering every hit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import sqlite3
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal, TypeVar, cast
+
+import aiosqlite
+import msgspec
+
+from protocol import (
+    Compaction,
+    Event,
+    InvalidInput,
+    InvalidMessage,
+    Message,
+    PositionLost,
+    SearchResult,
+    SessionInfo,
+    SessionNotFound,
+    StoreClosed,
+    StoreError,
+)
+
+from ..bus import Bus, MemoryBus
+from ..fts import phrase_query, words_query
+from ..overlays import apply_compactions, visible_compactions
+from .base import (
+    LATEST,
+    REGISTRY,
+    AppendResult,
+    ParentArg,
+    Store,
+    StreamPosition,
+    session_stream,
+)
+
+__all__ = ["SqliteStore"]
+
+log = logging.getLogger("sessionhub.store")
+
+T = TypeVar("T")
+Conn = sqlite3.Connection
+Notes = list[tuple[str, int]]  # (stream, seq) to ring on the bus after commit
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
+
+# Versioned migrations: index i brings the schema from user_version i to i + 1.
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE sessions (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        parent_session_id TEXT,
+        model TEXT,
+        source TEXT,
+        input_tokens INTEGER NOT NULL DEFAULT 0,
+        output_tokens INTEGER NOT NULL DEFAULT 0,
+        estimated_cost REAL NOT NULL DEFAULT 0,
+        end_reason TEXT,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    CREATE INDEX sessions_updated ON sessions(updated_at);
+
+    CREATE TABLE messages (
+        pk INTEGER PRIMARY KEY,
+        session_id TEXT NOT NULL,
+        id TEXT NOT NULL,
+        parent_pk INTEGER,
+        role TEXT NOT NULL,
+        content TEXT NOT NULL,
+        created_at REAL NOT NULL
+    );
+    CREATE UNIQUE INDEX messages_id ON messages(session_id, id);
+    CREATE INDEX messages_session ON messages(session_id);
+    CREATE INDEX messages_children ON messages(parent_pk);
+
+    CREATE VIRTUAL TABLE messages_fts USING fts5(sid, body, tokenize='porter unicode61');
+    INSERT INTO messages_fts(messages_fts, rank) VALUES ('rank', 'bm25(0.0, 1.0)');
+
+    CREATE TABLE compactions (
+        pk INTEGER PRIMARY KEY,
+        session_id TEXT NOT NULL,
+        id TEXT NOT NULL,
+        summary TEXT NOT NULL,
+        from_message_id TEXT NOT NULL,
+        to_message_id TEXT NOT NULL,
+        created_at REAL NOT NULL
+    );
+    CREATE UNIQUE INDEX compactions_id ON compactions(session_id, id);
+
+    CREATE TABLE streams (
+        stream TEXT PRIMARY KEY,
+        epoch TEXT NOT NULL,
+        first_seq INTEGER NOT NULL,
+        last_seq INTEGER NOT NULL
+    ) WITHOUT ROWID;
+
+    CREATE TABLE events (
+        stream TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        session_id TEXT NOT NULL,
+        type TEXT NOT NULL,
+        data TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        PRIMARY KEY (stream, seq)
+    ) WITHOUT ROWID;
+    """,
+]
+
+
+def _ts(value: float) -> datetime:
+    return datetime.fromtimestamp(value, UTC)
+
+
+def _sid_token(session_id: str) -> str:
+    # One alphanumeric token per session for the FTS column filter; the join on
+    # session_id keeps results exact even if two ids ever hashed alike.
+    return "s" + hashlib.blake2b(session_id.encode(), digest_size=10).hexdigest()
+
+
+def _new_epoch() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def _decode_message(content: str | bytes) -> Message | None:
+    try:
+        data = _decode(content)
+        return Message.from_dict(data)
+    except (msgspec.DecodeError, InvalidMessage, TypeError) as exc:
+        log.warning("skipping unreadable stored message: %s", exc)
+        return None
+
+
+def _message_json(message: Message) -> str:
+    return _encode(message.to_dict()).decode()
+
+
+def _info(row: Sequence[Any]) -> SessionInfo:
+    return SessionInfo(
+        id=row[0],
+        name=row[1],
+        parent_session_id=row[2],
+        model=row[3],
+        source=row[4],
+        input_tokens=row[5],
+        output_tokens=row[6],
+        estimated_cost=row[7],
+        end_reason=row[8],
+        created_at=_ts(row[9]),
+        updated_at=_ts(row[10]),
+    )
+
+
+_SESSION_COLS = (
+    "id, name, parent_session_id, model, source, input_tokens, output_tokens, "
+    "estimated_cost, end_reason, created_at, updated_at"
+)
+
+
+def _compaction(row: Sequence[Any]) -> Compaction:
+    return Compaction(
+        id=row[0], summary=row[1], from_message_id=row[2], to_message_id=row[3], created_at=_ts(row[4])
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Statements run inside a transaction, in the worker thread. They take the raw connection.
+# ---------------------------------------------------------------------------------------
+
+
+def _emit(conn: Conn, notes: Notes, stream: str, session_id: str, type_: str, data: Any, now: float) -> int:
+    row = conn.execute(
+        "UPDATE streams SET last_seq = last_seq + 1 WHERE stream = ? RETURNING last_seq", (stream,)
+    ).fetchone()
+    if row is None:
+        conn.execute("INSERT INTO streams VALUES (?, ?, 1, 1)", (stream, _new_epoch()))
+        seq = 1
+    else:
+        seq = row[0]
+    conn.execute(
+        "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)",
+        (stream, seq, session_id, type_, _encode(data).decode(), now),
+    )
+    notes.append((stream, seq))
+    return int(seq)
+
+
+def _emit_session(conn: Conn, notes: Notes, session_id: str, type_: str, data: Any, now: float) -> int:
+    return _emit(conn, notes, session_stream(session_id), session_id, type_, data, now)
+
+
+def _touch(conn: Conn, session_id: str, now: float) -> None:
+    if conn.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", (now, session_id)).rowcount == 0:
+        raise SessionNotFound(session_id)
+
+
+def _session_row(conn: Conn, session_id: str) -> SessionInfo:
+    row = conn.execute(f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    if row is None:
+        raise SessionNotFound(session_id)
+    return _info(row)
+
+
+def _latest(conn: Conn, session_id: str) -> tuple[int, str] | None:
+    row = conn.execute(
+        "SELECT pk, id FROM messages WHERE session_id = ? ORDER BY pk DESC LIMIT 1", (session_id,)
+    ).fetchone()
+    return None if row is None else (row[0], row[1])
+
+
+def _pk_of(conn: Conn, session_id: str, message_id: str) -> int | None:
+    row = conn.execute(
+        "SELECT pk FROM messages WHERE session_id = ? AND id = ?", (session_id, message_id)
+    ).fetchone()
+    return None if row is None else int(row[0])
+
+
+def _index_text(conn: Conn, pk: int, session_id: str, message: Message) -> None:
+    text = message.text()
+    if text:
+        conn.execute(
+            "INSERT INTO messages_fts(rowid, sid, body) VALUES (?, ?, ?)", (pk, _sid_token(session_id), text)
+        )
+
+
+def _insert_messages(
+    conn: Conn,
+    notes: Notes,
+    session_id: str,
+    messages: Sequence[Message],
+    parent: ParentArg,
+    now: float,
+) -> AppendResult:
+    parent_pk: int | None
+    parent_id: str | None
+    if parent is LATEST:
+        tip = _latest(conn, session_id)
+        parent_pk, parent_id = (None, None) if tip is None else tip
+    elif parent is None:
+        parent_pk, parent_id = None, None
+    else:
+        parent_pk = _pk_of(conn, session_id, parent)
+        parent_id = parent if parent_pk is not None else None
+    inserted: list[str] = []
+    last_seq = 0
+    for message in messages:
+        content = _message_json(message)
+        row = conn.execute(
+            "INSERT INTO messages (session_id, id, parent_pk, role, content, created_at) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_id, id) DO NOTHING RETURNING pk",
+            (session_id, message.id, parent_pk, message.role, content, now),
+        ).fetchone()
+        if row is None:  # already stored: first content wins, the chain continues from it
+            parent_pk = _pk_of(conn, session_id, message.id)
+        else:
+            parent_pk = int(row[0])
+            _index_text(conn, parent_pk, session_id, message)
+            last_seq = _emit_session(
+                conn,
+                notes,
+                session_id,
+                "message.appended",
+                {"message": message.to_dict(), "parent_id": parent_id},
+                now,
+            )
+            inserted.append(message.id)
+        parent_id = message.id
+    return AppendResult(inserted=inserted, last_id=parent_id, last_seq=last_seq)
+
+
+def _update_message(conn: Conn, notes: Notes, session_id: str, message: Message, now: float) -> bool:
+    row = conn.execute(
+        "UPDATE messages SET content = ?, role = ? WHERE session_id = ? AND id = ? RETURNING pk",
+        (_message_json(message), message.role, session_id, message.id),
+    ).fetchone()
+    if row is None:
+        return False
+    pk = int(row[0])
+    conn.execute("DELETE FROM messages_fts WHERE rowid = ?", (pk,))
+    _index_text(conn, pk, session_id, message)
+    _emit_session(conn, notes, session_id, "message.updated", {"message": message.to_dict()}, now)
+    return True
+
+
+def _path_rows(conn: Conn, leaf_pk: int) -> list[tuple[int, str, str]]:
+    # Walk rowids upward; ``m.pk < path.pk`` guarantees termination on any data.
+    return conn.execute(
+        """
+        WITH RECURSIVE path(pk, parent_pk, depth) AS (
+            SELECT pk, parent_pk, 0 FROM messages WHERE pk = ?
+            UNION ALL
+            SELECT m.pk, m.parent_pk, path.depth + 1
+            FROM path JOIN messages m ON m.pk = path.parent_pk
+            WHERE m.pk < path.pk
+        )
+        SELECT m.pk, m.id, m.content FROM path JOIN messages m ON m.pk = path.pk
+        ORDER BY path.depth DESC
+        """,
+        (leaf_pk,),
+    ).fetchall()
+
+
+def _resolve_leaf(conn: Conn, session_id: str, leaf_id: str | None) -> int | None:
+    if leaf_id is None or leaf_id == "":
+        tip = _latest(conn, session_id)
+        return None if tip is None else tip[0]
+    return _pk_of(conn, session_id, leaf_id)
+
+
+def _path(conn: Conn, session_id: str, leaf_id: str | None) -> list[Message]:
+    leaf = _resolve_leaf(conn, session_id, leaf_id)
+    if leaf is None:
+        return []
+    out = []
+    for _pk, _id, content in _path_rows(conn, leaf):
+        message = _decode_message(content)
+        if message is not None:
+            out.append(message)
+    return out
+
+
+def _compactions(conn: Conn, session_id: str) -> list[Compaction]:
+    rows = conn.execute(
+        "SELECT id, summary, from_message_id, to_message_id, created_at FROM compactions "
+        "WHERE session_id = ? ORDER BY pk",
+        (session_id,),
+    ).fetchall()
+    return [_compaction(r) for r in rows]
+
+
+def _insert_compaction(
+    conn: Conn, notes: Notes, session_id: str, c: Compaction, now: float, *, emit: bool = True
+) -> None:
+    conn.execute(
+        "INSERT INTO compactions (session_id, id, summary, from_message_id, to_message_id, created_at) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        (session_id, c.id, c.summary, c.from_message_id, c.to_message_id, c.created_at.timestamp()),
+    )
+    if emit:
+        _emit_session(conn, notes, session_id, "compaction.added", {"compaction": msgspec.to_builtins(c)}, now)
+
+
+def _create_session(
+    conn: Conn,
+    notes: Notes,
+    now: float,
+    *,
+    name: str,
+    parent_session_id: str | None,
+    model: str | None,
+    source: str | None,
+    session_id: str | None,
+    event: str = "session.created",
+    event_extra: dict[str, Any] | None = None,
+) -> SessionInfo:
+    sid = session_id if session_id is not None else str(uuid.uuid4())
+    try:
+        conn.execute(
+            "INSERT INTO sessions (id, name, parent_session_id, model, source, created_at, updated_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (sid, name, parent_session_id, model, source, now, now),
+        )
+    except sqlite3.IntegrityError:
+        raise InvalidInput(f"session {sid!r} already exists") from None
+    info = _session_row(conn, sid)
+    data = {"session": msgspec.to_builtins(info), **(event_extra or {})}
+    _emit_session(conn, notes, sid, event, data, now)
+    _emit(conn, notes, REGISTRY, sid, event, data, now)
+    return info
+
+
+def _registry_change(conn: Conn, notes: Notes, info: SessionInfo, type_: str, now: float, **extra: Any) -> None:
+    data = {"session": msgspec.to_builtins(info), **extra}
+    _emit_session(conn, notes, info.id, type_, data, now)
+    _emit(conn, notes, REGISTRY, info.id, type_, data, now)
+
+
+def _clear(conn: Conn, session_id: str) -> None:
+    conn.execute(
+        "DELETE FROM messages_fts WHERE rowid IN (SELECT pk FROM messages WHERE session_id = ?)", (session_id,)
+    )
+    conn.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
+    conn.execute("DELETE FROM compactions WHERE session_id = ?", (session_id,))
+
+
+class _Connection:
+    """One aiosqlite connection; runs whole transactions as single calls in its thread."""
+
+    def __init__(self, conn: aiosqlite.Connection) -> None:
+        self.conn = conn
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        raw = self.conn._conn  # noqa: SLF001 - see module docstring: one hop per transaction
+        # aiosqlite's queue runs callables on the connection's own thread, in order.
+        return cast(T, await self.conn._execute(fn, raw, *args))  # type: ignore[no-untyped-call]
+
+
+def _in_tx(begin: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    def wrap(fn: Callable[..., T]) -> Callable[..., T]:
+        def run(conn: Conn, *args: Any) -> T:
+            conn.execute(begin)
+            try:
+                result = fn(conn, *args)
+            except BaseException:
+                conn.rollback()
+                raise
+            conn.execute("COMMIT")
+            return result
+
+        return run
+
+    return wrap
+
+
+_write_tx = _in_tx("BEGIN IMMEDIATE")
+_read_tx = _in_tx("BEGIN")
+
+
+def _configure(conn: Conn, *, synchronous: str, reader: bool) -> None:
+    conn.execute("PRAGMA busy_timeout = 10000")
+    conn.execute(f"PRAGMA synchronous = {synchronous}")
+    conn.execute("PRAGMA foreign_keys = OFF")
+    conn.execute("PRAGMA cache_size = -65536")
+    if reader:
+        conn.execute("PRAGMA query_only = 1")
+
+
+def _migrate(conn: Conn) -> int:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        if version > len(MIGRATIONS):
+            raise StoreError(
+                f"database schema version {version} is newer than this sessionhub ({len(MIGRATIONS)})"
+            )
+        for i in range(version, len(MIGRATIONS)):
+            for statement in MIGRATIONS[i].split(";\n"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {i + 1}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.rollback()
+        raise
+    return len(MIGRATIONS)
+
+
+class SqliteStore(Store):
+    """Everything in one SQLite file (or ``":memory:"``)."""
+
+    def __init__(self, path: str, writer: _Connection, reader: _Connection, bus: Bus) -> None:
+        self.path = path
+        self.bus = bus
+        self._writer = writer
+        self._reader = reader
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls,
+        path: str | Path = "sessionhub.db",
+        *,
+        bus: Bus | None = None,
+        synchronous: Literal["OFF", "NORMAL", "FULL", "EXTRA"] = "NORMAL",
+    ) -> SqliteStore:
+        """Open (creating and migrating as needed) the database at ``path``.
+
+        ``synchronous="NORMAL"`` with WAL survives a crash of the process (the commit is in
+        the WAL before the call returns) but may lose the last commits on power loss;
+        ``"FULL"`` fsyncs every commit.
+        """
+        path = str(path)
+        memory = path == ":memory:"
+        writer = await aiosqlite.connect(path, isolation_level=None, check_same_thread=False)
+        try:
+            w = _Connection(writer)
+            if not memory:
+                await w.call(lambda c: c.execute("PRAGMA journal_mode = WAL").fetchone())
+            await w.call(lambda c: _configure(c, synchronous=synchronous, reader=False))
+            await w.call(_migrate)
+            if memory:
+                r = w
+            else:
+                reader = await aiosqlite.connect(path, isolation_level=None, check_same_thread=False)
+                r = _Connection(reader)
+                await r.call(lambda c: _configure(c, synchronous=synchronous, reader=True))
+        except BaseException:
+            await writer.close()
+            raise
+        return cls(path, w, r, bus or MemoryBus())
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._reader is not self._writer:
+            await self._reader.conn.close()
+        await self._writer.conn.close()
+
+    async def __aenter__(self) -> SqliteStore:
+        return self
+
+    # -- plumbing ------------------------------------------------------------------------
+    async def _write(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(conn, notes, now, *args)`` as one write transaction, then ring the bus."""
+        if self._closed:
+            raise StoreClosed("store is closed")
+        notes: Notes = []
+
+        def body(conn: Conn) -> T:
+            notes.clear()
+            return fn(conn, notes, time.time(), *args)
+
+        try:
+            result = await self._writer.call(_write_tx(body))
+        except sqlite3.Error as exc:
+            raise StoreError(f"sqlite: {exc}") from exc
+        for stream, seq in notes:
+            self.bus.publish(stream, seq)
+        return result
+
+    async def _read(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._closed:
+            raise StoreClosed("store is closed")
+        try:
+            return await self._reader.call(_read_tx(fn), *args)
+        except sqlite3.Error as exc:
+            raise StoreError(f"sqlite: {exc}") from exc
+
+    # -- messages ------------------------------------------------------------------------
+    async def append_messages(
+        self,
+        session_id: str,
+        messages: Sequence[Message],
+        parent: ParentArg = LATEST,
+        *,
+        managed: bool = False,
+    ) -> AppendResult:
+        def fn(conn: Conn, notes: Notes, now: float) -> AppendResult:
+            if managed:
+                _touch(conn, session_id, now)
+            return _insert_messages(conn, notes, session_id, messages, parent, now)
+
+        return await self._write(fn)
+
+    async def update_message(self, session_id: str, message: Message, *, managed: bool = False) -> bool:
+        def fn(conn: Conn, notes: Notes, now: float) -> bool:
+            if managed:
+                _touch(conn, session_id, now)
+            return _update_message(conn, notes, session_id, message, now)
+
+        return await self._write(fn)
+
+    async def upsert_message(
+        self, session_id: str, message: Message, parent: ParentArg = LATEST, *, managed: bool = False
+    ) -> bool:
+        def fn(conn: Conn, notes: Notes, now: float) -> bool:
+            if managed:
+                _touch(conn, session_id, now)
+            if _update_message(conn, notes, session_id, message, now):
+                return False
+            _insert_messages(conn, notes, session_id, [message], parent, now)
+            return True
+
+        return await self._write(fn)
+
+    async def delete_messages(
+        self, session_id: str, ids: Sequence[str], *, managed: bool = False
+    ) -> list[str]:
+        def fn(conn: Conn, notes: Notes, now: float) -> list[str]:
+            if managed:
+                _touch(conn, session_id, now)
+            deleted: list[str] = []
+            reparented: list[list[str | None]] = []
+            for mid in dict.fromkeys(ids):
+                row = conn.execute(
+                    "SELECT m.pk, m.parent_pk, p.id FROM messages m LEFT JOIN messages p ON p.pk = m.parent_pk "
+                    "WHERE m.session_id = ? AND m.id = ?",
+                    (session_id, mid),
+                ).fetchone()
+                if row is None:
+                    continue
+                pk, parent_pk, parent_id = row
+                children = conn.execute(
+                    "UPDATE messages SET parent_pk = ? WHERE parent_pk = ? RETURNING id", (parent_pk, pk)
+                ).fetchall()
+                reparented.extend([child, parent_id] for (child,) in children)
+                conn.execute("DELETE FROM messages_fts WHERE rowid = ?", (pk,))
+                conn.execute("DELETE FROM messages WHERE pk = ?", (pk,))
+                deleted.append(mid)
+            if deleted:
+                _emit_session(
+                    conn, notes, session_id, "message.deleted", {"ids": deleted, "reparented": reparented}, now
+                )
+            return deleted
+
+        return await self._write(fn)
+
+    async def clear_messages(self, session_id: str, *, managed: bool = False) -> None:
+        def fn(conn: Conn, notes: Notes, now: float) -> None:
+            if managed:
+                _touch(conn, session_id, now)
+            _clear(conn, session_id)
+            _emit_session(conn, notes, session_id, "messages.cleared", {}, now)
+
+        await self._write(fn)
+
+    async def get_message(self, session_id: str, message_id: str) -> Message | None:
+        def fn(conn: Conn) -> Message | None:
+            row = conn.execute(
+                "SELECT content FROM messages WHERE session_id = ? AND id = ?", (session_id, message_id)
+            ).fetchone()
+            return None if row is None else _decode_message(row[0])
+
+        return await self._read(fn)
+
+    async def get_history(self, session_id: str, leaf_id: str | None = None) -> list[Message]:
+        def fn(conn: Conn) -> list[Message]:
+            path = _path(conn, session_id, leaf_id)
+            if not path:
+                return path
+            return apply_compactions(path, _compactions(conn, session_id))
+
+        return await self._read(fn)
+
+    async def get_path(self, session_id: str, leaf_id: str | None = None) -> list[Message]:
+        return await self._read(_path, session_id, leaf_id)
+
+    async def get_latest_leaf(self, session_id: str) -> Message | None:
+        def fn(conn: Conn) -> Message | None:
+            row = conn.execute(
+                "SELECT content FROM messages WHERE session_id = ? ORDER BY pk DESC LIMIT 1", (session_id,)
+            ).fetchone()
+            return None if row is None else _decode_message(row[0])
+
+        return await self._read(fn)
+
+    async def get_path_length(self, session_id: str, leaf_id: str | None = None) -> int:
+        def fn(conn: Conn) -> int:
+            leaf = _resolve_leaf(conn, session_id, leaf_id)
+            if leaf is None:
+                return 0
+            row = conn.execute(
+                """
+                WITH RECURSIVE path(pk, parent_pk) AS (
+                    SELECT pk, parent_pk FROM messages WHERE pk = ?
+                    UNION ALL
+                    SELECT m.pk, m.parent_pk FROM path JOIN messages m ON m.pk = path.parent_pk
+                    WHERE m.pk < path.pk
+                )
+                SELECT COUNT(*) FROM path
+                """,
+                (leaf,),
+            ).fetchone()
+            return int(row[0])
+
+        return await self._read(fn)
+
+    async def get_branches(self, session_id: str, message_id: str) -> list[Message]:
+        def fn(conn: Conn) -> list[Message]:
+            pk = _pk_of(conn, session_id, message_id)
+            if pk is None:
+                return []
+            rows = conn.execute(
+                "SELECT content FROM messages WHERE parent_pk = ? ORDER BY pk", (pk,)
+            ).fetchall()
+            return [m for (c,) in rows if (m := _decode_message(c)) is not None]
+
+        return await self._read(fn)
+
+    async def search_messages(
+        self,
+        query: str,
+        *,
+        session_id: str | None,
+        limit: int = 20,
+        match: Literal["phrase", "words"] = "phrase",
+    ) -> list[SearchResult]:
+        if not isinstance(query, str):
+            raise InvalidInput("search query must be a string")
+        expr = phrase_query(query) if match == "phrase" else words_query(query)
+        if expr is None or limit <= 0:
+            return []
+
+        def fn(conn: Conn) -> list[SearchResult]:
+            if session_id is not None:
+                sql = (
+                    "SELECT m.id, m.role, f.body, m.session_id, m.created_at FROM messages_fts f "
+                    "JOIN messages m ON m.pk = f.rowid "
+                    "WHERE messages_fts MATCH ? AND m.session_id = ? ORDER BY f.rank LIMIT ?"
+                )
+                args: tuple[Any, ...] = (f"sid : {_sid_token(session_id)} AND body : ({expr})", session_id, limit)
+            else:
+                sql = (
+                    "SELECT m.id, m.role, f.body, m.session_id, m.created_at FROM messages_fts f "
+                    "JOIN messages m ON m.pk = f.rowid JOIN sessions s ON s.id = m.session_id "
+                    "WHERE messages_fts MATCH ? ORDER BY f.rank LIMIT ?"
+                )
+                args = (f"body : ({expr})", limit)
+            try:
+                rows = conn.execute(sql, args).fetchall()
+            except sqlite3.OperationalError as exc:
+                # Quoting keeps FTS syntax out; what remains (a phrase of only separators,
+                # say) is "no results", never an exception for the caller.
+                log.debug("fts query %r matched nothing: %s", expr, exc)
+                return []
+            return [
+                SearchResult(id=r[0], role=r[1], content=r[2], session_id=r[3], created_at=_ts(r[4]))
+                for r in rows
+            ]
+
+        return await self._read(fn)
+
+    # -- compaction overlays -------------------------------------------------------------
+    async def add_compaction(
+        self, session_id: str, summary: str, from_id: str, to_id: str, *, managed: bool = False
+    ) -> Compaction:
+        for name, value in (("summary", summary), ("from_id", from_id), ("to_id", to_id)):
+            if not isinstance(value, str):
+                raise InvalidInput(f"{name} must be a string")
+
+        def fn(conn: Conn, notes: Notes, now: float) -> Compaction:
+            if managed:
+                _touch(conn, session_id, now)
+            c = Compaction(
+                id=str(uuid.uuid4()), summary=summary, from_message_id=from_id, to_message_id=to_id, created_at=_ts(now)
+            )
+            _insert_compaction(conn, notes, session_id, c, now)
+            return c
+
+        return await self._write(fn)
+
+    async def get_compactions(self, session_id: str) -> list[Compaction]:
+        return await self._read(_compactions, session_id)
+
+    # -- sessions registry ---------------------------------------------------------------
+    async def create_session(
+        self,
+        name: str,
+        *,
+        parent_session_id: str | None = None,
+        model: str | None = None,
+        source: str | None = None,
+        session_id: str | None = None,
+    ) -> SessionInfo:
+        if not isinstance(name, str):
+            raise InvalidInput("session name must be a string")
+
+        def fn(conn: Conn, notes: Notes, now: float) -> SessionInfo:
+            return _create_session(
+                conn,
+                notes,
+                now,
+                name=name,
+                parent_session_id=parent_session_id,
+                model=model,
+                source=source,
+                session_id=session_id,
+            )
+
+        return await self._write(fn)
+
+    async def get_session(self, session_id: str) -> SessionInfo | None:
+        def fn(conn: Conn) -> SessionInfo | None:
+            row = conn.execute(f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", (session_id,)).fetchone()
+            return None if row is None else _info(row)
+
+        return await self._read(fn)
+
+    async def list_sessions(self) -> list[SessionInfo]:
+        def fn(conn: Conn) -> list[SessionInfo]:
+            rows = conn.execute(
+                f"SELECT {_SESSION_COLS} FROM sessions ORDER BY updated_at DESC, rowid DESC"
+            ).fetchall()
+            return [_info(r) for r in rows]
+
+        return await self._read(fn)
+
+    async def rename_session(self, session_id: str, name: str) -> SessionInfo:
+        if not isinstance(name, str):
+            raise InvalidInput("session name must be a string")
+
+        def fn(conn: Conn, notes: Notes, now: float) -> SessionInfo:
+            conn.execute("UPDATE sessions SET name = ?, updated_at = ? WHERE id = ?", (name, now, session_id))
+            info = _session_row(conn, session_id)
+            _registry_change(conn, notes, info, "session.renamed", now)
+            return info
+
+        return await self._write(fn)
+
+    async def delete_session(self, session_id: str) -> None:
+        def fn(conn: Conn, notes: Notes, now: float) -> None:
+            info = _session_row(conn, session_id)
+            _clear(conn, session_id)
+            conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+            stream = session_stream(session_id)
+            # The log goes with the session (it holds message bodies); only the final
+            # event stays, and the stream now starts there.
+            seq = _emit_session(conn, notes, session_id, "session.deleted", {"session": msgspec.to_builtins(info)}, now)
+            conn.execute("DELETE FROM events WHERE stream = ? AND seq < ?", (stream, seq))
+            conn.execute("UPDATE streams SET first_seq = ? WHERE stream = ?", (seq, stream))
+            _emit(conn, notes, REGISTRY, session_id, "session.deleted", {"session": msgspec.to_builtins(info)}, now)
+
+        await self._write(fn)
+
+    async def add_usage(self, session_id: str, input_tokens: int, output_tokens: int, cost: float) -> SessionInfo:
+        for name, value in (("input_tokens", input_tokens), ("output_tokens", output_tokens), ("cost", cost)):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise InvalidInput(f"{name} must be a number")
+
+        def fn(conn: Conn, notes: Notes, now: float) -> SessionInfo:
+            conn.execute(
+                "UPDATE sessions SET input_tokens = input_tokens + ?, output_tokens = output_tokens + ?, "
+                "estimated_cost = estimated_cost + ?, updated_at = ? WHERE id = ?",
+                (int(input_tokens), int(output_tokens), float(cost), now, session_id),
+            )
+            info = _session_row(conn, session_id)
+            delta = {"input_tokens": int(input_tokens), "output_tokens": int(output_tokens), "cost": float(cost)}
+            _registry_change(conn, notes, info, "session.usage", now, delta=delta)
+            return info
+
+        return await self._write(fn)
+
+    async def fork_session(self, session_id: str, at_message_id: str, name: str) -> SessionInfo:
+        if not isinstance(name, str):
+            raise InvalidInput("session name must be a string")
+
+        def fn(conn: Conn, notes: Notes, now: float) -> SessionInfo:
+            _session_row(conn, session_id)
+            path = _path(conn, session_id, at_message_id) if at_message_id else []
+            overlays = visible_compactions([m.id for m in path], _compactions(conn, session_id))
+            info = _create_session(
+                conn,
+                notes,
+                now,
+                name=name,
+                parent_session_id=session_id,
+                model=None,
+                source=None,
+                session_id=None,
+                event="session.forked",
+                event_extra={"from_session_id": session_id, "at_message_id": at_message_id},
+            )
+            _insert_messages(conn, notes, info.id, path, None, now)
+            for c in overlays:
+                _insert_compaction(conn, notes, info.id, c, now)
+            return info
+
+        return await self._write(fn)
+
+    async def split_session(self, session_id: str, summary: str, name: str | None = None) -> SessionInfo:
+        if not isinstance(summary, str):
+            raise InvalidInput("summary must be a string")
+
+        def fn(conn: Conn, notes: Notes, now: float) -> SessionInfo:
+            old = _session_row(conn, session_id)
+            conn.execute(
+                "UPDATE sessions SET end_reason = 'compaction', updated_at = ? WHERE id = ?", (now, session_id)
+            )
+            _registry_change(conn, notes, _session_row(conn, session_id), "session.ended", now)
+            info = _create_session(
+                conn,
+                notes,
+                now,
+                name=name if name is not None else (old.name or "Compacted"),
+                parent_session_id=session_id,
+                model=old.model,
+                source=old.source,
+                session_id=None,
+            )
+            message = Message(
+                id=str(uuid.uuid4()),
+                role="assistant",
+                parts=[{"type": "text", "text": f"[Context from previous session]\n\n{summary}"}],
+            )
+            _insert_messages(conn, notes, info.id, [message], None, now)
+            return info
+
+        return await self._write(fn)
+
+    # -- event logs ----------------------------------------------------------------------
+    async def read_events(
+        self, stream: str, after_seq: int = 0, limit: int = 1000, *, epoch: str | None = None
+    ) -> list[Event]:
+        def fn(conn: Conn) -> list[Event]:
+            pos = _position(conn, stream)
+            if (
+                (epoch is not None and epoch != pos.epoch and pos.last_seq > 0)
+                or after_seq < pos.first_seq - 1
+                or after_seq > pos.last_seq
+            ):
+                raise PositionLost(
+                    stream, after_seq, epoch=pos.epoch, first_seq=pos.first_seq, last_seq=pos.last_seq
+                )
+            rows = conn.execute(
+                "SELECT session_id, seq, type, data, created_at FROM events "
+                "WHERE stream = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (stream, after_seq, limit),
+            ).fetchall()
+            kind: Literal["session", "registry"] = "registry" if stream == REGISTRY else "session"
+            return [
+                Event(
+                    session_id=r[0],
+                    seq=r[1],
+                    epoch=pos.epoch,
+                    type=r[2],
+                    data=_decode(r[3]),
+                    created_at=_ts(r[4]),
+                    stream=kind,
+                )
+                for r in rows
+            ]
+
+        return await self._read(fn)
+
+    async def stream_position(self, stream: str) -> StreamPosition:
+        return await self._read(_position, stream)
+
+
+def _position(conn: Conn, stream: str) -> StreamPosition:
+    row = conn.execute("SELECT epoch, first_seq, last_seq FROM streams WHERE stream = ?", (stream,)).fetchone()
+    if row is None:
+        return StreamPosition(stream=stream, epoch="", first_seq=1, last_seq=0)
+    return StreamPosition(stream=stream, epoch=row[0], first_seq=row[1], last_seq=row[2])

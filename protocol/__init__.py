@@ -1,0 +1,31 @@
+"""Wire-level types of sessionhub: messages, records, events and errors. No I/O here."""
+
+from .errors import (
+    InvalidInput,
+    InvalidMessage,
+    NotFound,
+    PositionLost,
+    SessionHubError,
+    SessionNotFound,
+    StoreClosed,
+    StoreError,
+)
+from .message import Message, coerce_message
+from .records import Compaction, Event, SearchResult, SessionInfo
+
+__all__ = [
+    "Compaction",
+    "Event",
+    "InvalidInput",
+    "InvalidMessage",
+    "Message",
+    "NotFound",
+    "PositionLost",
+    "SearchResult",
+    "SessionHubError",
+    "SessionInfo",
+    "SessionNotFound",
+    "StoreClosed",
+    "StoreError",
+    "coerce_message",
+]

@@ -1,0 +1,97 @@
+"""The one exception hierarchy of sessionhub.
+
+Shallow on purpose (after httpx): catch :class:`SessionHubError` for everything, or one of
+its direct subclasses for a specific answer. Each class carries the wire ``code`` the hub
+uses in an error frame, so the engine in-process and the client over a socket raise the
+same types for the same mistakes.
+
+    SessionHubError
+    ├── InvalidInput          code "invalid"     bad arguments or a malformed message
+    │   └── InvalidMessage                       ...naming the offending field
+    ├── NotFound              code "not_found"
+    │   └── SessionNotFound                      an unknown session id
+    ├── PositionLost          code "reset"       the event log cannot serve a position
+    └── StoreError            code "internal"    the database failed (driver errors translated)
+        └── StoreClosed                          the store was used after close()
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "InvalidInput",
+    "InvalidMessage",
+    "NotFound",
+    "PositionLost",
+    "SessionHubError",
+    "SessionNotFound",
+    "StoreClosed",
+    "StoreError",
+]
+
+
+class SessionHubError(Exception):
+    """Base class of every error sessionhub raises on purpose."""
+
+    code: str = "internal"
+
+
+class InvalidInput(SessionHubError, ValueError):
+    """An argument is malformed; nothing was written."""
+
+    code = "invalid"
+
+
+class InvalidMessage(InvalidInput):
+    """A message is malformed. ``field`` names the offending field (``parts[2].type``)."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"invalid message: {field} {problem}")
+        self.field = field
+        self.problem = problem
+
+
+class NotFound(SessionHubError, LookupError):
+    """Something addressed by id does not exist."""
+
+    code = "not_found"
+
+
+class SessionNotFound(NotFound):
+    """The session id is not in the sessions registry."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session not found: {session_id!r}")
+        self.session_id = session_id
+
+
+class PositionLost(SessionHubError):
+    """The event log can no longer serve events after ``after_seq``.
+
+    Raised when the position was pruned, belongs to another epoch of the stream, or lies
+    beyond its end. The reader must reload a snapshot and continue from ``last_seq``.
+    """
+
+    code = "reset"
+
+    def __init__(
+        self, stream: str, after_seq: int, *, epoch: str, first_seq: int, last_seq: int
+    ) -> None:
+        super().__init__(
+            f"event log of {stream!r} cannot serve events after seq {after_seq} "
+            f"(epoch {epoch}, available {first_seq}..{last_seq}); reload a snapshot"
+        )
+        self.stream = stream
+        self.after_seq = after_seq
+        self.epoch = epoch
+        self.first_seq = first_seq
+        self.last_seq = last_seq
+
+
+class StoreError(SessionHubError):
+    """The storage backend failed. The change, if any, was rolled back."""
+
+    code = "internal"
+
+
+class StoreClosed(StoreError):
+    """The store was used after it was closed."""

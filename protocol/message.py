@@ -1,0 +1,137 @@
+"""`Message`: one node of a conversation tree, in the Vercel AI SDK ``UIMessage`` shape.
+
+A message read back equals the message written, field for field: parts are open-ended
+dicts kept verbatim and unknown top-level keys travel in ``extra``. ``createdAt`` is
+normalized to UTC with millisecond precision, the precision of a JavaScript ``Date``,
+so the ISO string it renders to (``2026-01-02T03:04:05.678Z``) reads back as the same
+instant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+
+from .errors import InvalidMessage
+
+__all__ = ["Message", "coerce_message", "format_js_iso", "parse_timestamp"]
+
+_RESERVED = frozenset({"id", "role", "parts", "createdAt", "created_at", "metadata"})
+
+
+def _normalize_dt(value: datetime) -> datetime:
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    else:
+        value = value.astimezone(UTC)
+    return value.replace(microsecond=value.microsecond // 1000 * 1000)
+
+
+def format_js_iso(value: datetime) -> str:
+    """Render like JavaScript's ``Date.prototype.toISOString``."""
+    value = _normalize_dt(value)
+    return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+
+
+def parse_timestamp(value: object, field: str) -> datetime:
+    """Accept a datetime or an ISO-8601 string; anything else is an InvalidMessage."""
+    if isinstance(value, datetime):
+        return _normalize_dt(value)
+    if isinstance(value, str):
+        try:
+            return _normalize_dt(datetime.fromisoformat(value))
+        except ValueError:
+            raise InvalidMessage(field, "is not an ISO-8601 timestamp") from None
+    raise InvalidMessage(field, f"must be an ISO-8601 string, got {type(value).__name__}")
+
+
+class Message(msgspec.Struct, kw_only=True):
+    """A conversation message.
+
+    ``parts`` are AI SDK parts (``{"type": "text", "text": ...}``, ``"reasoning"``,
+    ``"tool-<name>"``, ``"file"``, ``"data-*"``...), stored and returned unchanged.
+    ``extra`` holds any other top-level keys of the dict the message came from.
+    """
+
+    id: str
+    role: str
+    parts: list[dict[str, Any]]
+    created_at: datetime | None = None
+    metadata: Any | None = None
+    extra: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _validate(self.id, self.role, self.parts)
+        if self.created_at is not None:
+            self.created_at = _normalize_dt(self.created_at)
+        overlap = _RESERVED.intersection(self.extra)
+        if overlap:
+            raise InvalidMessage(sorted(overlap)[0], "belongs in its own field, not in extra")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Message:
+        """Build from a ``UIMessage``-shaped dict (``createdAt`` or ``created_at``)."""
+        if not isinstance(data, Mapping):
+            raise InvalidMessage("message", f"must be a dict, got {type(data).__name__}")
+        if "id" not in data:
+            raise InvalidMessage("id", "is required")
+        if "role" not in data:
+            raise InvalidMessage("role", "is required")
+        if "parts" not in data:
+            raise InvalidMessage("parts", "is required")
+        raw_created = data.get("createdAt", data.get("created_at"))
+        created = None if raw_created is None else parse_timestamp(raw_created, "createdAt")
+        extra = {k: v for k, v in data.items() if k not in _RESERVED}
+        return cls(
+            id=data["id"],
+            role=data["role"],
+            parts=data["parts"],
+            created_at=created,
+            metadata=data.get("metadata"),
+            extra=extra,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``UIMessage`` dict: ``id``, ``role``, ``parts``, then what was given."""
+        out: dict[str, Any] = {"id": self.id, "role": self.role, "parts": self.parts}
+        if self.created_at is not None:
+            out["createdAt"] = format_js_iso(self.created_at)
+        if self.metadata is not None:
+            out["metadata"] = self.metadata
+        out.update(self.extra)
+        return out
+
+    def text(self) -> str:
+        """The text parts joined by one space: what full-text search indexes."""
+        return " ".join(
+            p["text"] for p in self.parts if p.get("type") == "text" and isinstance(p.get("text"), str)
+        )
+
+
+def _validate(id_: object, role: object, parts: object) -> None:
+    if not isinstance(id_, str):
+        raise InvalidMessage("id", f"must be a string, got {type(id_).__name__}")
+    if not id_:
+        raise InvalidMessage("id", "must not be empty")
+    if not isinstance(role, str):
+        raise InvalidMessage("role", f"must be a string, got {type(role).__name__}")
+    if not role:
+        raise InvalidMessage("role", "must not be empty")
+    if not isinstance(parts, list):
+        raise InvalidMessage("parts", f"must be a list, got {type(parts).__name__}")
+    for i, part in enumerate(parts):
+        if not isinstance(part, dict):
+            raise InvalidMessage(f"parts[{i}]", f"must be a dict, got {type(part).__name__}")
+        kind = part.get("type")
+        if not isinstance(kind, str):
+            raise InvalidMessage(f"parts[{i}].type", "must be a string")
+
+
+def coerce_message(value: Message | Mapping[str, Any]) -> Message:
+    """Accept a :class:`Message` or a ``UIMessage`` dict."""
+    if isinstance(value, Message):
+        return value
+    return Message.from_dict(value)

@@ -1,0 +1,63 @@
+"""Records the engine returns and the wire carries: sessions, overlays, search hits, events."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+import msgspec
+
+__all__ = ["Compaction", "Event", "SearchResult", "SessionInfo"]
+
+
+class SessionInfo(msgspec.Struct, kw_only=True):
+    """One row of the sessions registry."""
+
+    id: str
+    name: str
+    parent_session_id: str | None = None
+    model: str | None = None
+    source: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    estimated_cost: float = 0.0
+    end_reason: str | None = None
+    created_at: datetime
+    updated_at: datetime
+
+
+class Compaction(msgspec.Struct, kw_only=True):
+    """A summary laid over the messages ``from_message_id``..``to_message_id`` of one path."""
+
+    id: str
+    summary: str
+    from_message_id: str
+    to_message_id: str
+    created_at: datetime
+
+
+class SearchResult(msgspec.Struct, kw_only=True):
+    """A full-text hit: the message's indexed text, its session and when it was stored."""
+
+    id: str
+    role: str
+    content: str
+    session_id: str
+    created_at: datetime
+
+
+class Event(msgspec.Struct, kw_only=True):
+    """One entry of an event log.
+
+    ``stream`` is ``"session"`` for a session's own log (``seq`` counts that session's
+    changes) or ``"registry"`` for the log of session-registry changes (``seq`` counts
+    registry changes; ``session_id`` names the session the change is about).
+    """
+
+    session_id: str
+    seq: int
+    epoch: str
+    type: str
+    data: dict[str, Any]
+    created_at: datetime
+    stream: Literal["session", "registry"] = "session"
