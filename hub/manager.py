@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import AsyncIterator, Mapping, Sequence
 
 from protocol import (
@@ -71,7 +72,7 @@ class SessionManager:
     async def get(self, session_id: str) -> SessionInfo | None:
         return await self.store.get_session(session_id)
 
-    async def list(self) -> list[SessionInfo]:
+    async def list(self) -> builtins.list[SessionInfo]:
         """Every session, most recently updated first."""
         return await self.store.list_sessions()
 
@@ -91,20 +92,27 @@ class SessionManager:
         return session
 
     # -- messages ------------------------------------------------------------------------
-    async def append(self, session_id: str, message: MessageInput, parent_id: ParentArg | Parent = LATEST) -> str:
+    async def append(
+        self, session_id: str, message: MessageInput, parent_id: ParentArg | Parent = LATEST
+    ) -> str:
         """Append one message (idempotent on its id); returns the message id."""
         m = coerce_message(message)
         await self.store.append_messages(session_id, [m], check_parent(parent_id), managed=True)
         return m.id
 
-    async def upsert(self, session_id: str, message: MessageInput, parent_id: ParentArg | Parent = LATEST) -> str:
+    async def upsert(
+        self, session_id: str, message: MessageInput, parent_id: ParentArg | Parent = LATEST
+    ) -> str:
         """Update the message if its id is stored in the session, else append it."""
         m = coerce_message(message)
         await self.store.upsert_message(session_id, m, check_parent(parent_id), managed=True)
         return m.id
 
     async def append_all(
-        self, session_id: str, messages: Sequence[MessageInput], parent_id: ParentArg | Parent = LATEST
+        self,
+        session_id: str,
+        messages: Sequence[MessageInput],
+        parent_id: ParentArg | Parent = LATEST,
     ) -> str | None:
         """Append a chain in one transaction; returns the last message's id.
 
@@ -113,7 +121,9 @@ class SessionManager:
         if isinstance(messages, Mapping) or not isinstance(messages, Sequence):
             raise InvalidInput("messages must be a list of messages")
         batch = [coerce_message(m) for m in messages]
-        result = await self.store.append_messages(session_id, batch, check_parent(parent_id), managed=True)
+        result = await self.store.append_messages(
+            session_id, batch, check_parent(parent_id), managed=True
+        )
         if batch:
             return result.last_id
         if isinstance(parent_id, str) or parent_id is None:
@@ -121,11 +131,13 @@ class SessionManager:
         leaf = await self.store.get_latest_leaf(session_id)
         return None if leaf is None else leaf.id
 
-    async def get_history(self, session_id: str, leaf_id: str | None = None) -> list[Message]:
+    async def get_history(
+        self, session_id: str, leaf_id: str | None = None
+    ) -> builtins.list[Message]:
         await self._require(session_id)
         return await self.get_session(session_id).get_history(leaf_id)
 
-    async def get_branches(self, session_id: str, message_id: str) -> list[Message]:
+    async def get_branches(self, session_id: str, message_id: str) -> builtins.list[Message]:
         await self._require(session_id)
         return await self.get_session(session_id).get_branches(message_id)
 
@@ -137,7 +149,7 @@ class SessionManager:
     async def clear_messages(self, session_id: str) -> None:
         await self.store.clear_messages(session_id, managed=True)
 
-    async def delete_messages(self, session_id: str, ids: Sequence[str]) -> list[str]:
+    async def delete_messages(self, session_id: str, ids: Sequence[str]) -> builtins.list[str]:
         return await self.store.delete_messages(session_id, check_ids(ids), managed=True)
 
     # -- forks, overlays, usage ----------------------------------------------------------
@@ -150,31 +162,42 @@ class SessionManager:
             raise InvalidInput("at_message_id must be a string")
         return await self.store.fork_session(session_id, at_message_id, name)
 
-    async def add_compaction(self, session_id: str, summary: str, from_id: str, to_id: str) -> Compaction:
+    async def add_compaction(
+        self, session_id: str, summary: str, from_id: str, to_id: str
+    ) -> Compaction:
         return await self.store.add_compaction(session_id, summary, from_id, to_id, managed=True)
 
-    async def get_compactions(self, session_id: str) -> list[Compaction]:
+    async def get_compactions(self, session_id: str) -> builtins.list[Compaction]:
         await self._require(session_id)
         return await self.store.get_compactions(session_id)
 
-    async def compact_and_split(self, session_id: str, summary: str, name: str | None = None) -> SessionInfo:
+    async def compact_and_split(
+        self, session_id: str, summary: str, name: str | None = None
+    ) -> SessionInfo:
         """End ``session_id`` (``end_reason='compaction'``) and continue in a new session
         whose first message carries ``summary``; returns the new session."""
         return await self.store.split_session(session_id, summary, _opt_str(name, "name"))
 
-    async def add_usage(self, session_id: str, input_tokens: int, output_tokens: int, cost: float) -> SessionInfo:
+    async def add_usage(
+        self, session_id: str, input_tokens: int, output_tokens: int, cost: float
+    ) -> SessionInfo:
         """Add token counts and cost to the session's totals."""
         return await self.store.add_usage(session_id, input_tokens, output_tokens, cost)
 
-    async def search(self, query: str, limit: int = 20) -> list[SearchResult]:
+    async def search(self, query: str, limit: int = 20) -> builtins.list[SearchResult]:
         """Every word must match (each is quoted, so FTS operators are plain words); hits
         from all registered sessions, best first, each naming its ``session_id``."""
         return await self.store.search_messages(query, session_id=None, limit=limit, match="words")
 
     # -- events --------------------------------------------------------------------------
-    async def read_registry_events(self, after_seq: int = 0, limit: int = 1000) -> list[Event]:
+    async def read_registry_events(
+        self, after_seq: int = 0, limit: int = 1000
+    ) -> builtins.list[Event]:
         return await self.store.read_events(REGISTRY, after_seq, limit)
 
-    def registry_events(self, after_seq: int = 0, *, epoch: str | None = None) -> AsyncIterator[Event]:
-        """Registry changes (created, renamed, forked, ended, deleted, usage): backlog, then live."""
+    def registry_events(
+        self, after_seq: int = 0, *, epoch: str | None = None
+    ) -> AsyncIterator[Event]:
+        """Registry changes (created, renamed, forked, ended, deleted, usage): the backlog,
+        then live."""
         return follow(self.store, REGISTRY, after_seq, epoch=epoch)

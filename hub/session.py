@@ -17,8 +17,10 @@ MessageInput = Message | Mapping[str, Any]
 
 def check_parent(parent_id: object) -> ParentArg:
     if parent_id is None or parent_id is LATEST or isinstance(parent_id, str):
-        return parent_id  # type: ignore[return-value]
-    raise InvalidInput(f"parent_id must be a message id, None or LATEST, got {type(parent_id).__name__}")
+        return parent_id
+    raise InvalidInput(
+        f"parent_id must be a message id, None or LATEST, got {type(parent_id).__name__}"
+    )
 
 
 def check_ids(ids: object) -> list[str]:
@@ -58,7 +60,9 @@ class Session:
         return self
 
     # -- messages ------------------------------------------------------------------------
-    async def append_message(self, message: MessageInput, parent_id: ParentArg | Parent = LATEST) -> bool:
+    async def append_message(
+        self, message: MessageInput, parent_id: ParentArg | Parent = LATEST
+    ) -> bool:
         """Attach ``message`` to the latest leaf (``LATEST``), to ``parent_id``, or as a new
         root (``None``; also when ``parent_id`` is not in this session). Returns False when
         the id was already stored: the first content wins and nothing is written."""
@@ -106,7 +110,9 @@ class Session:
     async def search(self, query: str, limit: int = 20) -> list[SearchResult]:
         """Phrase search over this session's text parts, best match first. The query is one
         quoted phrase, so FTS operators in it are plain words; blank → []."""
-        return await self.store.search_messages(query, session_id=self.session_id, limit=limit, match="phrase")
+        return await self.store.search_messages(
+            query, session_id=self.session_id, limit=limit, match="phrase"
+        )
 
     # -- compaction overlays -------------------------------------------------------------
     async def add_compaction(self, summary: str, from_id: str, to_id: str) -> Compaction:

@@ -23,10 +23,7 @@ _RESERVED = frozenset({"id", "role", "parts", "createdAt", "created_at", "metada
 
 
 def _normalize_dt(value: datetime) -> datetime:
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    else:
-        value = value.astimezone(UTC)
+    value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
     return value.replace(microsecond=value.microsecond // 1000 * 1000)
 
 
@@ -107,7 +104,9 @@ class Message(msgspec.Struct, kw_only=True):
     def text(self) -> str:
         """The text parts joined by one space: what full-text search indexes."""
         return " ".join(
-            p["text"] for p in self.parts if p.get("type") == "text" and isinstance(p.get("text"), str)
+            p["text"]
+            for p in self.parts
+            if p.get("type") == "text" and isinstance(p.get("text"), str)
         )
 
 

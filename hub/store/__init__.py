@@ -1,6 +1,15 @@
 """Storage backends. Nothing outside this package writes SQL."""
 
-from .base import LATEST, REGISTRY, AppendResult, Parent, ParentArg, Store, StreamPosition, session_stream
+from .base import (
+    LATEST,
+    REGISTRY,
+    AppendResult,
+    Parent,
+    ParentArg,
+    Store,
+    StreamPosition,
+    session_stream,
+)
 from .sqlite import SqliteStore
 
 __all__ = [

@@ -107,12 +107,19 @@ class Store(abc.ABC):
         but still continue the chain."""
 
     @abc.abstractmethod
-    async def update_message(self, session_id: str, message: Message, *, managed: bool = False) -> bool:
+    async def update_message(
+        self, session_id: str, message: Message, *, managed: bool = False
+    ) -> bool:
         """Replace a stored message's content; False (and nothing written) if unknown."""
 
     @abc.abstractmethod
     async def upsert_message(
-        self, session_id: str, message: Message, parent: ParentArg = LATEST, *, managed: bool = False
+        self,
+        session_id: str,
+        message: Message,
+        parent: ParentArg = LATEST,
+        *,
+        managed: bool = False,
     ) -> bool:
         """Update the message if its id is stored, else append it. True when appended."""
 
@@ -150,7 +157,12 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def search_messages(
-        self, query: str, *, session_id: str | None, limit: int = 20, match: Literal["phrase", "words"]
+        self,
+        query: str,
+        *,
+        session_id: str | None,
+        limit: int = 20,
+        match: Literal["phrase", "words"],
     ) -> list[SearchResult]:
         """Full-text search of text parts, best first. ``session_id=None`` searches every
         session of the registry. A query that is blank or matches nothing returns []."""
@@ -203,7 +215,9 @@ class Store(abc.ABC):
         overlays lying wholly on it."""
 
     @abc.abstractmethod
-    async def split_session(self, session_id: str, summary: str, name: str | None = None) -> SessionInfo:
+    async def split_session(
+        self, session_id: str, summary: str, name: str | None = None
+    ) -> SessionInfo:
         """End the session (``end_reason='compaction'``) and start its continuation, whose
         one message carries the summary."""
 

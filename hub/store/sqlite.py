@@ -186,7 +186,11 @@ _SESSION_COLS = (
 
 def _compaction(row: Sequence[Any]) -> Compaction:
     return Compaction(
-        id=row[0], summary=row[1], from_message_id=row[2], to_message_id=row[3], created_at=_ts(row[4])
+        id=row[0],
+        summary=row[1],
+        from_message_id=row[2],
+        to_message_id=row[3],
+        created_at=_ts(row[4]),
     )
 
 
@@ -195,7 +199,9 @@ def _compaction(row: Sequence[Any]) -> Compaction:
 # ---------------------------------------------------------------------------------------
 
 
-def _emit(conn: Conn, notes: Notes, stream: str, session_id: str, type_: str, data: Any, now: float) -> int:
+def _emit(
+    conn: Conn, notes: Notes, stream: str, session_id: str, type_: str, data: Any, now: float
+) -> int:
     row = conn.execute(
         "UPDATE streams SET last_seq = last_seq + 1 WHERE stream = ? RETURNING last_seq", (stream,)
     ).fetchone()
@@ -212,17 +218,24 @@ def _emit(conn: Conn, notes: Notes, stream: str, session_id: str, type_: str, da
     return int(seq)
 
 
-def _emit_session(conn: Conn, notes: Notes, session_id: str, type_: str, data: Any, now: float) -> int:
+def _emit_session(
+    conn: Conn, notes: Notes, session_id: str, type_: str, data: Any, now: float
+) -> int:
     return _emit(conn, notes, session_stream(session_id), session_id, type_, data, now)
 
 
 def _touch(conn: Conn, session_id: str, now: float) -> None:
-    if conn.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", (now, session_id)).rowcount == 0:
+    if (
+        conn.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", (now, session_id)).rowcount
+        == 0
+    ):
         raise SessionNotFound(session_id)
 
 
 def _session_row(conn: Conn, session_id: str) -> SessionInfo:
-    row = conn.execute(f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    row = conn.execute(
+        f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", (session_id,)
+    ).fetchone()
     if row is None:
         raise SessionNotFound(session_id)
     return _info(row)
@@ -246,7 +259,8 @@ def _index_text(conn: Conn, pk: int, session_id: str, message: Message) -> None:
     text = message.text()
     if text:
         conn.execute(
-            "INSERT INTO messages_fts(rowid, sid, body) VALUES (?, ?, ?)", (pk, _sid_token(session_id), text)
+            "INSERT INTO messages_fts(rowid, sid, body) VALUES (?, ?, ?)",
+            (pk, _sid_token(session_id), text),
         )
 
 
@@ -295,7 +309,9 @@ def _insert_messages(
     return AppendResult(inserted=inserted, last_id=parent_id, last_seq=last_seq)
 
 
-def _update_message(conn: Conn, notes: Notes, session_id: str, message: Message, now: float) -> bool:
+def _update_message(
+    conn: Conn, notes: Notes, session_id: str, message: Message, now: float
+) -> bool:
     row = conn.execute(
         "UPDATE messages SET content = ?, role = ? WHERE session_id = ? AND id = ? RETURNING pk",
         (_message_json(message), message.role, session_id, message.id),
@@ -359,12 +375,15 @@ def _insert_compaction(
     conn: Conn, notes: Notes, session_id: str, c: Compaction, now: float, *, emit: bool = True
 ) -> None:
     conn.execute(
-        "INSERT INTO compactions (session_id, id, summary, from_message_id, to_message_id, created_at) "
+        "INSERT INTO compactions "
+        "(session_id, id, summary, from_message_id, to_message_id, created_at) "
         "VALUES (?, ?, ?, ?, ?, ?)",
         (session_id, c.id, c.summary, c.from_message_id, c.to_message_id, c.created_at.timestamp()),
     )
     if emit:
-        _emit_session(conn, notes, session_id, "compaction.added", {"compaction": msgspec.to_builtins(c)}, now)
+        _emit_session(
+            conn, notes, session_id, "compaction.added", {"compaction": msgspec.to_builtins(c)}, now
+        )
 
 
 def _create_session(
@@ -383,7 +402,8 @@ def _create_session(
     sid = session_id if session_id is not None else str(uuid.uuid4())
     try:
         conn.execute(
-            "INSERT INTO sessions (id, name, parent_session_id, model, source, created_at, updated_at) "
+            "INSERT INTO sessions "
+            "(id, name, parent_session_id, model, source, created_at, updated_at) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
             (sid, name, parent_session_id, model, source, now, now),
         )
@@ -396,7 +416,9 @@ def _create_session(
     return info
 
 
-def _registry_change(conn: Conn, notes: Notes, info: SessionInfo, type_: str, now: float, **extra: Any) -> None:
+def _registry_change(
+    conn: Conn, notes: Notes, info: SessionInfo, type_: str, now: float, **extra: Any
+) -> None:
     data = {"session": msgspec.to_builtins(info), **extra}
     _emit_session(conn, notes, info.id, type_, data, now)
     _emit(conn, notes, REGISTRY, info.id, type_, data, now)
@@ -404,7 +426,8 @@ def _registry_change(conn: Conn, notes: Notes, info: SessionInfo, type_: str, no
 
 def _clear(conn: Conn, session_id: str) -> None:
     conn.execute(
-        "DELETE FROM messages_fts WHERE rowid IN (SELECT pk FROM messages WHERE session_id = ?)", (session_id,)
+        "DELETE FROM messages_fts WHERE rowid IN (SELECT pk FROM messages WHERE session_id = ?)",
+        (session_id,),
     )
     conn.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
     conn.execute("DELETE FROM compactions WHERE session_id = ?", (session_id,))
@@ -417,7 +440,7 @@ class _Connection:
         self.conn = conn
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        raw = self.conn._conn  # noqa: SLF001 - see module docstring: one hop per transaction
+        raw = self.conn._conn
         # aiosqlite's queue runs callables on the connection's own thread, in order.
         return cast(T, await self.conn._execute(fn, raw, *args))  # type: ignore[no-untyped-call]
 
@@ -458,7 +481,8 @@ def _migrate(conn: Conn) -> int:
         version = int(conn.execute("PRAGMA user_version").fetchone()[0])
         if version > len(MIGRATIONS):
             raise StoreError(
-                f"database schema version {version} is newer than this sessionhub ({len(MIGRATIONS)})"
+                f"database schema version {version} is newer than "
+                f"this sessionhub supports ({len(MIGRATIONS)})"
             )
         for i in range(version, len(MIGRATIONS)):
             for statement in MIGRATIONS[i].split(";\n"):
@@ -508,7 +532,9 @@ class SqliteStore(Store):
             if memory:
                 r = w
             else:
-                reader = await aiosqlite.connect(path, isolation_level=None, check_same_thread=False)
+                reader = await aiosqlite.connect(
+                    path, isolation_level=None, check_same_thread=False
+                )
                 r = _Connection(reader)
                 await r.call(lambda c: _configure(c, synchronous=synchronous, reader=True))
         except BaseException:
@@ -570,7 +596,9 @@ class SqliteStore(Store):
 
         return await self._write(fn)
 
-    async def update_message(self, session_id: str, message: Message, *, managed: bool = False) -> bool:
+    async def update_message(
+        self, session_id: str, message: Message, *, managed: bool = False
+    ) -> bool:
         def fn(conn: Conn, notes: Notes, now: float) -> bool:
             if managed:
                 _touch(conn, session_id, now)
@@ -579,7 +607,12 @@ class SqliteStore(Store):
         return await self._write(fn)
 
     async def upsert_message(
-        self, session_id: str, message: Message, parent: ParentArg = LATEST, *, managed: bool = False
+        self,
+        session_id: str,
+        message: Message,
+        parent: ParentArg = LATEST,
+        *,
+        managed: bool = False,
     ) -> bool:
         def fn(conn: Conn, notes: Notes, now: float) -> bool:
             if managed:
@@ -601,7 +634,8 @@ class SqliteStore(Store):
             reparented: list[list[str | None]] = []
             for mid in dict.fromkeys(ids):
                 row = conn.execute(
-                    "SELECT m.pk, m.parent_pk, p.id FROM messages m LEFT JOIN messages p ON p.pk = m.parent_pk "
+                    "SELECT m.pk, m.parent_pk, p.id FROM messages m "
+                    "LEFT JOIN messages p ON p.pk = m.parent_pk "
                     "WHERE m.session_id = ? AND m.id = ?",
                     (session_id, mid),
                 ).fetchone()
@@ -609,7 +643,8 @@ class SqliteStore(Store):
                     continue
                 pk, parent_pk, parent_id = row
                 children = conn.execute(
-                    "UPDATE messages SET parent_pk = ? WHERE parent_pk = ? RETURNING id", (parent_pk, pk)
+                    "UPDATE messages SET parent_pk = ? WHERE parent_pk = ? RETURNING id",
+                    (parent_pk, pk),
                 ).fetchall()
                 reparented.extend([child, parent_id] for (child,) in children)
                 conn.execute("DELETE FROM messages_fts WHERE rowid = ?", (pk,))
@@ -617,7 +652,12 @@ class SqliteStore(Store):
                 deleted.append(mid)
             if deleted:
                 _emit_session(
-                    conn, notes, session_id, "message.deleted", {"ids": deleted, "reparented": reparented}, now
+                    conn,
+                    notes,
+                    session_id,
+                    "message.deleted",
+                    {"ids": deleted, "reparented": reparented},
+                    now,
                 )
             return deleted
 
@@ -635,7 +675,8 @@ class SqliteStore(Store):
     async def get_message(self, session_id: str, message_id: str) -> Message | None:
         def fn(conn: Conn) -> Message | None:
             row = conn.execute(
-                "SELECT content FROM messages WHERE session_id = ? AND id = ?", (session_id, message_id)
+                "SELECT content FROM messages WHERE session_id = ? AND id = ?",
+                (session_id, message_id),
             ).fetchone()
             return None if row is None else _decode_message(row[0])
 
@@ -656,7 +697,8 @@ class SqliteStore(Store):
     async def get_latest_leaf(self, session_id: str) -> Message | None:
         def fn(conn: Conn) -> Message | None:
             row = conn.execute(
-                "SELECT content FROM messages WHERE session_id = ? ORDER BY pk DESC LIMIT 1", (session_id,)
+                "SELECT content FROM messages WHERE session_id = ? ORDER BY pk DESC LIMIT 1",
+                (session_id,),
             ).fetchone()
             return None if row is None else _decode_message(row[0])
 
@@ -716,7 +758,11 @@ class SqliteStore(Store):
                     "JOIN messages m ON m.pk = f.rowid "
                     "WHERE messages_fts MATCH ? AND m.session_id = ? ORDER BY f.rank LIMIT ?"
                 )
-                args: tuple[Any, ...] = (f"sid : {_sid_token(session_id)} AND body : ({expr})", session_id, limit)
+                args: tuple[Any, ...] = (
+                    f"sid : {_sid_token(session_id)} AND body : ({expr})",
+                    session_id,
+                    limit,
+                )
             else:
                 sql = (
                     "SELECT m.id, m.role, f.body, m.session_id, m.created_at FROM messages_fts f "
@@ -732,7 +778,9 @@ class SqliteStore(Store):
                 log.debug("fts query %r matched nothing: %s", expr, exc)
                 return []
             return [
-                SearchResult(id=r[0], role=r[1], content=r[2], session_id=r[3], created_at=_ts(r[4]))
+                SearchResult(
+                    id=r[0], role=r[1], content=r[2], session_id=r[3], created_at=_ts(r[4])
+                )
                 for r in rows
             ]
 
@@ -750,7 +798,11 @@ class SqliteStore(Store):
             if managed:
                 _touch(conn, session_id, now)
             c = Compaction(
-                id=str(uuid.uuid4()), summary=summary, from_message_id=from_id, to_message_id=to_id, created_at=_ts(now)
+                id=str(uuid.uuid4()),
+                summary=summary,
+                from_message_id=from_id,
+                to_message_id=to_id,
+                created_at=_ts(now),
             )
             _insert_compaction(conn, notes, session_id, c, now)
             return c
@@ -789,7 +841,9 @@ class SqliteStore(Store):
 
     async def get_session(self, session_id: str) -> SessionInfo | None:
         def fn(conn: Conn) -> SessionInfo | None:
-            row = conn.execute(f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", (session_id,)).fetchone()
+            row = conn.execute(
+                f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", (session_id,)
+            ).fetchone()
             return None if row is None else _info(row)
 
         return await self._read(fn)
@@ -808,7 +862,9 @@ class SqliteStore(Store):
             raise InvalidInput("session name must be a string")
 
         def fn(conn: Conn, notes: Notes, now: float) -> SessionInfo:
-            conn.execute("UPDATE sessions SET name = ?, updated_at = ? WHERE id = ?", (name, now, session_id))
+            conn.execute(
+                "UPDATE sessions SET name = ?, updated_at = ? WHERE id = ?", (name, now, session_id)
+            )
             info = _session_row(conn, session_id)
             _registry_change(conn, notes, info, "session.renamed", now)
             return info
@@ -823,26 +879,52 @@ class SqliteStore(Store):
             stream = session_stream(session_id)
             # The log goes with the session (it holds message bodies); only the final
             # event stays, and the stream now starts there.
-            seq = _emit_session(conn, notes, session_id, "session.deleted", {"session": msgspec.to_builtins(info)}, now)
+            seq = _emit_session(
+                conn,
+                notes,
+                session_id,
+                "session.deleted",
+                {"session": msgspec.to_builtins(info)},
+                now,
+            )
             conn.execute("DELETE FROM events WHERE stream = ? AND seq < ?", (stream, seq))
             conn.execute("UPDATE streams SET first_seq = ? WHERE stream = ?", (seq, stream))
-            _emit(conn, notes, REGISTRY, session_id, "session.deleted", {"session": msgspec.to_builtins(info)}, now)
+            _emit(
+                conn,
+                notes,
+                REGISTRY,
+                session_id,
+                "session.deleted",
+                {"session": msgspec.to_builtins(info)},
+                now,
+            )
 
         await self._write(fn)
 
-    async def add_usage(self, session_id: str, input_tokens: int, output_tokens: int, cost: float) -> SessionInfo:
-        for name, value in (("input_tokens", input_tokens), ("output_tokens", output_tokens), ("cost", cost)):
+    async def add_usage(
+        self, session_id: str, input_tokens: int, output_tokens: int, cost: float
+    ) -> SessionInfo:
+        for name, value in (
+            ("input_tokens", input_tokens),
+            ("output_tokens", output_tokens),
+            ("cost", cost),
+        ):
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise InvalidInput(f"{name} must be a number")
 
         def fn(conn: Conn, notes: Notes, now: float) -> SessionInfo:
             conn.execute(
-                "UPDATE sessions SET input_tokens = input_tokens + ?, output_tokens = output_tokens + ?, "
+                "UPDATE sessions SET input_tokens = input_tokens + ?, "
+                "output_tokens = output_tokens + ?, "
                 "estimated_cost = estimated_cost + ?, updated_at = ? WHERE id = ?",
                 (int(input_tokens), int(output_tokens), float(cost), now, session_id),
             )
             info = _session_row(conn, session_id)
-            delta = {"input_tokens": int(input_tokens), "output_tokens": int(output_tokens), "cost": float(cost)}
+            delta = {
+                "input_tokens": int(input_tokens),
+                "output_tokens": int(output_tokens),
+                "cost": float(cost),
+            }
             _registry_change(conn, notes, info, "session.usage", now, delta=delta)
             return info
 
@@ -875,14 +957,17 @@ class SqliteStore(Store):
 
         return await self._write(fn)
 
-    async def split_session(self, session_id: str, summary: str, name: str | None = None) -> SessionInfo:
+    async def split_session(
+        self, session_id: str, summary: str, name: str | None = None
+    ) -> SessionInfo:
         if not isinstance(summary, str):
             raise InvalidInput("summary must be a string")
 
         def fn(conn: Conn, notes: Notes, now: float) -> SessionInfo:
             old = _session_row(conn, session_id)
             conn.execute(
-                "UPDATE sessions SET end_reason = 'compaction', updated_at = ? WHERE id = ?", (now, session_id)
+                "UPDATE sessions SET end_reason = 'compaction', updated_at = ? WHERE id = ?",
+                (now, session_id),
             )
             _registry_change(conn, notes, _session_row(conn, session_id), "session.ended", now)
             info = _create_session(
@@ -917,7 +1002,11 @@ class SqliteStore(Store):
                 or after_seq > pos.last_seq
             ):
                 raise PositionLost(
-                    stream, after_seq, epoch=pos.epoch, first_seq=pos.first_seq, last_seq=pos.last_seq
+                    stream,
+                    after_seq,
+                    epoch=pos.epoch,
+                    first_seq=pos.first_seq,
+                    last_seq=pos.last_seq,
                 )
             rows = conn.execute(
                 "SELECT session_id, seq, type, data, created_at FROM events "
@@ -945,7 +1034,9 @@ class SqliteStore(Store):
 
 
 def _position(conn: Conn, stream: str) -> StreamPosition:
-    row = conn.execute("SELECT epoch, first_seq, last_seq FROM streams WHERE stream = ?", (stream,)).fetchone()
+    row = conn.execute(
+        "SELECT epoch, first_seq, last_seq FROM streams WHERE stream = ?", (stream,)
+    ).fetchone()
     if row is None:
         return StreamPosition(stream=stream, epoch="", first_seq=1, last_seq=0)
     return StreamPosition(stream=stream, epoch=row[0], first_seq=row[1], last_seq=row[2])

@@ -1,0 +1,254 @@
+"""SessionManager: registry, cross-session operations, departures, unknown ids."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from hub import InvalidInput, Message, SessionManager, SessionNotFound, SqliteStore
+
+from .conftest import text_message as T
+
+
+def ids(messages: list[Message]) -> list[str]:
+    return [m.id for m in messages]
+
+
+@pytest.fixture
+def manager(store: SqliteStore) -> SessionManager:
+    return SessionManager(store)
+
+
+async def test_create_and_get(manager: SessionManager) -> None:
+    info = await manager.create("My Chat", model="gpt-x", source="web")
+    assert info.name == "My Chat" and info.model == "gpt-x" and info.source == "web"
+    assert info.parent_session_id is None and info.end_reason is None
+    assert (info.input_tokens, info.output_tokens, info.estimated_cost) == (0, 0, 0.0)
+    assert info.created_at == info.updated_at
+    assert await manager.get(info.id) == info
+    assert await manager.get("nope") is None
+
+
+async def test_list_by_updated_at(manager: SessionManager) -> None:
+    a = await manager.create("A")
+    b = await manager.create("B")
+    assert [i.name for i in await manager.list()] == ["B", "A"]
+    await manager.append(a.id, T("m1", "user", "touch A"))
+    assert [i.name for i in await manager.list()] == ["A", "B"]
+    await manager.rename(b.id, "B2")
+    assert [i.name for i in await manager.list()] == ["B2", "A"]
+
+
+async def test_delete_removes_session_and_messages(
+    manager: SessionManager, store: SqliteStore
+) -> None:
+    info = await manager.create("doomed")
+    await manager.append(info.id, T("m1", "user", "findable secret"))
+    await manager.add_compaction(info.id, "sum", "m1", "m1")
+    await manager.delete(info.id)
+    assert await manager.get(info.id) is None
+    assert await store.get_history(info.id) == []
+    assert await store.get_compactions(info.id) == []
+    assert await manager.search("secret") == []
+    with pytest.raises(SessionNotFound):
+        await manager.delete(info.id)
+
+
+async def test_append_upsert_and_counts(manager: SessionManager) -> None:
+    a = await manager.create("A")
+    assert await manager.append(a.id, T("a-1", "user", "How do I deploy?")) == "a-1"
+    assert await manager.append(a.id, T("a-2", "assistant", "Run deploy.")) == "a-2"
+    assert await manager.upsert(a.id, T("a-2", "assistant", "Run deploy after checks.")) == "a-2"
+    assert await manager.upsert(a.id, T("a-3", "user", "Thanks!")) == "a-3"
+    history = await manager.get_history(a.id)
+    assert ids(history) == ["a-1", "a-2", "a-3"]
+    assert history[1].parts[0]["text"] == "Run deploy after checks."
+    assert await manager.get_message_count(a.id) == 3
+    assert ids(await manager.get_branches(a.id, "a-1")) == ["a-2"]
+
+
+async def test_append_all_chains_from_the_latest_leaf(manager: SessionManager) -> None:
+    # Departure: the original's appendAll started a new root when no parent was given.
+    a = await manager.create("A")
+    await manager.append(a.id, T("x", "user", "existing"))
+    last = await manager.append_all(a.id, [T("b-1", "user", "one"), T("b-2", "assistant", "two")])
+    assert last == "b-2"
+    assert ids(await manager.get_history(a.id)) == ["x", "b-1", "b-2"]
+    await manager.append_all(a.id, [T("r-1", "user", "root")], None)
+    assert ids(await manager.get_history(a.id)) == ["r-1"]
+    await manager.append_all(a.id, [T("c-1", "user", "after x")], "x")
+    assert ids(await manager.get_history(a.id)) == ["x", "c-1"]
+    assert await manager.append_all(a.id, []) == "c-1"
+    assert await manager.append_all(a.id, [], "x") == "x"
+    assert await manager.append_all(a.id, [], None) is None
+
+
+async def test_append_all_is_one_transaction(manager: SessionManager) -> None:
+    a = await manager.create("A")
+    with pytest.raises(InvalidInput):
+        await manager.append_all(a.id, [T("ok", "user", "x"), {"id": "bad"}])
+    assert await manager.get_history(a.id) == []
+    with pytest.raises(InvalidInput):
+        await manager.append_all(a.id, T("single", "user", "not a list"))  # type: ignore[arg-type]
+
+
+async def test_clear_and_delete_messages_target_one_session(manager: SessionManager) -> None:
+    s1 = await manager.create("s1")
+    s2 = await manager.create("s2")
+    await manager.append(s1.id, T("dm-a1", "user", "a1"))
+    await manager.append(s1.id, T("dm-a2", "assistant", "a2"))
+    await manager.append(s2.id, T("dm-b1", "user", "b1"))
+    await manager.delete_messages(s1.id, ["dm-a2"])
+    assert ids(await manager.get_history(s1.id)) == ["dm-a1"]
+    assert ids(await manager.get_history(s2.id)) == ["dm-b1"]
+    await manager.clear_messages(s1.id)
+    assert await manager.get_history(s1.id) == []
+    assert ids(await manager.get_history(s2.id)) == ["dm-b1"]
+
+
+async def test_fork_keeps_ids_and_applicable_overlays(manager: SessionManager) -> None:
+    src = await manager.create("source", model="gpt")
+    await manager.append_all(src.id, [T(f"m{i}", "user", f"message {i}") for i in range(8)])
+    await manager.append(src.id, T("side", "assistant", "side branch"), "m3")
+    on_path = await manager.add_compaction(src.id, "sum 1-2", "m1", "m2")
+    await manager.add_compaction(src.id, "sum 4-6 (beyond the fork point)", "m4", "m6")
+    await manager.add_compaction(src.id, "sum to side (other branch)", "m2", "side")
+    fork = await manager.fork(src.id, "m5", "forked")
+    assert fork.parent_session_id == src.id and fork.name == "forked"
+    assert fork.updated_at >= fork.created_at
+    history = await manager.get_history(fork.id)
+    # Departure: the original re-id'd the copies and flattened overlays into messages.
+    assert ids(history) == ["m0", f"compaction_{on_path.id}", "m3", "m4", "m5"]
+    assert await manager.get_message_count(fork.id) == 6
+    assert [c.id for c in await manager.get_compactions(fork.id)] == [on_path.id]
+    assert next(i.id for i in await manager.list()) == fork.id
+    # Source untouched.
+    assert len(await manager.get_compactions(src.id)) == 3
+
+
+async def test_fork_at_unknown_message_is_empty(manager: SessionManager) -> None:
+    src = await manager.create("source")
+    await manager.append(src.id, T("m1", "user", "x"))
+    fork = await manager.fork(src.id, "nope", "empty fork")
+    assert await manager.get_history(fork.id) == []
+
+
+async def test_compact_and_split(manager: SessionManager) -> None:
+    a = await manager.create("Chat A", model="gpt-x", source="web")
+    await manager.append(a.id, T("a-1", "user", "hi"))
+    new = await manager.compact_and_split(a.id, "We discussed deploying workers.", "A (continued)")
+    assert new.name == "A (continued)" and new.parent_session_id == a.id
+    assert (new.model, new.source) == ("gpt-x", "web")
+    old = await manager.get(a.id)
+    assert old is not None and old.end_reason == "compaction"
+    history = await manager.get_history(new.id)
+    assert len(history) == 1 and history[0].role == "assistant"
+    assert history[0].parts == [
+        {
+            "type": "text",
+            "text": "[Context from previous session]\n\nWe discussed deploying workers.",
+        }
+    ]
+    default = await manager.compact_and_split(new.id, "again")
+    assert default.name == "A (continued)"
+
+
+async def test_add_usage_accumulates(manager: SessionManager) -> None:
+    a = await manager.create("A")
+    await manager.add_usage(a.id, 100, 50, 0.0123)
+    info = await manager.add_usage(a.id, 1, 2, 0.5)
+    assert (info.input_tokens, info.output_tokens) == (101, 52)
+    assert info.estimated_cost == pytest.approx(0.5123)
+    with pytest.raises(InvalidInput):
+        await manager.add_usage(a.id, "many", 0, 0)  # type: ignore[arg-type]
+
+
+async def test_concurrent_usage_is_not_lost(manager: SessionManager) -> None:
+    a = await manager.create("A")
+    await asyncio.gather(*(manager.add_usage(a.id, 1, 2, 0.5) for _ in range(50)))
+    info = await manager.get(a.id)
+    assert info is not None and (info.input_tokens, info.output_tokens) == (50, 100)
+    assert info.estimated_cost == pytest.approx(25.0)
+
+
+async def test_cross_session_search(manager: SessionManager, store: SqliteStore) -> None:
+    a = await manager.create("A")
+    b = await manager.create("B")
+    await manager.append(a.id, T("a1", "user", "I like TypeScript"))
+    await manager.append(b.id, T("b1", "user", "Deploying TypeScript on Friday?"))
+    await manager.append(b.id, T("b2", "assistant", "Never deploy on Friday."))
+    hits = await manager.search("TypeScript")
+    assert {(h.id, h.session_id) for h in hits} == {("a1", a.id), ("b1", b.id)}
+    assert all(h.created_at is not None for h in hits)
+    # Word-AND, stemmed, any order.
+    assert {h.id for h in await manager.search("friday deploy")} == {"b1", "b2"}
+    assert len(await manager.search("friday", limit=1)) == 1
+    for hostile in ['"foo', "NEAR(", "*", "", "   ", "wrangler OR friday"]:
+        assert await manager.search(hostile) == []
+    # Unregistered namespaces are not part of the manager's world.
+    await store.append_messages(
+        "not-registered",
+        [Message(id="n", role="user", parts=[{"type": "text", "text": "TypeScript"}])],
+    )
+    assert "n" not in {h.id for h in await manager.search("TypeScript")}
+
+
+async def test_get_session_is_cached(manager: SessionManager) -> None:
+    a = await manager.create("A")
+    assert manager.get_session(a.id) is manager.get_session(a.id)
+    await manager.get_session(a.id).append_message(T("m1", "user", "x"))
+    assert ids(await manager.get_history(a.id)) == ["m1"]
+
+
+UNKNOWN = "no-such-session"
+
+OPS: list[tuple[str, Callable[[SessionManager], Awaitable[Any]]]] = [
+    ("rename", lambda m: m.rename(UNKNOWN, "x")),
+    ("delete", lambda m: m.delete(UNKNOWN)),
+    ("append", lambda m: m.append(UNKNOWN, T("m", "user", "x"))),
+    ("upsert", lambda m: m.upsert(UNKNOWN, T("m", "user", "x"))),
+    ("append_all", lambda m: m.append_all(UNKNOWN, [T("m", "user", "x")])),
+    ("get_history", lambda m: m.get_history(UNKNOWN)),
+    ("get_branches", lambda m: m.get_branches(UNKNOWN, "m")),
+    ("get_message_count", lambda m: m.get_message_count(UNKNOWN)),
+    ("clear_messages", lambda m: m.clear_messages(UNKNOWN)),
+    ("delete_messages", lambda m: m.delete_messages(UNKNOWN, ["m"])),
+    ("fork", lambda m: m.fork(UNKNOWN, "m", "f")),
+    ("add_compaction", lambda m: m.add_compaction(UNKNOWN, "s", "a", "b")),
+    ("get_compactions", lambda m: m.get_compactions(UNKNOWN)),
+    ("compact_and_split", lambda m: m.compact_and_split(UNKNOWN, "s")),
+    ("add_usage", lambda m: m.add_usage(UNKNOWN, 1, 1, 0.1)),
+]
+
+
+@pytest.mark.parametrize(("name", "op"), OPS, ids=[n for n, _ in OPS])
+async def test_unknown_session_raises_session_not_found(
+    manager: SessionManager,
+    store: SqliteStore,
+    name: str,
+    op: Callable[[SessionManager], Awaitable[Any]],
+) -> None:
+    with pytest.raises(SessionNotFound) as info:
+        await op(manager)
+    assert info.value.session_id == UNKNOWN and info.value.code == "not_found"
+    # Nothing half-written: no messages, no sessions, no events.
+    assert await store.get_path(UNKNOWN) == []
+    assert await manager.list() == []
+    assert await manager.read_registry_events() == []
+
+
+async def test_bad_arguments_are_typed_errors(manager: SessionManager) -> None:
+    with pytest.raises(InvalidInput):
+        await manager.create(None)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput):
+        await manager.create("x", model=3)  # type: ignore[arg-type]
+    a = await manager.create("A")
+    with pytest.raises(InvalidInput):
+        await manager.rename(a.id, 7)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput):
+        await manager.fork(a.id, None, "f")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput):
+        await manager.get_history(None)  # type: ignore[arg-type]

@@ -1,0 +1,99 @@
+"""The ASGI app on a real uvicorn, and the ``sessionhub serve`` command as a process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx2
+import pytest
+import uvicorn
+
+from hub import Session, SqliteStore
+from hub.server import create_app
+
+
+@pytest.fixture
+async def served(db_path: Path) -> AsyncIterator[str]:
+    config = uvicorn.Config(
+        create_app(db=db_path), host="127.0.0.1", port=0, log_level="warning", lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def test_healthz(served: str) -> None:
+    async with httpx2.AsyncClient() as client:
+        response = await client.get(f"{served}/healthz")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok"}
+
+
+async def test_app_over_a_shared_store(db_path: Path) -> None:
+    store = await SqliteStore.open(db_path)
+    try:
+        config = uvicorn.Config(
+            create_app(store=store), host="127.0.0.1", port=0, log_level="warning"
+        )
+        server = uvicorn.Server(config)
+        task = asyncio.create_task(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        async with httpx2.AsyncClient() as client:
+            assert (await client.get(f"http://127.0.0.1:{port}/healthz")).status_code == 200
+        server.should_exit = True
+        await task
+        # The app did not close a store it does not own.
+        await Session(store).append_message({"id": "m", "role": "user", "parts": []})
+    finally:
+        await store.close()
+
+
+async def test_sessionhub_serve_command(tmp_path: Path) -> None:
+    db = tmp_path / "cli.db"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "hub.cli",
+        "serve",
+        "--db",
+        str(db),
+        "--port",
+        "0",
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stderr is not None
+    try:
+        port = None
+        async with asyncio.timeout(20):
+            while port is None:
+                line = (await proc.stderr.readline()).decode()
+                assert line, "server exited before listening"
+                found = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+                if found:
+                    port = int(found.group(1))
+        async with httpx2.AsyncClient() as client:
+            response = await client.get(f"http://127.0.0.1:{port}/healthz")
+        assert response.json() == {"status": "ok"}
+        assert db.exists()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        async with asyncio.timeout(20):
+            await proc.wait()
+    assert proc.returncode == 0

@@ -1,0 +1,184 @@
+"""SqliteStore: migrations, WAL, transactions with their events, concurrency, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from hub import (
+    Message,
+    Session,
+    SessionManager,
+    SessionNotFound,
+    SqliteStore,
+    StoreClosed,
+    StoreError,
+    session_stream,
+)
+from hub.store.sqlite import MIGRATIONS
+
+from .conftest import text_message as T
+
+
+def raw(db_path: Path) -> sqlite3.Connection:
+    return sqlite3.connect(db_path)
+
+
+async def test_schema_is_created_and_versioned(store: SqliteStore, db_path: Path) -> None:
+    with raw(db_path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert {"sessions", "messages", "messages_fts", "compactions", "streams", "events"} <= tables
+
+
+async def test_reopen_does_not_migrate_twice(db_path: Path) -> None:
+    async with await SqliteStore.open(db_path) as store:
+        await Session(store).append_message(T("m1", "user", "kept"))
+    async with await SqliteStore.open(db_path) as store:
+        assert len(await Session(store).get_history()) == 1
+
+
+async def test_newer_schema_is_refused(db_path: Path) -> None:
+    async with await SqliteStore.open(db_path):
+        pass
+    with raw(db_path) as conn:
+        conn.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
+    with pytest.raises(StoreError, match="newer"):
+        await SqliteStore.open(db_path)
+
+
+async def test_memory_store_works() -> None:
+    async with await SqliteStore.open(":memory:") as store:
+        s = Session(store)
+        await s.append_message(T("m1", "user", "hello"))
+        assert [m.id for m in await s.get_history()] == ["m1"]
+        assert [r.id for r in await s.search("hello")] == ["m1"]
+
+
+async def test_closed_store_raises_store_closed(db_path: Path) -> None:
+    store = await SqliteStore.open(db_path)
+    await store.close()
+    await store.close()  # idempotent
+    with pytest.raises(StoreClosed):
+        await Session(store).get_history()
+    with pytest.raises(StoreClosed):
+        await Session(store).append_message(T("m1", "user", "x"))
+
+
+async def test_failed_write_leaves_neither_change_nor_event(
+    store: SqliteStore, db_path: Path
+) -> None:
+    s = Session(store, session_id="tx")
+    await s.append_message(T("m0", "user", "before"))
+    with raw(db_path) as conn:
+        conn.execute(
+            "CREATE TRIGGER boom BEFORE INSERT ON messages WHEN NEW.id = 'boom' "
+            "BEGIN SELECT RAISE(ABORT, 'boom refused'); END"
+        )
+    batch = [
+        Message(id=i, role="user", parts=[{"type": "text", "text": i}])
+        for i in ("ok1", "ok2", "boom")
+    ]
+    with pytest.raises(StoreError, match="boom refused"):
+        await store.append_messages("tx", batch)
+    assert [m.id for m in await s.get_history()] == ["m0"]
+    assert [e.seq for e in await s.read_events()] == [1]
+    assert (await store.stream_position(session_stream("tx"))).last_seq == 1
+    assert await s.search("ok1") == []
+    # The next write gets the next seq: no gap from the rolled-back one.
+    await s.append_message(T("m1", "user", "after"))
+    assert [e.seq for e in await s.read_events()] == [1, 2]
+
+
+async def test_managed_write_to_unknown_session_writes_nothing(store: SqliteStore) -> None:
+    with pytest.raises(SessionNotFound):
+        await store.append_messages("ghost", [Message(id="m", role="user", parts=[])], managed=True)
+    assert await Session(store, session_id="ghost").get_history() == []
+    assert (await store.stream_position(session_stream("ghost"))).last_seq == 0
+
+
+async def test_concurrent_appends_lose_and_duplicate_nothing(store: SqliteStore) -> None:
+    s = Session(store, session_id="busy")
+    n = 400
+
+    async def writer(w: int) -> None:
+        for i in range(n // 8):
+            await s.append_message(T(f"w{w}-{i}", "user", f"writer {w} message {i}"))
+
+    await asyncio.gather(*(writer(w) for w in range(8)))
+    history = await s.get_history()
+    # Every append attached to the latest leaf inside its own transaction: one chain.
+    assert len(history) == n
+    assert len({m.id for m in history}) == n
+    assert await s.get_path_length() == n
+    events = await s.read_events(limit=10_000)
+    assert [e.seq for e in events] == list(range(1, n + 1))
+    assert [e.data["message"]["id"] for e in events] == [m.id for m in history]
+    for prev, event in itertools.pairwise(events):
+        assert event.data["parent_id"] == prev.data["message"]["id"]
+
+
+async def test_duplicate_ids_racing_store_one_message(store: SqliteStore) -> None:
+    s = Session(store)
+    results = await asyncio.gather(
+        *(s.append_message(T("same", "user", f"v{i}")) for i in range(20))
+    )
+    assert results.count(True) == 1
+    assert len(await s.get_history()) == 1
+    assert len(await s.read_events()) == 1
+
+
+async def test_reads_during_writes_see_whole_changes(store: SqliteStore) -> None:
+    s = Session(store, session_id="rw")
+    stop = asyncio.Event()
+    seen: list[int] = []
+
+    async def reader() -> None:
+        while not stop.is_set():
+            history = await s.get_history()
+            events = await s.read_events(limit=100_000)
+            # Each append_all below writes 10 messages in one transaction.
+            assert len(history) % 10 == 0
+            assert len(events) >= len(history) // 10
+            seen.append(len(history))
+
+    task = asyncio.create_task(reader())
+    for batch in range(30):
+        await store.append_messages(
+            "rw", [Message(id=f"b{batch}-{i}", role="user", parts=[]) for i in range(10)]
+        )
+        await asyncio.sleep(0)
+    stop.set()
+    await task
+    assert len(await s.get_history()) == 300
+    assert seen
+
+
+async def test_two_stores_on_one_file_never_see_database_locked(db_path: Path) -> None:
+    a = await SqliteStore.open(db_path)
+    b = await SqliteStore.open(db_path)
+    try:
+        sa, sb = Session(a, session_id="x"), Session(b, session_id="x")
+
+        async def write(session: Session, prefix: str) -> None:
+            for i in range(100):
+                await session.append_message(T(f"{prefix}{i}", "user", "x"))
+
+        await asyncio.gather(write(sa, "a"), write(sb, "b"))
+        assert await sa.get_path_length() == 200
+        assert [e.seq for e in await sb.read_events(limit=1000)] == list(range(1, 201))
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_manager_and_session_share_one_store(store: SqliteStore) -> None:
+    manager = SessionManager(store)
+    info = await manager.create("shared")
+    await manager.append(info.id, T("m1", "user", "x"))
+    assert [m.id for m in await manager.get_session(info.id).get_history()] == ["m1"]
