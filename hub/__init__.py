@@ -1,8 +1,10 @@
-"""sessionhub engine: sessions as message trees, the registry, and their event logs."""
+"""sessionhub engine: sessions as message trees, context blocks, the registry, event logs."""
 
-from protocol import Compaction, Event, Message, SearchResult, SessionInfo
+from protocol import Compaction, ContextBlock, Event, Message, SearchResult, SessionInfo
 
+from .context import ContextBlocks, ContextConfig, context_entry_key
 from .errors import (
+    ContextError,
     InvalidInput,
     InvalidMessage,
     NotFound,
@@ -13,19 +15,28 @@ from .errors import (
     StoreError,
 )
 from .manager import SessionManager
+from .providers import ReadonlyText, StoreContextProvider, StoreSearchProvider
 from .session import Session
+from .skills import FileSkillProvider
 from .store import LATEST, REGISTRY, SqliteStore, Store, session_stream
+from .tools import Tool
 
 __all__ = [
     "LATEST",
     "REGISTRY",
     "Compaction",
+    "ContextBlock",
+    "ContextBlocks",
+    "ContextConfig",
+    "ContextError",
     "Event",
+    "FileSkillProvider",
     "InvalidInput",
     "InvalidMessage",
     "Message",
     "NotFound",
     "PositionLost",
+    "ReadonlyText",
     "SearchResult",
     "Session",
     "SessionHubError",
@@ -35,6 +46,10 @@ __all__ = [
     "SqliteStore",
     "Store",
     "StoreClosed",
+    "StoreContextProvider",
     "StoreError",
+    "StoreSearchProvider",
+    "Tool",
+    "context_entry_key",
     "session_stream",
 ]

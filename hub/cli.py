@@ -10,18 +10,12 @@ __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="sessionhub", description="A real-time session hub for AI agents."
-    )
+    parser = argparse.ArgumentParser(prog="sessionhub", description="A real-time session hub for AI agents.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the hub")
     serve.add_argument("--db", default="sessionhub.db", help="SQLite file (default: %(default)s)")
-    serve.add_argument(
-        "--host", default="127.0.0.1", help="address to listen on (default: %(default)s)"
-    )
-    serve.add_argument(
-        "--port", type=int, default=8000, help="port (default: %(default)s; 0 picks one)"
-    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default: %(default)s; 0 picks one)")
     serve.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )

@@ -1,6 +1,7 @@
 """sessionhub's exceptions (defined in :mod:`protocol.errors`, shared with the client)."""
 
 from protocol.errors import (
+    ContextError,
     InvalidInput,
     InvalidMessage,
     NotFound,
@@ -12,6 +13,7 @@ from protocol.errors import (
 )
 
 __all__ = [
+    "ContextError",
     "InvalidInput",
     "InvalidMessage",
     "NotFound",

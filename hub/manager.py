@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, Self
 
 from protocol import (
     Compaction,
@@ -16,9 +17,11 @@ from protocol import (
     coerce_message,
 )
 
+from .context import ContextConfig
 from .events import follow
 from .session import MessageInput, Session, check_ids, check_parent
 from .store.base import LATEST, REGISTRY, Parent, ParentArg, Store
+from .tools import Tool
 
 __all__ = ["SessionManager"]
 
@@ -40,10 +43,35 @@ class SessionManager:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._sessions: dict[str, Session] = {}
+        self._templates: builtins.list[ContextConfig] = []
+        self._cached_prompt = False
+        self._prompt_provider: Any = None
+        self._history_label: str | None = None
 
-    @classmethod
-    def create_manager(cls, store: Store) -> SessionManager:
-        return cls(store)
+    # -- builder (propagated to every session) ---------------------------------------------
+    def with_context(
+        self,
+        label: str,
+        *,
+        description: str | None = None,
+        max_tokens: int | None = None,
+        provider: Any = None,
+    ) -> Self:
+        """A block every session gets. Without a provider each session has its own store row
+        (``<label>_<session id>``); a provider instance given here is shared by all sessions."""
+        self._templates.append(ContextConfig(label, description, max_tokens, provider))
+        return self
+
+    def with_cached_prompt(self, provider: Any = None) -> Self:
+        """Persist each session's frozen prompt (``_system_prompt_<session id>``)."""
+        self._cached_prompt = True
+        self._prompt_provider = provider
+        return self
+
+    def with_searchable_history(self, label: str) -> Self:
+        """Give every session a searchable block over all sessions' conversations."""
+        self._history_label = label
+        return self
 
     async def _require(self, session_id: str) -> SessionInfo:
         if not isinstance(session_id, str):
@@ -80,15 +108,32 @@ class SessionManager:
         return await self.store.rename_session(session_id, name)
 
     async def delete(self, session_id: str) -> None:
-        """Delete the session with its messages, overlays and event log."""
-        await self.store.delete_session(session_id)
+        """Delete the session with its messages, overlays, event log and the context rows
+        its store-backed blocks and cached prompt kept (departure: the original left them)."""
+        keys = [f"{c.label}_{session_id}" for c in self._templates if c.provider is None]
+        keys.append(f"_system_prompt_{session_id}")
+        await self.store.delete_session(session_id, context_keys=keys)
         self._sessions.pop(session_id, None)
 
     def get_session(self, session_id: str) -> Session:
-        """The :class:`Session` for ``session_id`` (cached; the registry is not checked)."""
+        """The :class:`Session` for ``session_id``, configured with the manager's templates
+        (cached; the registry is not checked)."""
         session = self._sessions.get(session_id)
         if session is None:
-            session = self._sessions[session_id] = Session(self.store, session_id=session_id)
+            session = Session(self.store, session_id=session_id)
+            for c in self._templates:
+                session.with_context(
+                    c.label, description=c.description, max_tokens=c.max_tokens, provider=c.provider
+                )
+            if self._history_label is not None:
+                session.with_context(
+                    self._history_label,
+                    description="Cross-session conversation history",
+                    provider=_HistoryProvider(self),
+                )
+            if self._cached_prompt:
+                session.with_cached_prompt(self._prompt_provider)
+            self._sessions[session_id] = session
         return session
 
     # -- messages ------------------------------------------------------------------------
@@ -121,9 +166,7 @@ class SessionManager:
         if isinstance(messages, Mapping) or not isinstance(messages, Sequence):
             raise InvalidInput("messages must be a list of messages")
         batch = [coerce_message(m) for m in messages]
-        result = await self.store.append_messages(
-            session_id, batch, check_parent(parent_id), managed=True
-        )
+        result = await self.store.append_messages(session_id, batch, check_parent(parent_id), managed=True)
         if batch:
             return result.last_id
         if isinstance(parent_id, str) or parent_id is None:
@@ -131,9 +174,7 @@ class SessionManager:
         leaf = await self.store.get_latest_leaf(session_id)
         return None if leaf is None else leaf.id
 
-    async def get_history(
-        self, session_id: str, leaf_id: str | None = None
-    ) -> builtins.list[Message]:
+    async def get_history(self, session_id: str, leaf_id: str | None = None) -> builtins.list[Message]:
         await self._require(session_id)
         return await self.get_session(session_id).get_history(leaf_id)
 
@@ -162,18 +203,14 @@ class SessionManager:
             raise InvalidInput("at_message_id must be a string")
         return await self.store.fork_session(session_id, at_message_id, name)
 
-    async def add_compaction(
-        self, session_id: str, summary: str, from_id: str, to_id: str
-    ) -> Compaction:
+    async def add_compaction(self, session_id: str, summary: str, from_id: str, to_id: str) -> Compaction:
         return await self.store.add_compaction(session_id, summary, from_id, to_id, managed=True)
 
     async def get_compactions(self, session_id: str) -> builtins.list[Compaction]:
         await self._require(session_id)
         return await self.store.get_compactions(session_id)
 
-    async def compact_and_split(
-        self, session_id: str, summary: str, name: str | None = None
-    ) -> SessionInfo:
+    async def compact_and_split(self, session_id: str, summary: str, name: str | None = None) -> SessionInfo:
         """End ``session_id`` (``end_reason='compaction'``) and continue in a new session
         whose first message carries ``summary``; returns the new session."""
         return await self.store.split_session(session_id, summary, _opt_str(name, "name"))
@@ -189,15 +226,52 @@ class SessionManager:
         from all registered sessions, best first, each naming its ``session_id``."""
         return await self.store.search_messages(query, session_id=None, limit=limit, match="words")
 
+    def tools(self) -> builtins.list[Tool]:
+        """``session_search``: the model searches every session's conversations."""
+
+        async def run(args: dict[str, Any]) -> str:
+            results = await self.search(args["query"], limit=10)
+            if not results:
+                return "No results found."
+            return "\n---\n".join(f"[{r.role}] {r.content}" for r in results)
+
+        schema = {
+            "type": "object",
+            "properties": {"query": {"type": "string", "description": "Search query"}},
+            "required": ["query"],
+            "additionalProperties": {},
+        }
+        description = "Search past conversations for relevant context. Searches across all sessions."
+        return [Tool("session_search", description, schema, run)]
+
     # -- events --------------------------------------------------------------------------
-    async def read_registry_events(
-        self, after_seq: int = 0, limit: int = 1000
-    ) -> builtins.list[Event]:
+    async def read_registry_events(self, after_seq: int = 0, limit: int = 1000) -> builtins.list[Event]:
         return await self.store.read_events(REGISTRY, after_seq, limit)
 
-    def registry_events(
-        self, after_seq: int = 0, *, epoch: str | None = None
-    ) -> AsyncIterator[Event]:
+    def registry_events(self, after_seq: int = 0, *, epoch: str | None = None) -> AsyncIterator[Event]:
         """Registry changes (created, renamed, forked, ended, deleted, usage): the backlog,
         then live."""
         return follow(self.store, REGISTRY, after_seq, epoch=epoch)
+
+
+class _HistoryProvider:
+    """The searchable block ``with_searchable_history`` adds: a count, and manager search."""
+
+    def __init__(self, manager: SessionManager) -> None:
+        self.manager = manager
+
+    async def get(self) -> str | None:
+        count = len(await self.manager.list())
+        if count == 0:
+            return None
+        return (
+            f"{count} session available for search."
+            if count == 1
+            else f"{count} sessions available for search."
+        )
+
+    async def search(self, query: str) -> str | None:
+        results = await self.manager.search(query)
+        if not results:
+            return None
+        return "\n---\n".join(f"[{r.role}] {r.content}" for r in results)

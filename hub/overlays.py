@@ -28,9 +28,7 @@ def overlay_message(compaction: Compaction) -> Message:
     )
 
 
-def _chosen(
-    path_ids: Sequence[str], compactions: Sequence[Compaction]
-) -> list[tuple[int, int, Compaction]]:
+def _chosen(path_ids: Sequence[str], compactions: Sequence[Compaction]) -> list[tuple[int, int, Compaction]]:
     """Which overlays apply, as ``(start, end, overlay)`` in path order.
 
     ``compactions`` must be in insertion order. At each position the newest overlay that
@@ -79,9 +77,7 @@ def apply_compactions(path: Sequence[Message], compactions: Sequence[Compaction]
     return out
 
 
-def visible_compactions(
-    path_ids: Sequence[str], compactions: Sequence[Compaction]
-) -> list[Compaction]:
+def visible_compactions(path_ids: Sequence[str], compactions: Sequence[Compaction]) -> list[Compaction]:
     """Overlays whose whole span lies on this path in order (what a fork carries along)."""
     index = {mid: i for i, mid in enumerate(path_ids)}
     out = []

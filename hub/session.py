@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Self
 
-from protocol import Compaction, Event, InvalidInput, Message, SearchResult, coerce_message
+from protocol import (
+    Compaction,
+    ContextBlock,
+    Event,
+    InvalidInput,
+    Message,
+    SearchResult,
+    coerce_message,
+)
 
+from .context import ContextBlocks, ContextConfig, is_skill_provider
 from .events import follow
-from .store.base import LATEST, Parent, ParentArg, Store, session_stream
+from .providers import StoreContextProvider
+from .store.base import LATEST, LogEntry, Parent, ParentArg, Store, session_stream
+from .tools import Tool
 
 __all__ = ["MessageInput", "Session", "check_parent"]
+
+_UNLOADED_PREFIX = "[skill unloaded:"
 
 MessageInput = Message | Mapping[str, Any]
 
@@ -18,9 +32,7 @@ MessageInput = Message | Mapping[str, Any]
 def check_parent(parent_id: object) -> ParentArg:
     if parent_id is None or parent_id is LATEST or isinstance(parent_id, str):
         return parent_id
-    raise InvalidInput(
-        f"parent_id must be a message id, None or LATEST, got {type(parent_id).__name__}"
-    )
+    raise InvalidInput(f"parent_id must be a message id, None or LATEST, got {type(parent_id).__name__}")
 
 
 def check_ids(ids: object) -> list[str]:
@@ -50,19 +62,92 @@ class Session:
     def __init__(self, store: Store, *, session_id: str = "") -> None:
         self.store = store
         self.session_id = _check_id(session_id, "session_id")
+        self._context_configs: list[ContextConfig] = []
+        self._cached_prompt: bool = False
+        self._prompt_provider: Any = None
+        self._context: ContextBlocks | None = None
+        self._ready = asyncio.Lock()
 
     @classmethod
     def create(cls, store: Store) -> Session:
         return cls(store)
 
+    # -- builder -------------------------------------------------------------------------
     def for_session(self, session_id: str) -> Self:
+        """Namespace everything this session stores, context rows included."""
+        self._check_unbuilt()
         self.session_id = _check_id(session_id, "session_id")
         return self
 
+    def with_context(
+        self,
+        label: str,
+        *,
+        description: str | None = None,
+        max_tokens: int | None = None,
+        provider: Any = None,
+    ) -> Self:
+        """Add a context block. Without a provider the block is a writable row of the store,
+        keyed ``<label>_<session id>`` (or ``<label>`` for the default session)."""
+        self._check_unbuilt()
+        self._context_configs.append(ContextConfig(label, description, max_tokens, provider))
+        return self
+
+    def with_cached_prompt(self, provider: Any = None) -> Self:
+        """Persist the frozen prompt (in the store under ``_system_prompt[_<session id>]``
+        unless a provider is given), so it survives restarts byte for byte."""
+        self._check_unbuilt()
+        self._cached_prompt = True
+        self._prompt_provider = provider
+        return self
+
+    def _check_unbuilt(self) -> None:
+        if self._context is not None:
+            raise InvalidInput("the session is already in use; configure it before the first call")
+
+    def _key(self, label: str) -> str:
+        return f"{label}_{self.session_id}" if self.session_id else label
+
+    def _store_provider(self, label: str, event_type: str = "context.updated") -> StoreContextProvider:
+        return StoreContextProvider(
+            self.store, self._key(label), session_id=self.session_id, event_type=event_type
+        )
+
+    async def _blocks(self) -> ContextBlocks:
+        if self._context is not None:
+            return self._context
+        async with self._ready:
+            if self._context is None:
+                prompt_store = None
+                if self._cached_prompt:
+                    prompt_store = self._prompt_provider or self._store_provider(
+                        "_system_prompt", "prompt.updated"
+                    )
+                configs = [
+                    c
+                    if c.provider is not None
+                    else ContextConfig(c.label, c.description, c.max_tokens, self._store_provider(c.label))
+                    for c in self._context_configs
+                ]
+                blocks = ContextBlocks(
+                    configs,
+                    prompt_store,
+                    default_provider=self._store_provider,
+                    on_change=self._log_change,
+                    on_unload=self._reclaim_loaded_skill,
+                )
+                if any(is_skill_provider(c.provider) for c in configs):
+                    restored = await self._scan_loaded_skills()
+                    if restored:
+                        blocks.restore_loaded_skills(restored)
+                self._context = blocks
+        return self._context
+
+    async def _log_change(self, type_: str, data: dict[str, Any]) -> None:
+        await self.store.log_event(LogEntry(session_id=self.session_id, type=type_, data=data))
+
     # -- messages ------------------------------------------------------------------------
-    async def append_message(
-        self, message: MessageInput, parent_id: ParentArg | Parent = LATEST
-    ) -> bool:
+    async def append_message(self, message: MessageInput, parent_id: ParentArg | Parent = LATEST) -> bool:
         """Attach ``message`` to the latest leaf (``LATEST``), to ``parent_id``, or as a new
         root (``None``; also when ``parent_id`` is not in this session). Returns False when
         the id was already stored: the first content wins and nothing is written."""
@@ -81,8 +166,13 @@ class Session:
         return await self.store.delete_messages(self.session_id, check_ids(ids))
 
     async def clear_messages(self) -> None:
-        """Delete every message and compaction overlay of this session."""
+        """Delete every message and compaction overlay of this session; loaded skills are
+        forgotten and the frozen prompt is re-rendered (when the session has context)."""
         await self.store.clear_messages(self.session_id)
+        if self._context_configs or self._cached_prompt or self._context is not None:
+            blocks = await self._blocks()
+            blocks.clear_skill_state()
+            await blocks.refresh_system_prompt()
 
     async def get_history(self, leaf_id: str | None = None) -> list[Message]:
         """Root → ``leaf_id`` (default: the latest leaf), overlays applied; unknown → []."""
@@ -123,6 +213,128 @@ class Session:
         """All overlays of this session, oldest first."""
         return await self.store.get_compactions(self.session_id)
 
+    # -- context blocks, the frozen prompt, tools ----------------------------------------
+    async def get_context_block(self, label: str) -> ContextBlock | None:
+        blocks = await self._blocks()
+        await blocks.ensure_loaded()
+        return blocks.get_block(label)
+
+    async def get_context_blocks(self) -> list[ContextBlock]:
+        blocks = await self._blocks()
+        await blocks.ensure_loaded()
+        return blocks.get_blocks()
+
+    async def replace_context_block(self, label: str, content: str) -> ContextBlock:
+        """Replace a writable block (``max_tokens`` enforced); the frozen prompt stays."""
+        return await (await self._blocks()).set_block(label, content)
+
+    async def append_context_block(self, label: str, content: str) -> ContextBlock:
+        """Append a line to a writable block (``max_tokens`` checked on the total)."""
+        return await (await self._blocks()).append_to_block(label, content)
+
+    async def add_context(
+        self,
+        label: str,
+        description: str | None = None,
+        max_tokens: int | None = None,
+        provider: Any = None,
+    ) -> ContextBlock:
+        """Add a block at run time (store-backed without a provider)."""
+        blocks = await self._blocks()
+        config = ContextConfig(
+            label,
+            description,
+            max_tokens,
+            provider if provider is not None else self._store_provider(label),
+        )
+        block = await blocks.add_block(config)
+        if is_skill_provider(config.provider):
+            restored = await self._scan_loaded_skills()
+            if restored:
+                blocks.restore_loaded_skills(blocks.get_loaded_skill_keys() | restored)
+        return block
+
+    async def remove_context(self, label: str) -> bool:
+        """Remove a block; history is not rewritten."""
+        return await (await self._blocks()).remove_block(label)
+
+    async def freeze_system_prompt(self) -> str:
+        """Render the system prompt once and keep returning that exact string."""
+        return await (await self._blocks()).freeze_system_prompt()
+
+    async def refresh_system_prompt(self) -> str:
+        """Reload every block, re-render and persist the frozen prompt."""
+        return await (await self._blocks()).refresh_system_prompt()
+
+    async def tools(self) -> list[Tool]:
+        """``set_context`` / ``load_context`` / ``unload_context`` / ``search_context``, as the
+        blocks call for; none when every block is read-only."""
+        return await (await self._blocks()).tools()
+
+    async def unload_skill(self, label: str, key: str) -> bool:
+        return await (await self._blocks()).unload_skill(label, key)
+
+    async def get_loaded_skill_keys(self) -> set[str]:
+        return (await self._blocks()).get_loaded_skill_keys()
+
+    async def _scan_loaded_skills(self) -> set[str]:
+        """Which skills the transcript shows as loaded and not unloaded (raw path, root →
+        leaf, so skills hidden under an overlay still count)."""
+        loaded: set[str] = set()
+        for message in await self.store.get_path(self.session_id):
+            if message.role != "assistant":
+                continue
+            for part in message.parts:
+                if part.get("state") != "output-available":
+                    continue
+                name = _tool_name(part)
+                args = part.get("input")
+                if name == "load_context" and isinstance(args, Mapping):
+                    label, key = args.get("label"), args.get("key")
+                    if not label or not key:
+                        continue
+                    output = part.get("output")
+                    if isinstance(output, str) and output.startswith(_UNLOADED_PREFIX):
+                        loaded.discard(f"{label}:{key}")
+                    else:
+                        loaded.add(f"{label}:{key}")
+                elif name == "unload_context" and isinstance(args, Mapping):
+                    loaded.discard(f"{args.get('label')}:{args.get('key')}")
+        return loaded
+
+    async def _reclaim_loaded_skill(self, label: str, key: str) -> None:
+        """Replace the newest recorded load of this skill with a short marker, so the
+        unloaded text stops costing context on every later turn."""
+        for message in reversed(await self.get_history()):
+            if message.role != "assistant":
+                continue
+            hit = False
+            parts = []
+            for part in message.parts:
+                args = part.get("input")
+                if (
+                    _tool_name(part) == "load_context"
+                    and part.get("state") == "output-available"
+                    and isinstance(args, Mapping)
+                    and args.get("label") == label
+                    and args.get("key") == key
+                ):
+                    part = {**part, "output": f"[skill unloaded: {key}]"}
+                    hit = True
+                parts.append(part)
+            if hit:
+                await self.update_message(
+                    Message(
+                        id=message.id,
+                        role=message.role,
+                        parts=parts,
+                        created_at=message.created_at,
+                        metadata=message.metadata,
+                        extra=message.extra,
+                    )
+                )
+                return
+
     # -- events --------------------------------------------------------------------------
     async def read_events(self, after_seq: int = 0, limit: int = 1000) -> list[Event]:
         """This session's logged changes after ``after_seq``."""
@@ -131,3 +343,18 @@ class Session:
     def events(self, after_seq: int = 0, *, epoch: str | None = None) -> AsyncIterator[Event]:
         """Every change after ``after_seq``: the backlog, then live, in ``seq`` order."""
         return follow(self.store, session_stream(self.session_id), after_seq, epoch=epoch)
+
+
+def _tool_name(part: Mapping[str, Any]) -> str | None:
+    """The tool a part records: ``toolName`` (dynamic tools) or the ``tool-<name>`` type.
+
+    Departure: the original matched ``toolName`` only, so the AI SDK's typed parts
+    (``tool-load_context``, which carry no ``toolName``) were neither restored nor reclaimed.
+    """
+    name = part.get("toolName")
+    if isinstance(name, str):
+        return name
+    kind = part.get("type")
+    if isinstance(kind, str) and kind.startswith("tool-"):
+        return kind[5:]
+    return None

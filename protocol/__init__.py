@@ -1,6 +1,7 @@
 """Wire-level types of sessionhub: messages, records, events and errors. No I/O here."""
 
 from .errors import (
+    ContextError,
     InvalidInput,
     InvalidMessage,
     NotFound,
@@ -11,10 +12,12 @@ from .errors import (
     StoreError,
 )
 from .message import Message, coerce_message
-from .records import Compaction, Event, SearchResult, SessionInfo
+from .records import Compaction, ContextBlock, Event, SearchResult, SessionInfo
 
 __all__ = [
     "Compaction",
+    "ContextBlock",
+    "ContextError",
     "Event",
     "InvalidInput",
     "InvalidMessage",

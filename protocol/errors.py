@@ -7,7 +7,8 @@ same types for the same mistakes.
 
     SessionHubError
     ├── InvalidInput          code "invalid"     bad arguments or a malformed message
-    │   └── InvalidMessage                       ...naming the offending field
+    │   ├── InvalidMessage                       ...naming the offending field
+    │   └── ContextError                         a refused context-block operation
     ├── NotFound              code "not_found"
     │   └── SessionNotFound                      an unknown session id
     ├── PositionLost          code "reset"       the event log cannot serve a position
@@ -18,6 +19,7 @@ same types for the same mistakes.
 from __future__ import annotations
 
 __all__ = [
+    "ContextError",
     "InvalidInput",
     "InvalidMessage",
     "NotFound",
@@ -50,6 +52,11 @@ class InvalidMessage(InvalidInput):
         self.problem = problem
 
 
+class ContextError(InvalidInput):
+    """A context-block operation was refused (readonly block, over ``max_tokens``, unknown
+    label...). The message is the original's, e.g. ``Block "soul" is readonly``."""
+
+
 class NotFound(SessionHubError, LookupError):
     """Something addressed by id does not exist."""
 
@@ -73,9 +80,7 @@ class PositionLost(SessionHubError):
 
     code = "reset"
 
-    def __init__(
-        self, stream: str, after_seq: int, *, epoch: str, first_seq: int, last_seq: int
-    ) -> None:
+    def __init__(self, stream: str, after_seq: int, *, epoch: str, first_seq: int, last_seq: int) -> None:
         super().__init__(
             f"event log of {stream!r} cannot serve events after seq {after_seq} "
             f"(epoch {epoch}, available {first_seq}..{last_seq}); reload a snapshot"

@@ -104,9 +104,7 @@ class Message(msgspec.Struct, kw_only=True):
     def text(self) -> str:
         """The text parts joined by one space: what full-text search indexes."""
         return " ".join(
-            p["text"]
-            for p in self.parts
-            if p.get("type") == "text" and isinstance(p.get("text"), str)
+            p["text"] for p in self.parts if p.get("type") == "text" and isinstance(p.get("text"), str)
         )
 
 

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 import msgspec
 
-__all__ = ["Compaction", "Event", "SearchResult", "SessionInfo"]
+__all__ = ["Compaction", "ContextBlock", "Event", "SearchResult", "SessionInfo"]
 
 
 class SessionInfo(msgspec.Struct, kw_only=True):
@@ -61,3 +61,16 @@ class Event(msgspec.Struct, kw_only=True):
     data: dict[str, Any]
     created_at: datetime
     stream: Literal["session", "registry"] = "session"
+
+
+class ContextBlock(msgspec.Struct, kw_only=True):
+    """A loaded context block: what the system prompt shows and the tools address."""
+
+    label: str
+    description: str | None = None
+    content: str
+    tokens: int
+    max_tokens: int | None = None
+    writable: bool
+    is_skill: bool
+    is_searchable: bool

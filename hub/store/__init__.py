@@ -16,6 +16,7 @@ __all__ = [
     "LATEST",
     "REGISTRY",
     "AppendResult",
+    "LogEntry",
     "Parent",
     "ParentArg",
     "SqliteStore",

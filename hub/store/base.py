@@ -15,7 +15,7 @@ from __future__ import annotations
 import abc
 import enum
 from collections.abc import Sequence
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 
@@ -27,6 +27,7 @@ __all__ = [
     "LATEST",
     "REGISTRY",
     "AppendResult",
+    "LogEntry",
     "Parent",
     "ParentArg",
     "Store",
@@ -64,6 +65,14 @@ class AppendResult(msgspec.Struct, kw_only=True):
     inserted: list[str]
     last_id: str | None
     last_seq: int
+
+
+class LogEntry(msgspec.Struct, kw_only=True):
+    """An event to append to a session's log together with a write."""
+
+    session_id: str
+    type: str
+    data: dict[str, Any]
 
 
 class StreamPosition(msgspec.Struct, kw_only=True):
@@ -107,9 +116,7 @@ class Store(abc.ABC):
         but still continue the chain."""
 
     @abc.abstractmethod
-    async def update_message(
-        self, session_id: str, message: Message, *, managed: bool = False
-    ) -> bool:
+    async def update_message(self, session_id: str, message: Message, *, managed: bool = False) -> bool:
         """Replace a stored message's content; False (and nothing written) if unknown."""
 
     @abc.abstractmethod
@@ -200,9 +207,9 @@ class Store(abc.ABC):
     async def rename_session(self, session_id: str, name: str) -> SessionInfo: ...
 
     @abc.abstractmethod
-    async def delete_session(self, session_id: str) -> None:
-        """Delete the session, its messages, overlays and log; a final ``session.deleted``
-        event stays readable."""
+    async def delete_session(self, session_id: str, *, context_keys: Sequence[str] = ()) -> None:
+        """Delete the session, its messages, overlays, log and the context rows named by
+        ``context_keys``; a final ``session.deleted`` event stays readable."""
 
     @abc.abstractmethod
     async def add_usage(
@@ -215,11 +222,35 @@ class Store(abc.ABC):
         overlays lying wholly on it."""
 
     @abc.abstractmethod
-    async def split_session(
-        self, session_id: str, summary: str, name: str | None = None
-    ) -> SessionInfo:
+    async def split_session(self, session_id: str, summary: str, name: str | None = None) -> SessionInfo:
         """End the session (``end_reason='compaction'``) and start its continuation, whose
         one message carries the summary."""
+
+    # -- context blocks and search entries ------------------------------------------------
+    @abc.abstractmethod
+    async def get_context_value(self, key: str) -> str | None:
+        """The stored content of a context block row, or None when never written."""
+
+    @abc.abstractmethod
+    async def set_context_value(self, key: str, content: str, *, event: LogEntry | None = None) -> None:
+        """Upsert a context block row (and log ``event`` in the same transaction)."""
+
+    @abc.abstractmethod
+    async def count_search_entries(self, label: str) -> int: ...
+
+    @abc.abstractmethod
+    async def set_search_entry(
+        self, label: str, key: str, content: str, *, event: LogEntry | None = None
+    ) -> None:
+        """Upsert an entry of a searchable block; its old words stop matching."""
+
+    @abc.abstractmethod
+    async def search_entries(self, label: str, query: str, limit: int = 10) -> list[tuple[str, str]]:
+        """``(key, content)`` of the entries matching every word of ``query``, best first."""
+
+    @abc.abstractmethod
+    async def log_event(self, entry: LogEntry) -> int:
+        """Append an event on its own (for changes made outside the store); returns its seq."""
 
     # -- event logs ----------------------------------------------------------------------
     @abc.abstractmethod

@@ -53,6 +53,7 @@ from .base import (
     LATEST,
     REGISTRY,
     AppendResult,
+    LogEntry,
     ParentArg,
     Store,
     StreamPosition,
@@ -132,6 +133,26 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (stream, seq)
     ) WITHOUT ROWID;
     """,
+    """
+    CREATE TABLE context_blocks (
+        key TEXT PRIMARY KEY,
+        content TEXT NOT NULL,
+        updated_at REAL NOT NULL
+    ) WITHOUT ROWID;
+
+    CREATE TABLE search_entries (
+        pk INTEGER PRIMARY KEY,
+        label TEXT NOT NULL,
+        key TEXT NOT NULL,
+        content TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    CREATE UNIQUE INDEX search_entries_key ON search_entries(label, key);
+
+    CREATE VIRTUAL TABLE search_fts USING fts5(lbl, body, tokenize='porter unicode61');
+    INSERT INTO search_fts(search_fts, rank) VALUES ('rank', 'bm25(0.0, 1.0)');
+    """,
 ]
 
 
@@ -199,9 +220,7 @@ def _compaction(row: Sequence[Any]) -> Compaction:
 # ---------------------------------------------------------------------------------------
 
 
-def _emit(
-    conn: Conn, notes: Notes, stream: str, session_id: str, type_: str, data: Any, now: float
-) -> int:
+def _emit(conn: Conn, notes: Notes, stream: str, session_id: str, type_: str, data: Any, now: float) -> int:
     row = conn.execute(
         "UPDATE streams SET last_seq = last_seq + 1 WHERE stream = ? RETURNING last_seq", (stream,)
     ).fetchone()
@@ -218,24 +237,17 @@ def _emit(
     return int(seq)
 
 
-def _emit_session(
-    conn: Conn, notes: Notes, session_id: str, type_: str, data: Any, now: float
-) -> int:
+def _emit_session(conn: Conn, notes: Notes, session_id: str, type_: str, data: Any, now: float) -> int:
     return _emit(conn, notes, session_stream(session_id), session_id, type_, data, now)
 
 
 def _touch(conn: Conn, session_id: str, now: float) -> None:
-    if (
-        conn.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", (now, session_id)).rowcount
-        == 0
-    ):
+    if conn.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", (now, session_id)).rowcount == 0:
         raise SessionNotFound(session_id)
 
 
 def _session_row(conn: Conn, session_id: str) -> SessionInfo:
-    row = conn.execute(
-        f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", (session_id,)
-    ).fetchone()
+    row = conn.execute(f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", (session_id,)).fetchone()
     if row is None:
         raise SessionNotFound(session_id)
     return _info(row)
@@ -309,9 +321,7 @@ def _insert_messages(
     return AppendResult(inserted=inserted, last_id=parent_id, last_seq=last_seq)
 
 
-def _update_message(
-    conn: Conn, notes: Notes, session_id: str, message: Message, now: float
-) -> bool:
+def _update_message(conn: Conn, notes: Notes, session_id: str, message: Message, now: float) -> bool:
     row = conn.execute(
         "UPDATE messages SET content = ?, role = ? WHERE session_id = ? AND id = ? RETURNING pk",
         (_message_json(message), message.role, session_id, message.id),
@@ -532,9 +542,7 @@ class SqliteStore(Store):
             if memory:
                 r = w
             else:
-                reader = await aiosqlite.connect(
-                    path, isolation_level=None, check_same_thread=False
-                )
+                reader = await aiosqlite.connect(path, isolation_level=None, check_same_thread=False)
                 r = _Connection(reader)
                 await r.call(lambda c: _configure(c, synchronous=synchronous, reader=True))
         except BaseException:
@@ -596,9 +604,7 @@ class SqliteStore(Store):
 
         return await self._write(fn)
 
-    async def update_message(
-        self, session_id: str, message: Message, *, managed: bool = False
-    ) -> bool:
+    async def update_message(self, session_id: str, message: Message, *, managed: bool = False) -> bool:
         def fn(conn: Conn, notes: Notes, now: float) -> bool:
             if managed:
                 _touch(conn, session_id, now)
@@ -778,9 +784,7 @@ class SqliteStore(Store):
                 log.debug("fts query %r matched nothing: %s", expr, exc)
                 return []
             return [
-                SearchResult(
-                    id=r[0], role=r[1], content=r[2], session_id=r[3], created_at=_ts(r[4])
-                )
+                SearchResult(id=r[0], role=r[1], content=r[2], session_id=r[3], created_at=_ts(r[4]))
                 for r in rows
             ]
 
@@ -841,9 +845,7 @@ class SqliteStore(Store):
 
     async def get_session(self, session_id: str) -> SessionInfo | None:
         def fn(conn: Conn) -> SessionInfo | None:
-            row = conn.execute(
-                f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", (session_id,)
-            ).fetchone()
+            row = conn.execute(f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", (session_id,)).fetchone()
             return None if row is None else _info(row)
 
         return await self._read(fn)
@@ -862,19 +864,18 @@ class SqliteStore(Store):
             raise InvalidInput("session name must be a string")
 
         def fn(conn: Conn, notes: Notes, now: float) -> SessionInfo:
-            conn.execute(
-                "UPDATE sessions SET name = ?, updated_at = ? WHERE id = ?", (name, now, session_id)
-            )
+            conn.execute("UPDATE sessions SET name = ?, updated_at = ? WHERE id = ?", (name, now, session_id))
             info = _session_row(conn, session_id)
             _registry_change(conn, notes, info, "session.renamed", now)
             return info
 
         return await self._write(fn)
 
-    async def delete_session(self, session_id: str) -> None:
+    async def delete_session(self, session_id: str, *, context_keys: Sequence[str] = ()) -> None:
         def fn(conn: Conn, notes: Notes, now: float) -> None:
             info = _session_row(conn, session_id)
             _clear(conn, session_id)
+            conn.executemany("DELETE FROM context_blocks WHERE key = ?", [(k,) for k in context_keys])
             conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
             stream = session_stream(session_id)
             # The log goes with the session (it holds message bodies); only the final
@@ -957,9 +958,7 @@ class SqliteStore(Store):
 
         return await self._write(fn)
 
-    async def split_session(
-        self, session_id: str, summary: str, name: str | None = None
-    ) -> SessionInfo:
+    async def split_session(self, session_id: str, summary: str, name: str | None = None) -> SessionInfo:
         if not isinstance(summary, str):
             raise InvalidInput("summary must be a string")
 
@@ -987,6 +986,80 @@ class SqliteStore(Store):
             )
             _insert_messages(conn, notes, info.id, [message], None, now)
             return info
+
+        return await self._write(fn)
+
+    # -- context blocks and search entries ------------------------------------------------
+    async def get_context_value(self, key: str) -> str | None:
+        def fn(conn: Conn) -> str | None:
+            row = conn.execute("SELECT content FROM context_blocks WHERE key = ?", (key,)).fetchone()
+            return None if row is None else str(row[0])
+
+        return await self._read(fn)
+
+    async def set_context_value(self, key: str, content: str, *, event: LogEntry | None = None) -> None:
+        def fn(conn: Conn, notes: Notes, now: float) -> None:
+            conn.execute(
+                "INSERT INTO context_blocks (key, content, updated_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET content = excluded.content, "
+                "updated_at = excluded.updated_at",
+                (key, content, now),
+            )
+            if event is not None:
+                _emit_session(conn, notes, event.session_id, event.type, event.data, now)
+
+        await self._write(fn)
+
+    async def count_search_entries(self, label: str) -> int:
+        def fn(conn: Conn) -> int:
+            row = conn.execute("SELECT COUNT(*) FROM search_entries WHERE label = ?", (label,)).fetchone()
+            return int(row[0])
+
+        return await self._read(fn)
+
+    async def set_search_entry(
+        self, label: str, key: str, content: str, *, event: LogEntry | None = None
+    ) -> None:
+        def fn(conn: Conn, notes: Notes, now: float) -> None:
+            row = conn.execute(
+                "INSERT INTO search_entries (label, key, content, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (label, key) DO UPDATE SET "
+                "content = excluded.content, updated_at = excluded.updated_at RETURNING pk",
+                (label, key, content, now, now),
+            ).fetchone()
+            pk = int(row[0])
+            conn.execute("DELETE FROM search_fts WHERE rowid = ?", (pk,))
+            conn.execute(
+                "INSERT INTO search_fts (rowid, lbl, body) VALUES (?, ?, ?)",
+                (pk, _sid_token(label), content),
+            )
+            if event is not None:
+                _emit_session(conn, notes, event.session_id, event.type, event.data, now)
+
+        await self._write(fn)
+
+    async def search_entries(self, label: str, query: str, limit: int = 10) -> list[tuple[str, str]]:
+        expr = words_query(query) if isinstance(query, str) else None
+        if expr is None or limit <= 0:
+            return []
+
+        def fn(conn: Conn) -> list[tuple[str, str]]:
+            try:
+                rows = conn.execute(
+                    "SELECT e.key, e.content FROM search_fts f JOIN search_entries e ON e.pk = f.rowid "
+                    "WHERE search_fts MATCH ? AND e.label = ? ORDER BY f.rank LIMIT ?",
+                    (f"lbl : {_sid_token(label)} AND body : ({expr})", label, limit),
+                ).fetchall()
+            except sqlite3.OperationalError as exc:
+                log.debug("fts query %r matched nothing: %s", expr, exc)
+                return []
+            return [(str(k), str(c)) for k, c in rows]
+
+        return await self._read(fn)
+
+    async def log_event(self, entry: LogEntry) -> int:
+        def fn(conn: Conn, notes: Notes, now: float) -> int:
+            return _emit_session(conn, notes, entry.session_id, entry.type, entry.data, now)
 
         return await self._write(fn)
 
