@@ -27,9 +27,7 @@ from hub import Message, SearchResult, Session, SessionInfo, SessionManager, Sql
 from tests.conftest import text_message
 
 GOLDEN: dict[str, Any] = json.loads(
-    (Path(__file__).parent / "fixtures" / "golden" / "session_manager.json").read_text(
-        encoding="utf-8"
-    )
+    (Path(__file__).parent / "fixtures" / "golden" / "session_manager.json").read_text(encoding="utf-8")
 )
 
 GOLDEN_A = GOLDEN["create_A"]["id"]
@@ -122,9 +120,7 @@ async def replay_to_split(store: SqliteStore) -> Replay:
     r.after_rename_b = await m.get(r.b_id)
     r.fork = await m.fork(r.a_id, "a-2", "Fork of A")
     r.id_map[GOLDEN_FORK] = r.fork.id
-    r.split_a = await m.compact_and_split(
-        r.a_id, "We discussed deploying workers.", "A (continued)"
-    )
+    r.split_a = await m.compact_and_split(r.a_id, "We discussed deploying workers.", "A (continued)")
     r.id_map[GOLDEN_SPLIT_A] = r.split_a.id
     r.split_a_old = await m.get(r.a_id)
     r.split_b = await m.compact_and_split(r.b_id, "B summary")

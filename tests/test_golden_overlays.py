@@ -20,9 +20,7 @@ from hub.overlays import COMPACTION_PREFIX
 from tests.conftest import text_message
 
 GOLDEN: dict[str, Any] = json.loads(
-    (Path(__file__).parent / "fixtures" / "golden" / "compaction_overlay.json").read_text(
-        encoding="utf-8"
-    )
+    (Path(__file__).parent / "fixtures" / "golden" / "compaction_overlay.json").read_text(encoding="utf-8")
 )
 
 
@@ -58,9 +56,7 @@ class Replay:
 async def ten_messages(store: SqliteStore) -> Replay:
     s = Session.create(store)
     for i in range(1, 11):
-        await s.append_message(
-            text_message(f"m{i}", "user" if i % 2 else "assistant", f"message {i}")
-        )
+        await s.append_message(text_message(f"m{i}", "user" if i % 2 else "assistant", f"message {i}"))
     return Replay(s)
 
 

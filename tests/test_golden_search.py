@@ -18,9 +18,7 @@ from hub import SearchResult, Session, SqliteStore
 from tests.conftest import text_message
 
 GOLDEN: dict[str, Any] = json.loads(
-    (Path(__file__).parent / "fixtures" / "golden" / "search_session.json").read_text(
-        encoding="utf-8"
-    )
+    (Path(__file__).parent / "fixtures" / "golden" / "search_session.json").read_text(encoding="utf-8")
 )
 
 # golden-common.mjs, verbatim.

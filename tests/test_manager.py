@@ -42,9 +42,7 @@ async def test_list_by_updated_at(manager: SessionManager) -> None:
     assert [i.name for i in await manager.list()] == ["B2", "A"]
 
 
-async def test_delete_removes_session_and_messages(
-    manager: SessionManager, store: SqliteStore
-) -> None:
+async def test_delete_removes_session_and_messages(manager: SessionManager, store: SqliteStore) -> None:
     info = await manager.create("doomed")
     await manager.append(info.id, T("m1", "user", "findable secret"))
     await manager.add_compaction(info.id, "sum", "m1", "m1")

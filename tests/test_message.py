@@ -144,9 +144,9 @@ json_values = st.recursive(
     max_leaves=12,
 )
 parts = st.lists(
-    st.dictionaries(
-        st.text(max_size=8).filter(lambda k: k != "type"), json_values, max_size=4
-    ).flatmap(lambda d: st.text(max_size=12).map(lambda t: {"type": t, **d})),
+    st.dictionaries(st.text(max_size=8).filter(lambda k: k != "type"), json_values, max_size=4).flatmap(
+        lambda d: st.text(max_size=12).map(lambda t: {"type": t, **d})
+    ),
     max_size=5,
 )
 extras = st.dictionaries(

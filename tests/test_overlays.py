@@ -18,9 +18,7 @@ def path_of(n: int) -> list[Message]:
 
 
 def overlay(n: int, start: str, end: str) -> Compaction:
-    return Compaction(
-        id=str(n), summary=f"s{n}", from_message_id=start, to_message_id=end, created_at=NOW
-    )
+    return Compaction(id=str(n), summary=f"s{n}", from_message_id=start, to_message_id=end, created_at=NOW)
 
 
 def reference(path: list[Message], compactions: list[Compaction]) -> list[str]:
@@ -33,9 +31,7 @@ def reference(path: list[Message], compactions: list[Compaction]) -> list[str]:
     out: list[str] = []
     i = 0
     while i < len(ids):
-        matching = [
-            c for c in compactions if c.from_message_id == ids[i] and index_of(c.to_message_id) >= i
-        ]
+        matching = [c for c in compactions if c.from_message_id == ids[i] and index_of(c.to_message_id) >= i]
         if matching:
             c = matching[-1]
             out.append(COMPACTION_PREFIX + c.id)
@@ -54,8 +50,7 @@ def test_matches_the_original_algorithm(n: int, spans: list[tuple[int, int]]) ->
     path = path_of(n)
     # Index -1 / 13 stand for ids on another branch.
     compactions = [
-        overlay(k, f"m{a}" if a >= 0 else "x", f"m{b}" if b >= 0 else "y")
-        for k, (a, b) in enumerate(spans)
+        overlay(k, f"m{a}" if a >= 0 else "x", f"m{b}" if b >= 0 else "y") for k, (a, b) in enumerate(spans)
     ]
     assert [m.id for m in apply_compactions(path, compactions)] == reference(path, compactions)
 

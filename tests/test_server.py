@@ -46,9 +46,7 @@ async def test_healthz(served: str) -> None:
 async def test_app_over_a_shared_store(db_path: Path) -> None:
     store = await SqliteStore.open(db_path)
     try:
-        config = uvicorn.Config(
-            create_app(store=store), host="127.0.0.1", port=0, log_level="warning"
-        )
+        config = uvicorn.Config(create_app(store=store), host="127.0.0.1", port=0, log_level="warning")
         server = uvicorn.Server(config)
         task = asyncio.create_task(server.serve())
         while not server.started:

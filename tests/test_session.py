@@ -19,9 +19,7 @@ def ids(messages: list[Message]) -> list[str]:
 
 async def chain(session: Session, n: int, prefix: str = "m", start: int = 0) -> None:
     for i in range(start, start + n):
-        await session.append_message(
-            T(f"{prefix}{i}", "user" if i % 2 == 0 else "assistant", f"message {i}")
-        )
+        await session.append_message(T(f"{prefix}{i}", "user" if i % 2 == 0 else "assistant", f"message {i}"))
 
 
 # -- tree-structured messages ------------------------------------------------------------
@@ -296,9 +294,7 @@ async def test_sibling_branch_overlays_stay_isolated(store: SqliteStore) -> None
 
 async def test_overlay_spans_history_of_any_size(store: SqliteStore) -> None:
     s = Session(store)
-    await store.append_messages(
-        "", [Message(id=f"m{i}", role="user", parts=[]) for i in range(120)], None
-    )
+    await store.append_messages("", [Message(id=f"m{i}", role="user", parts=[]) for i in range(120)], None)
     c = await s.add_compaction("big", "m10", "m100")
     history = await s.get_history()
     assert len(history) == 120 - 91 + 1
@@ -331,18 +327,14 @@ async def test_overlay_on_deleted_anchor_stops_applying(store: SqliteStore) -> N
 @pytest.mark.parametrize("n", [1, 50, 51, 120])
 async def test_chunk_boundaries_are_invisible(store: SqliteStore, n: int) -> None:
     s = Session(store)
-    await store.append_messages(
-        "", [Message(id=f"m{i}", role="user", parts=[]) for i in range(n)], None
-    )
+    await store.append_messages("", [Message(id=f"m{i}", role="user", parts=[]) for i in range(n)], None)
     assert ids(await s.get_history()) == [f"m{i}" for i in range(n)]
     assert await s.get_path_length() == n
 
 
 async def test_selected_branch_across_a_long_path(store: SqliteStore) -> None:
     s = Session(store)
-    await store.append_messages(
-        "", [Message(id=f"m{i}", role="user", parts=[]) for i in range(60)], None
-    )
+    await store.append_messages("", [Message(id=f"m{i}", role="user", parts=[]) for i in range(60)], None)
     await s.append_message(T("main-61", "user", "x"))
     await s.append_message(T("side-61", "user", "y"), "m59")
     assert ids(await s.get_history("main-61"))[-2:] == ["m59", "main-61"]
@@ -353,9 +345,7 @@ async def test_no_silent_depth_cap(store: SqliteStore) -> None:
     # The original stopped walking at 10,001 rows; we walk the whole path.
     n = 12_345
     s = Session(store)
-    await store.append_messages(
-        "", [Message(id=f"m{i}", role="user", parts=[]) for i in range(n)], None
-    )
+    await store.append_messages("", [Message(id=f"m{i}", role="user", parts=[]) for i in range(n)], None)
     history = await s.get_history()
     assert len(history) == n
     assert history[0].id == "m0" and history[-1].id == f"m{n - 1}"

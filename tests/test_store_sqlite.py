@@ -70,9 +70,7 @@ async def test_closed_store_raises_store_closed(db_path: Path) -> None:
         await Session(store).append_message(T("m1", "user", "x"))
 
 
-async def test_failed_write_leaves_neither_change_nor_event(
-    store: SqliteStore, db_path: Path
-) -> None:
+async def test_failed_write_leaves_neither_change_nor_event(store: SqliteStore, db_path: Path) -> None:
     s = Session(store, session_id="tx")
     await s.append_message(T("m0", "user", "before"))
     with raw(db_path) as conn:
@@ -80,10 +78,7 @@ async def test_failed_write_leaves_neither_change_nor_event(
             "CREATE TRIGGER boom BEFORE INSERT ON messages WHEN NEW.id = 'boom' "
             "BEGIN SELECT RAISE(ABORT, 'boom refused'); END"
         )
-    batch = [
-        Message(id=i, role="user", parts=[{"type": "text", "text": i}])
-        for i in ("ok1", "ok2", "boom")
-    ]
+    batch = [Message(id=i, role="user", parts=[{"type": "text", "text": i}]) for i in ("ok1", "ok2", "boom")]
     with pytest.raises(StoreError, match="boom refused"):
         await store.append_messages("tx", batch)
     assert [m.id for m in await s.get_history()] == ["m0"]
@@ -125,9 +120,7 @@ async def test_concurrent_appends_lose_and_duplicate_nothing(store: SqliteStore)
 
 async def test_duplicate_ids_racing_store_one_message(store: SqliteStore) -> None:
     s = Session(store)
-    results = await asyncio.gather(
-        *(s.append_message(T("same", "user", f"v{i}")) for i in range(20))
-    )
+    results = await asyncio.gather(*(s.append_message(T("same", "user", f"v{i}")) for i in range(20)))
     assert results.count(True) == 1
     assert len(await s.get_history()) == 1
     assert len(await s.read_events()) == 1
