@@ -25,7 +25,7 @@ import msgspec
 
 from protocol import ContextBlock, ContextError
 
-from .tokens import estimate_string_tokens, utf16_len
+from .tokens import JS_WHITESPACE, estimate_string_tokens, utf16_len
 from .tools import Tool
 
 __all__ = [
@@ -114,7 +114,7 @@ def _stable_hash(text: str) -> str:
 def context_entry_key(title: str | None, content: str) -> str:
     """The key of a skill or search entry: the title's slug (same title → same entry,
     updated in place), else a slug of the content plus its hash."""
-    if title is not None and title.strip():
+    if title is not None and title.strip(JS_WHITESPACE):  # JavaScript's trim()
         return _slugify(title) or "entry-" + _stable_hash(title)
     return (_slugify(content) or "entry") + "-" + _stable_hash(content)
 
@@ -215,7 +215,9 @@ class ContextBlocks:
         self._loaded = False
         self._snapshot: str | None = None
         self._initialized: set[int] = set()
-        self._loaded_skills: set[str] = set()
+        # Insertion-ordered (a dict), like the original's Set: tool descriptions list skills
+        # in the order they were loaded.
+        self._loaded_skills: dict[str, None] = {}
         self._prompt_lock = asyncio.Lock()
 
     def _with_provider(self, config: ContextConfig) -> ContextConfig:
@@ -406,7 +408,7 @@ class ContextBlocks:
         content = await call(config.provider.load, key)
         if content is None:
             return None
-        self._loaded_skills.add(f"{label}:{key}")
+        self._loaded_skills[f"{label}:{key}"] = None
         if self._on_change is not None:
             await self._on_change("context.skill_loaded", {"label": label, "key": key})
         return str(content)
@@ -415,7 +417,7 @@ class ContextBlocks:
         skill_id = f"{label}:{key}"
         if skill_id not in self._loaded_skills:
             return False
-        self._loaded_skills.discard(skill_id)
+        self._loaded_skills.pop(skill_id, None)
         if self._on_change is not None:
             await self._on_change("context.skill_unloaded", {"label": label, "key": key})
         if self._on_unload is not None:
@@ -429,7 +431,7 @@ class ContextBlocks:
         return set(self._loaded_skills)
 
     def restore_loaded_skills(self, skill_ids: Iterable[str]) -> None:
-        self._loaded_skills = set(skill_ids)
+        self._loaded_skills = dict.fromkeys(skill_ids)
 
     def clear_skill_state(self) -> None:
         self._loaded_skills.clear()
@@ -477,7 +479,7 @@ class ContextBlocks:
             return False
         self._configs.remove(config)
         self._blocks.pop(label, None)
-        self._loaded_skills = {s for s in self._loaded_skills if not s.startswith(f"{label}:")}
+        self._loaded_skills = {s: None for s in self._loaded_skills if not s.startswith(f"{label}:")}
         if self._on_change is not None:
             await self._on_change("context.removed", {"label": label})
         return True
@@ -611,7 +613,7 @@ class ContextBlocks:
         return Tool("load_context", description, self._skill_schema(skills, "Skill key to load"), run)
 
     def _unload_context_tool(self, skills: list[str]) -> Tool:
-        loaded = sorted(self._loaded_skills)
+        loaded = list(self._loaded_skills)
         description = (
             "Unload a previously loaded skill to free context space. The skill remains available "
             "for re-loading."

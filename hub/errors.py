@@ -1,6 +1,7 @@
 """sessionhub's exceptions (defined in :mod:`protocol.errors`, shared with the client)."""
 
 from protocol.errors import (
+    Conflict,
     ContextError,
     InvalidInput,
     InvalidMessage,
@@ -10,9 +11,11 @@ from protocol.errors import (
     SessionNotFound,
     StoreClosed,
     StoreError,
+    SummarizerError,
 )
 
 __all__ = [
+    "Conflict",
     "ContextError",
     "InvalidInput",
     "InvalidMessage",
@@ -22,4 +25,5 @@ __all__ = [
     "SessionNotFound",
     "StoreClosed",
     "StoreError",
+    "SummarizerError",
 ]

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import re
 
+from .tokens import JS_WHITESPACE
+
 __all__ = ["phrase_query", "words_query"]
 
-# JavaScript's \s: Unicode whitespace plus U+FEFF (the original splits with /\s+/).
-_WS = re.compile(r"[\s\ufeff]+")
+# JavaScript's \s (the original splits with /\s+/), not Python's.
+_WS = re.compile(f"[{JS_WHITESPACE}]+")
 
 
 def _quote(text: str) -> str:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping, Sequence
+import logging
+import math
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Self
 
 from protocol import (
     Compaction,
+    Conflict,
     ContextBlock,
     Event,
     InvalidInput,
@@ -16,15 +19,23 @@ from protocol import (
     coerce_message,
 )
 
-from .context import ContextBlocks, ContextConfig, is_skill_provider
+from .compaction import CompactContext, CompactResult
+from .context import ContextBlocks, ContextConfig, call, is_skill_provider
 from .events import follow
+from .overlays import COMPACTION_PREFIX
 from .providers import StoreContextProvider
 from .store.base import LATEST, LogEntry, Parent, ParentArg, Store, session_stream
+from .tokens import estimate_message_tokens, estimate_string_tokens
 from .tools import Tool
 
 __all__ = ["MessageInput", "Session", "check_parent"]
 
 _UNLOADED_PREFIX = "[skill unloaded:"
+
+log = logging.getLogger("sessionhub.session")
+
+TokenCounter = Callable[[dict[str, Any]], Any]
+CompactionErrorHandler = Callable[[BaseException], Any]
 
 MessageInput = Message | Mapping[str, Any]
 
@@ -67,6 +78,12 @@ class Session:
         self._prompt_provider: Any = None
         self._context: ContextBlocks | None = None
         self._ready = asyncio.Lock()
+        self._compact_fn: Callable[..., Any] | None = None
+        self._threshold: float | None = None
+        self._token_counter: TokenCounter | None = None
+        self._on_compaction_error: CompactionErrorHandler | None = None
+        self._compacting = asyncio.Lock()
+        self._warned_null = False
 
     @classmethod
     def create(cls, store: Store) -> Session:
@@ -99,6 +116,26 @@ class Session:
         self._check_unbuilt()
         self._cached_prompt = True
         self._prompt_provider = provider
+        return self
+
+    def on_compaction(self, fn: Callable[..., Any]) -> Self:
+        """The compaction function: ``fn(messages, context) -> CompactResult | None``
+        (sync or async), e.g. :func:`hub.compaction.create_compact_function`."""
+        self._compact_fn = fn
+        return self
+
+    def compact_after(self, threshold: float, token_counter: TokenCounter | None = None) -> Self:
+        """Compact automatically after an append once the estimate exceeds ``threshold``.
+        ``token_counter({"messages", "system_prompt", "context_blocks"})`` replaces the
+        heuristic (and sizes the compaction's tail when its function has no counter)."""
+        self._threshold = threshold
+        if token_counter is not None:
+            self._token_counter = token_counter
+        return self
+
+    def on_compaction_error(self, handler: CompactionErrorHandler) -> Self:
+        """Called (sync or async) when an automatic compaction fails; appends never do."""
+        self._on_compaction_error = handler
         return self
 
     def _check_unbuilt(self) -> None:
@@ -154,6 +191,8 @@ class Session:
         result = await self.store.append_messages(
             self.session_id, [coerce_message(message)], check_parent(parent_id)
         )
+        if self._threshold is not None and self._compact_fn is not None:
+            await self._maybe_auto_compact()
         return bool(result.inserted)
 
     async def update_message(self, message: MessageInput) -> bool:
@@ -213,6 +252,118 @@ class Session:
         """All overlays of this session, oldest first."""
         return await self.store.get_compactions(self.session_id)
 
+    # -- compaction ----------------------------------------------------------------------
+    async def estimate_tokens(self, leaf_id: str | None = None) -> int:
+        """The token estimate compaction decisions use: the branch's history (overlays
+        applied) plus the system prompt, or the session's own counter. Never freezes or
+        persists a prompt."""
+        history = await self.get_history(leaf_id)
+        blocks = await self._blocks()
+        prompt = await blocks.prompt_for_estimate()
+        if self._token_counter is None:
+            return estimate_message_tokens(history) + estimate_string_tokens(prompt)
+        value = await call(
+            self._token_counter,
+            {"messages": history, "system_prompt": prompt, "context_blocks": blocks.get_blocks()},
+        )
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            return 0
+        return max(0, math.ceil(number)) if math.isfinite(number) else 0
+
+    async def _status(self, phase: str, estimate: int, **extra: Any) -> None:
+        data = {"phase": phase, "token_estimate": estimate, "token_threshold": self._threshold, **extra}
+        await self._log_change("status", data)
+
+    async def compact(self, leaf_id: str | None = None) -> CompactResult | None:
+        """Summarize the middle of the branch ending at ``leaf_id`` (default: the latest
+        leaf) into an overlay. Iterative and branch-local: the overlay grows from the
+        earliest overlay visible on this branch; a sibling branch's overlays are untouched.
+
+        Appends may go on while the summarizer works: the overlay ends at the message the
+        summary covers, and it is written only if that span is still one path of the
+        session (else ``None``, with an ``error`` event). Returns the stored span, or
+        ``None`` when nothing was compacted."""
+        if self._compact_fn is None:
+            raise InvalidInput("No compaction function registered. Call on_compaction() first.")
+        async with self._compacting:
+            before = await self.estimate_tokens(leaf_id)
+            await self._status("compacting", before)
+            history = await self.get_history(leaf_id)
+            try:
+                raw = await call(self._compact_fn, history, CompactContext(self._token_counter))
+                result = CompactResult.coerce(raw)
+            except Exception as exc:
+                await self._log_change("error", {"error": str(exc)})
+                return None
+            ids = {m.id for m in history}
+            if result is None or result.to_message_id not in ids:
+                await self._status("idle", await self.estimate_tokens(leaf_id))
+                return None
+            if not result.summary.strip():
+                # An empty summary would silently erase the span it covers.
+                await self._log_change("error", {"error": "compaction produced an empty summary"})
+                return None
+            existing = [
+                c
+                for c in await self.get_compactions()
+                if COMPACTION_PREFIX + c.id in ids or (c.from_message_id in ids and c.to_message_id in ids)
+            ]
+            start = existing[0].from_message_id if existing else result.from_message_id
+            try:
+                await self.store.add_compaction(
+                    self.session_id, result.summary, start, result.to_message_id, verify_path=True
+                )
+            except Conflict as exc:
+                await self._log_change("error", {"error": str(exc)})
+                return None
+            if self._context_configs or self._cached_prompt or self._context is not None:
+                await (await self._blocks()).refresh_system_prompt()
+            after = await self.estimate_tokens(leaf_id)
+            await self._status("idle", after, compacted={"tokens_before": before})
+            return CompactResult(start, result.to_message_id, result.summary)
+
+    async def _maybe_auto_compact(self) -> None:
+        try:
+            estimate = await self.estimate_tokens()
+            await self._status("idle", estimate)
+            if self._threshold is None or estimate <= self._threshold:
+                return
+            result = await self.compact()
+            if result is not None:
+                self._warned_null = False
+            elif not self._warned_null:
+                self._warned_null = True
+                hint = (
+                    "Check that the token counter reflects what the compaction function measures."
+                    if self._token_counter is not None
+                    else "The heuristic estimate may under-count tool-heavy histories; "
+                    "pass token_counter= to compact_after() for exact accounting."
+                )
+                log.warning(
+                    "[Session] Auto-compaction fired (~%s tokens > %s) but the compaction function "
+                    "returned null, so history was not shortened. %s",
+                    estimate,
+                    self._threshold,
+                    hint,
+                )
+        except Exception as exc:
+            await self._handle_auto_compaction_error(exc)
+
+    async def _handle_auto_compaction_error(self, exc: Exception) -> None:
+        if self._on_compaction_error is not None:
+            try:
+                await call(self._on_compaction_error, exc)
+            except Exception as handler_exc:
+                log.warning("Session auto-compaction error handler failed: %s", handler_exc)
+        else:
+            log.warning("Session auto-compaction failed: %s", exc)
+        try:
+            await self._log_change("error", {"error": str(exc)})
+        except Exception as log_exc:  # the store itself may be what failed
+            log.warning("could not log the compaction error: %s", log_exc)
+
     # -- context blocks, the frozen prompt, tools ----------------------------------------
     async def get_context_block(self, label: str) -> ContextBlock | None:
         blocks = await self._blocks()
@@ -251,7 +402,7 @@ class Session:
         if is_skill_provider(config.provider):
             restored = await self._scan_loaded_skills()
             if restored:
-                blocks.restore_loaded_skills(blocks.get_loaded_skill_keys() | restored)
+                blocks.restore_loaded_skills([*blocks.get_loaded_skill_keys(), *restored])
         return block
 
     async def remove_context(self, label: str) -> bool:
@@ -277,10 +428,10 @@ class Session:
     async def get_loaded_skill_keys(self) -> set[str]:
         return (await self._blocks()).get_loaded_skill_keys()
 
-    async def _scan_loaded_skills(self) -> set[str]:
+    async def _scan_loaded_skills(self) -> dict[str, None]:
         """Which skills the transcript shows as loaded and not unloaded (raw path, root →
         leaf, so skills hidden under an overlay still count)."""
-        loaded: set[str] = set()
+        loaded: dict[str, None] = {}  # ordered like the transcript
         for message in await self.store.get_path(self.session_id):
             if message.role != "assistant":
                 continue
@@ -295,11 +446,11 @@ class Session:
                         continue
                     output = part.get("output")
                     if isinstance(output, str) and output.startswith(_UNLOADED_PREFIX):
-                        loaded.discard(f"{label}:{key}")
+                        loaded.pop(f"{label}:{key}", None)
                     else:
-                        loaded.add(f"{label}:{key}")
+                        loaded[f"{label}:{key}"] = None
                 elif name == "unload_context" and isinstance(args, Mapping):
-                    loaded.discard(f"{args.get('label')}:{args.get('key')}")
+                    loaded.pop(f"{args.get('label')}:{args.get('key')}", None)
         return loaded
 
     async def _reclaim_loaded_skill(self, label: str, key: str) -> None:

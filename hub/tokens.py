@@ -34,7 +34,11 @@ TOKENS_PER_MESSAGE = 4
 
 # JavaScript's \s (ECMAScript WhiteSpace + LineTerminator), which differs from Python's:
 # it includes U+FEFF and excludes U+001C..U+001F and U+0085.
-_JS_SPACE = re.compile("[\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]+")
+JS_WHITESPACE = (
+    "\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+    "\u2028\u2029\u202f\u205f\u3000\ufeff"
+)
+_JS_SPACE = re.compile(f"[{JS_WHITESPACE}]+")
 
 
 def utf16_len(text: str) -> int:
@@ -50,19 +54,21 @@ def estimate_string_tokens(text: str | None) -> int:
 
 
 def _js_number(value: float) -> str:
+    """``Number.prototype.toString``: the shortest round-trip digits (as ``repr``), in plain
+    notation for 1e-6 <= |x| < 1e21 and exponent notation outside."""
     if math.isnan(value) or math.isinf(value):
         return "null"
-    if value == int(value) and abs(value) < 1e21:
-        return str(int(value))
+    if value == 0:
+        return "0"
     text = repr(value)
-    if "e" in text or "E" in text:
-        magnitude = abs(value)
-        if 1e-6 <= magnitude < 1e21:  # JS prints these in plain decimal notation
-            return format(Decimal(text), "f")
-        mantissa, exponent = text.split("e")
-        sign = "-" if exponent.startswith("-") else "+"
-        return f"{mantissa}e{sign}{int(exponent.lstrip('+-'))}"
-    return text
+    if 1e-6 <= abs(value) < 1e21:
+        plain = format(Decimal(text), "f")
+        if "." in plain:
+            plain = plain.rstrip("0").rstrip(".")
+        return plain
+    mantissa, exponent = text.split("e")
+    sign = "-" if exponent.startswith("-") else "+"
+    return f"{mantissa}e{sign}{int(exponent.lstrip('+-'))}"
 
 
 def _js_string(text: str) -> str:

@@ -1,6 +1,7 @@
 """Wire-level types of sessionhub: messages, records, events and errors. No I/O here."""
 
 from .errors import (
+    Conflict,
     ContextError,
     InvalidInput,
     InvalidMessage,
@@ -10,12 +11,14 @@ from .errors import (
     SessionNotFound,
     StoreClosed,
     StoreError,
+    SummarizerError,
 )
 from .message import Message, coerce_message
 from .records import Compaction, ContextBlock, Event, SearchResult, SessionInfo
 
 __all__ = [
     "Compaction",
+    "Conflict",
     "ContextBlock",
     "ContextError",
     "Event",
@@ -30,5 +33,6 @@ __all__ = [
     "SessionNotFound",
     "StoreClosed",
     "StoreError",
+    "SummarizerError",
     "coerce_message",
 ]

@@ -11,7 +11,9 @@ same types for the same mistakes.
     │   └── ContextError                         a refused context-block operation
     ├── NotFound              code "not_found"
     │   └── SessionNotFound                      an unknown session id
+    ├── Conflict              code "conflict"    the state changed under the operation
     ├── PositionLost          code "reset"       the event log cannot serve a position
+    ├── SummarizerError       code "upstream"    a summarizer (LLM) failed
     └── StoreError            code "internal"    the database failed (driver errors translated)
         └── StoreClosed                          the store was used after close()
 """
@@ -19,6 +21,7 @@ same types for the same mistakes.
 from __future__ import annotations
 
 __all__ = [
+    "Conflict",
     "ContextError",
     "InvalidInput",
     "InvalidMessage",
@@ -28,6 +31,7 @@ __all__ = [
     "SessionNotFound",
     "StoreClosed",
     "StoreError",
+    "SummarizerError",
 ]
 
 
@@ -69,6 +73,20 @@ class SessionNotFound(NotFound):
     def __init__(self, session_id: str) -> None:
         super().__init__(f"session not found: {session_id!r}")
         self.session_id = session_id
+
+
+class Conflict(SessionHubError):
+    """The operation was computed against a state that changed before it could commit
+    (a compacted span deleted or re-parented meanwhile, say); nothing was written."""
+
+    code = "conflict"
+
+
+class SummarizerError(SessionHubError):
+    """A summarizer failed: the LLM endpoint was unreachable, timed out, refused the
+    request or answered with something that is not a summary."""
+
+    code = "upstream"
 
 
 class PositionLost(SessionHubError):

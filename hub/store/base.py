@@ -177,8 +177,18 @@ class Store(abc.ABC):
     # -- compaction overlays -------------------------------------------------------------
     @abc.abstractmethod
     async def add_compaction(
-        self, session_id: str, summary: str, from_id: str, to_id: str, *, managed: bool = False
-    ) -> Compaction: ...
+        self,
+        session_id: str,
+        summary: str,
+        from_id: str,
+        to_id: str,
+        *,
+        managed: bool = False,
+        verify_path: bool = False,
+    ) -> Compaction:
+        """Store an overlay. With ``verify_path`` the write is refused with
+        :class:`~protocol.errors.Conflict` unless ``from_id`` is ``to_id`` or one of its
+        ancestors at commit time (the span a summary was made from is still one path)."""
 
     @abc.abstractmethod
     async def get_compactions(self, session_id: str) -> list[Compaction]:

@@ -34,6 +34,7 @@ import msgspec
 
 from protocol import (
     Compaction,
+    Conflict,
     Event,
     InvalidInput,
     InvalidMessage,
@@ -370,6 +371,27 @@ def _path(conn: Conn, session_id: str, leaf_id: str | None) -> list[Message]:
         if message is not None:
             out.append(message)
     return out
+
+
+def _is_ancestor(conn: Conn, session_id: str, ancestor_id: str, leaf_id: str) -> bool:
+    """Whether ``ancestor_id`` is ``leaf_id`` or lies on the path above it."""
+    top = _pk_of(conn, session_id, ancestor_id)
+    leaf = _pk_of(conn, session_id, leaf_id)
+    if top is None or leaf is None or top > leaf:
+        return False
+    row = conn.execute(
+        """
+        WITH RECURSIVE up(pk, parent_pk) AS (
+            SELECT pk, parent_pk FROM messages WHERE pk = ?
+            UNION ALL
+            SELECT m.pk, m.parent_pk FROM up JOIN messages m ON m.pk = up.parent_pk
+            WHERE m.pk < up.pk AND m.pk >= ?
+        )
+        SELECT 1 FROM up WHERE pk = ? LIMIT 1
+        """,
+        (leaf, top, top),
+    ).fetchone()
+    return row is not None
 
 
 def _compactions(conn: Conn, session_id: str) -> list[Compaction]:
@@ -792,7 +814,14 @@ class SqliteStore(Store):
 
     # -- compaction overlays -------------------------------------------------------------
     async def add_compaction(
-        self, session_id: str, summary: str, from_id: str, to_id: str, *, managed: bool = False
+        self,
+        session_id: str,
+        summary: str,
+        from_id: str,
+        to_id: str,
+        *,
+        managed: bool = False,
+        verify_path: bool = False,
     ) -> Compaction:
         for name, value in (("summary", summary), ("from_id", from_id), ("to_id", to_id)):
             if not isinstance(value, str):
@@ -801,6 +830,11 @@ class SqliteStore(Store):
         def fn(conn: Conn, notes: Notes, now: float) -> Compaction:
             if managed:
                 _touch(conn, session_id, now)
+            if verify_path and not _is_ancestor(conn, session_id, from_id, to_id):
+                raise Conflict(
+                    f"cannot lay an overlay over {from_id!r}..{to_id!r}: "
+                    "they are no longer one path of the session"
+                )
             c = Compaction(
                 id=str(uuid.uuid4()),
                 summary=summary,
