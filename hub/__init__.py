@@ -4,6 +4,7 @@ from protocol import Compaction, ContextBlock, Event, Message, SearchResult, Ses
 
 from .context import ContextBlocks, ContextConfig, context_entry_key
 from .errors import (
+    Conflict,
     ContextError,
     InvalidInput,
     InvalidMessage,
@@ -13,6 +14,7 @@ from .errors import (
     SessionNotFound,
     StoreClosed,
     StoreError,
+    SummarizerError,
 )
 from .manager import SessionManager
 from .providers import ReadonlyText, StoreContextProvider, StoreSearchProvider
@@ -25,6 +27,7 @@ __all__ = [
     "LATEST",
     "REGISTRY",
     "Compaction",
+    "Conflict",
     "ContextBlock",
     "ContextBlocks",
     "ContextConfig",
@@ -49,6 +52,7 @@ __all__ = [
     "StoreContextProvider",
     "StoreError",
     "StoreSearchProvider",
+    "SummarizerError",
     "Tool",
     "context_entry_key",
     "session_stream",

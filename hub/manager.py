@@ -47,6 +47,10 @@ class SessionManager:
         self._cached_prompt = False
         self._prompt_provider: Any = None
         self._history_label: str | None = None
+        self._compact_fn: Any = None
+        self._threshold: float | None = None
+        self._token_counter: Any = None
+        self._on_compaction_error: Any = None
 
     # -- builder (propagated to every session) ---------------------------------------------
     def with_context(
@@ -66,6 +70,22 @@ class SessionManager:
         """Persist each session's frozen prompt (``_system_prompt_<session id>``)."""
         self._cached_prompt = True
         self._prompt_provider = provider
+        return self
+
+    def on_compaction(self, fn: Any) -> Self:
+        """The compaction function every session uses (see :meth:`Session.on_compaction`)."""
+        self._compact_fn = fn
+        return self
+
+    def compact_after(self, threshold: float, token_counter: Any = None) -> Self:
+        """Auto-compaction for every session (see :meth:`Session.compact_after`)."""
+        self._threshold = threshold
+        if token_counter is not None:
+            self._token_counter = token_counter
+        return self
+
+    def on_compaction_error(self, handler: Any) -> Self:
+        self._on_compaction_error = handler
         return self
 
     def with_searchable_history(self, label: str) -> Self:
@@ -133,6 +153,12 @@ class SessionManager:
                 )
             if self._cached_prompt:
                 session.with_cached_prompt(self._prompt_provider)
+            if self._compact_fn is not None:
+                session.on_compaction(self._compact_fn)
+            if self._threshold is not None:
+                session.compact_after(self._threshold, self._token_counter)
+            if self._on_compaction_error is not None:
+                session.on_compaction_error(self._on_compaction_error)
             self._sessions[session_id] = session
         return session
 
@@ -143,6 +169,7 @@ class SessionManager:
         """Append one message (idempotent on its id); returns the message id."""
         m = coerce_message(message)
         await self.store.append_messages(session_id, [m], check_parent(parent_id), managed=True)
+        await self.get_session(session_id).after_append()
         return m.id
 
     async def upsert(
@@ -150,7 +177,8 @@ class SessionManager:
     ) -> str:
         """Update the message if its id is stored in the session, else append it."""
         m = coerce_message(message)
-        await self.store.upsert_message(session_id, m, check_parent(parent_id), managed=True)
+        if await self.store.upsert_message(session_id, m, check_parent(parent_id), managed=True):
+            await self.get_session(session_id).after_append()
         return m.id
 
     async def append_all(
@@ -167,6 +195,8 @@ class SessionManager:
             raise InvalidInput("messages must be a list of messages")
         batch = [coerce_message(m) for m in messages]
         result = await self.store.append_messages(session_id, batch, check_parent(parent_id), managed=True)
+        if result.inserted:
+            await self.get_session(session_id).after_append()
         if batch:
             return result.last_id
         if isinstance(parent_id, str) or parent_id is None:

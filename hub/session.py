@@ -191,8 +191,7 @@ class Session:
         result = await self.store.append_messages(
             self.session_id, [coerce_message(message)], check_parent(parent_id)
         )
-        if self._threshold is not None and self._compact_fn is not None:
-            await self._maybe_auto_compact()
+        await self.after_append()
         return bool(result.inserted)
 
     async def update_message(self, message: MessageInput) -> bool:
@@ -323,6 +322,12 @@ class Session:
             after = await self.estimate_tokens(leaf_id)
             await self._status("idle", after, compacted={"tokens_before": before})
             return CompactResult(start, result.to_message_id, result.summary)
+
+    async def after_append(self) -> None:
+        """Auto-compaction's check, run after every append (by the manager too). Never
+        raises: failures go to ``on_compaction_error`` and the log."""
+        if self._threshold is not None and self._compact_fn is not None:
+            await self._maybe_auto_compact()
 
     async def _maybe_auto_compact(self) -> None:
         try:
