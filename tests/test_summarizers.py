@@ -46,7 +46,7 @@ async def llm() -> AsyncIterator[tuple[str, Script]]:
     async def chat(request: Request) -> Response:
         script.requests.append(await request.json())
         script.headers.append(dict(request.headers))
-        reply = script.replies.pop(0) if script.replies else ("ok", "SUMMARY")
+        reply: tuple[str, Any] = script.replies.pop(0) if script.replies else ("ok", "SUMMARY")
         kind, value = reply
         if kind == "ok":
             return JSONResponse(completion(value))
@@ -125,7 +125,7 @@ async def test_timeout_is_retried_then_reported(llm: tuple[str, Script]) -> None
     url, script = llm
     script.replies = [("sleep", 2.0), ("sleep", 2.0)]
     summarize = OpenAICompatible(url, "m", timeout=0.2, max_retries=1, backoff=0.01)
-    with pytest.raises(SummarizerError, match="timed out after 0.2s"):
+    with pytest.raises(SummarizerError, match=r"timed out after 0\.2s"):
         await summarize("p")
     script.replies = [("sleep", 2.0)]
     assert await OpenAICompatible(url, "m", timeout=0.2, max_retries=1, backoff=0.01)("p") == "SUMMARY"
