@@ -214,7 +214,6 @@ class ContextBlocks:
         self._blocks: dict[str, ContextBlock] = {}
         self._loaded = False
         self._snapshot: str | None = None
-        self._initialized: set[int] = set()
         # Insertion-ordered (a dict), like the original's Set: tool descriptions list skills
         # in the order they were loaded.
         self._loaded_skills: dict[str, None] = {}
@@ -244,7 +243,7 @@ class ContextBlocks:
         return self._loaded
 
     async def load(self) -> None:
-        """Read every block from its provider (``init(label)`` first, once per config)."""
+        """Read every block from its provider (``init(label)`` first)."""
         blocks: dict[str, ContextBlock] = {}
         for config in self._configs:
             blocks[config.label] = await self._load_block(config)
@@ -259,9 +258,9 @@ class ContextBlocks:
         provider = config.provider
         content: Any = None
         if provider is not None:
-            if id(config) not in self._initialized and _has(provider, "init"):
+            # As the original: every load (the first, and each refresh) calls init first.
+            if _has(provider, "init"):
                 await call(provider.init, config.label)
-            self._initialized.add(id(config))
             content = await call(provider.get)
         text = "" if content is None else str(content)
         return ContextBlock(

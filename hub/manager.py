@@ -219,6 +219,7 @@ class SessionManager:
 
     async def clear_messages(self, session_id: str) -> None:
         await self.store.clear_messages(session_id, managed=True)
+        await self.get_session(session_id).after_clear()
 
     async def delete_messages(self, session_id: str, ids: Sequence[str]) -> builtins.list[str]:
         return await self.store.delete_messages(session_id, check_ids(ids), managed=True)

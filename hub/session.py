@@ -207,6 +207,11 @@ class Session:
         """Delete every message and compaction overlay of this session; loaded skills are
         forgotten and the frozen prompt is re-rendered (when the session has context)."""
         await self.store.clear_messages(self.session_id)
+        await self.after_clear()
+
+    async def after_clear(self) -> None:
+        """What follows clearing the messages (also when the manager cleared them): loaded
+        skills are forgotten and the frozen prompt re-rendered, if the session has context."""
         if self._context_configs or self._cached_prompt or self._context is not None:
             blocks = await self._blocks()
             blocks.clear_skill_state()

@@ -154,7 +154,23 @@ MIGRATIONS: list[str] = [
     CREATE VIRTUAL TABLE search_fts USING fts5(lbl, body, tokenize='porter unicode61');
     INSERT INTO search_fts(search_fts, rank) VALUES ('rank', 'bm25(0.0, 1.0)');
     """,
+    """
+    CREATE TABLE session_stats (
+        session_id TEXT PRIMARY KEY,
+        messages INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    INSERT INTO session_stats (session_id, messages)
+        SELECT session_id, COUNT(*) FROM messages GROUP BY session_id;
+    """,
 ]
+
+
+#: Ranking (bm25) costs about a microsecond per matching row. A query is ranked over its
+#: newest SEARCH_WINDOW matches: exactly the original's order up to that many matches, and
+#: under 2 ms when a phrase matches 14,000 of 100,000 messages (docs/benchmarks.md).
+SEARCH_WINDOW = 250
+#: Up to this many messages a session's search keeps the session token in MATCH.
+SMALL_SESSION = 20_000
 
 
 def _ts(value: float) -> datetime:
@@ -277,6 +293,44 @@ def _index_text(conn: Conn, pk: int, session_id: str, message: Message) -> None:
         )
 
 
+def _emit_many(
+    conn: Conn, notes: Notes, stream: str, session_id: str, events: Sequence[tuple[str, str]], now: float
+) -> int:
+    """Append pre-encoded ``(type, data_json)`` events with consecutive seqs; returns the last."""
+    n = len(events)
+    if n == 0:
+        return 0
+    row = conn.execute(
+        "UPDATE streams SET last_seq = last_seq + ? WHERE stream = ? RETURNING last_seq", (n, stream)
+    ).fetchone()
+    if row is None:
+        conn.execute("INSERT INTO streams VALUES (?, ?, 1, ?)", (stream, _new_epoch(), n))
+        last = n
+    else:
+        last = int(row[0])
+    first = last - n + 1
+    conn.executemany(
+        "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)",
+        [(stream, first + i, session_id, t, data, now) for i, (t, data) in enumerate(events)],
+    )
+    notes.append((stream, last))
+    return last
+
+
+def _count_messages(conn: Conn, session_id: str, delta: int) -> None:
+    if delta:
+        conn.execute(
+            "INSERT INTO session_stats (session_id, messages) VALUES (?, ?) "
+            "ON CONFLICT (session_id) DO UPDATE SET messages = messages + excluded.messages",
+            (session_id, delta),
+        )
+
+
+def _appended_json(content: str, parent_id: str | None) -> str:
+    # The event carries the stored JSON verbatim: no second encode of the message.
+    return f'{{"message":{content},"parent_id":{_encode(parent_id).decode()}}}'
+
+
 def _insert_messages(
     conn: Conn,
     notes: Notes,
@@ -295,30 +349,50 @@ def _insert_messages(
     else:
         parent_pk = _pk_of(conn, session_id, parent)
         parent_id = parent if parent_pk is not None else None
+    if not messages:
+        return AppendResult(inserted=[], last_id=parent_id, last_seq=0)
+    # Which ids are stored already (first content wins; they still continue the chain).
+    if len(messages) == 1:
+        pk = _pk_of(conn, session_id, messages[0].id)
+        known: dict[str, int] = {} if pk is None else {messages[0].id: pk}
+    else:
+        known = dict(
+            conn.execute(
+                "SELECT id, pk FROM messages WHERE session_id = ? AND id IN (SELECT value FROM json_each(?))",
+                (session_id, _encode([m.id for m in messages]).decode()),
+            ).fetchall()
+        )
+    # Inside BEGIN IMMEDIATE nobody else writes: the next rowids are ours to hand out, so
+    # the whole chain goes in with executemany instead of one statement per message.
+    next_pk = int(conn.execute("SELECT COALESCE(MAX(pk), 0) FROM messages").fetchone()[0])
+    sid = _sid_token(session_id)
+    rows: list[tuple[Any, ...]] = []
+    texts: list[tuple[int, str, str]] = []
+    events: list[tuple[str, str]] = []
     inserted: list[str] = []
-    last_seq = 0
     for message in messages:
-        content = _message_json(message)
-        row = conn.execute(
-            "INSERT INTO messages (session_id, id, parent_pk, role, content, created_at) "
-            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_id, id) DO NOTHING RETURNING pk",
-            (session_id, message.id, parent_pk, message.role, content, now),
-        ).fetchone()
-        if row is None:  # already stored: first content wins, the chain continues from it
-            parent_pk = _pk_of(conn, session_id, message.id)
-        else:
-            parent_pk = int(row[0])
-            _index_text(conn, parent_pk, session_id, message)
-            last_seq = _emit_session(
-                conn,
-                notes,
-                session_id,
-                "message.appended",
-                {"message": message.to_dict(), "parent_id": parent_id},
-                now,
-            )
+        pk = known.get(message.id)
+        if pk is None:
+            next_pk += 1
+            pk = known[message.id] = next_pk
+            content = _message_json(message)
+            rows.append((pk, session_id, message.id, parent_pk, message.role, content, now))
+            text = message.text()
+            if text:
+                texts.append((pk, sid, text))
+            events.append(("message.appended", _appended_json(content, parent_id)))
             inserted.append(message.id)
-        parent_id = message.id
+        parent_pk, parent_id = pk, message.id
+    conn.executemany(
+        "INSERT INTO messages (pk, session_id, id, parent_pk, role, content, created_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        rows,
+    )
+    # One FTS statement for the batch: FTS5 flushes a new index segment at every statement
+    # boundary inside a transaction, so per-row inserts cost ~20 µs each more.
+    conn.executemany("INSERT INTO messages_fts (rowid, sid, body) VALUES (?, ?, ?)", texts)
+    _count_messages(conn, session_id, len(rows))
+    last_seq = _emit_many(conn, notes, session_stream(session_id), session_id, events, now)
     return AppendResult(inserted=inserted, last_id=parent_id, last_seq=last_seq)
 
 
@@ -463,6 +537,7 @@ def _clear(conn: Conn, session_id: str) -> None:
     )
     conn.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
     conn.execute("DELETE FROM compactions WHERE session_id = ?", (session_id,))
+    conn.execute("DELETE FROM session_stats WHERE session_id = ?", (session_id,))
 
 
 class _Connection:
@@ -679,6 +754,7 @@ class SqliteStore(Store):
                 conn.execute("DELETE FROM messages WHERE pk = ?", (pk,))
                 deleted.append(mid)
             if deleted:
+                _count_messages(conn, session_id, -len(deleted))
                 _emit_session(
                     conn,
                     notes,
@@ -780,26 +856,43 @@ class SqliteStore(Store):
             return []
 
         def fn(conn: Conn) -> list[SearchResult]:
-            if session_id is not None:
-                sql = (
-                    "SELECT m.id, m.role, f.body, m.session_id, m.created_at FROM messages_fts f "
-                    "JOIN messages m ON m.pk = f.rowid "
-                    "WHERE messages_fts MATCH ? AND m.session_id = ? ORDER BY f.rank LIMIT ?"
-                )
-                args: tuple[Any, ...] = (
-                    f"sid : {_sid_token(session_id)} AND body : ({expr})",
-                    session_id,
-                    limit,
-                )
-            else:
-                sql = (
-                    "SELECT m.id, m.role, f.body, m.session_id, m.created_at FROM messages_fts f "
-                    "JOIN messages m ON m.pk = f.rowid JOIN sessions s ON s.id = m.session_id "
-                    "WHERE messages_fts MATCH ? ORDER BY f.rank LIMIT ?"
-                )
-                args = (f"body : ({expr})", limit)
+            body = f"body : ({expr})"
             try:
-                rows = conn.execute(sql, args).fetchall()
+                if session_id is not None:
+                    both = f"sid : {_sid_token(session_id)} AND {body}"
+                    # The newest matches, by rowid: no ranking, so no cost per match.
+                    window = conn.execute(
+                        "SELECT rowid FROM messages_fts WHERE messages_fts MATCH ? "
+                        "ORDER BY rowid DESC LIMIT ?",
+                        (both, SEARCH_WINDOW),
+                    ).fetchall()
+                    if not window:
+                        return []
+                    size = conn.execute(
+                        "SELECT messages FROM session_stats WHERE session_id = ?", (session_id,)
+                    ).fetchone()
+                    # bm25 counts every row holding each phrase; the session token is in
+                    # every row of the session, so only small sessions keep it in MATCH.
+                    small = size is None or size[0] <= SMALL_SESSION
+                    rows = conn.execute(
+                        "SELECT m.id, m.role, f.body, m.session_id, m.created_at FROM messages_fts f "
+                        "JOIN messages m ON m.pk = f.rowid "
+                        "WHERE messages_fts MATCH ? AND f.rowid >= ? AND m.session_id = ? "
+                        "ORDER BY f.rank LIMIT ?",
+                        (both if small else body, window[-1][0], session_id, limit),
+                    ).fetchall()
+                else:
+                    edge = conn.execute(
+                        "SELECT rowid FROM messages_fts WHERE messages_fts MATCH ? "
+                        "ORDER BY rowid DESC LIMIT 1 OFFSET ?",
+                        (body, SEARCH_WINDOW - 1),
+                    ).fetchone()
+                    rows = conn.execute(
+                        "SELECT m.id, m.role, f.body, m.session_id, m.created_at FROM messages_fts f "
+                        "JOIN messages m ON m.pk = f.rowid JOIN sessions s ON s.id = m.session_id "
+                        "WHERE messages_fts MATCH ? AND f.rowid >= ? ORDER BY f.rank LIMIT ?",
+                        (body, 0 if edge is None else edge[0], limit),
+                    ).fetchall()
             except sqlite3.OperationalError as exc:
                 # Quoting keeps FTS syntax out; what remains (a phrase of only separators,
                 # say) is "no results", never an exception for the caller.
