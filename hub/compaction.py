@@ -61,6 +61,8 @@ _TARGET = (
 
 STUB_RESULT = "[Result from earlier conversation — see context summary above]"
 
+_NO_ID = object()
+
 
 @dataclass(frozen=True)
 class CompactResult:
@@ -112,13 +114,40 @@ def _tool_parts(message: Message) -> list[dict[str, Any]]:
     return [p for p in message.parts if _is_tool_part(p)]
 
 
+def _part_call_id(part: Mapping[str, Any]) -> Any:
+    """A tool part's call id: ``toolCallId``, or inside ``toolInvocation`` for the AI SDK
+    v4 ``tool-invocation`` parts (departure: the original did not see those, so it could
+    separate such a call from its result)."""
+    if "toolCallId" in part:
+        return part["toolCallId"]
+    legacy = part.get("toolInvocation")
+    if isinstance(legacy, Mapping) and "toolCallId" in legacy:
+        return legacy["toolCallId"]
+    return _NO_ID
+
+
 def _call_ids(message: Message) -> set[Any]:
-    return {p["toolCallId"] for p in _tool_parts(message) if "toolCallId" in p}
+    ids = set()
+    for p in _tool_parts(message):
+        call_id = _part_call_id(p)
+        if call_id is not _NO_ID:
+            try:
+                ids.add(call_id)
+            except TypeError:  # an unhashable id cannot pair with anything
+                continue
+    return ids
 
 
 def _answers(message: Message, call_ids: set[Any]) -> bool:
     """Whether the message holds a tool part for one of ``call_ids`` (its result)."""
-    return any("toolCallId" in p and p["toolCallId"] in call_ids for p in _tool_parts(message))
+    for p in _tool_parts(message):
+        call_id = _part_call_id(p)
+        try:
+            if call_id is not _NO_ID and call_id in call_ids:
+                return True
+        except TypeError:
+            continue
+    return False
 
 
 def _js_truthy(value: Any) -> bool:
@@ -160,9 +189,10 @@ def align_boundary_backward(messages: Sequence[Message], index: int) -> int:
         return index
     while index > 0:
         current = messages[index]
-        if _is_assistant_with_tools(current):
-            break
         previous = messages[index - 1]
+        # Departure: a result is pulled back to its call even when the result message is
+        # an assistant's own (multi-step tool use); the original stopped at any assistant
+        # message with tool parts and could start the tail with an orphaned result.
         if _is_assistant_with_tools(previous) and _answers(current, _call_ids(previous)):
             index -= 1
             continue
@@ -221,6 +251,14 @@ def _serialize(message: Message) -> str:
     out = f"[{message.role}]\n{text}"
     blocks = []
     for part in _tool_parts(message):
+        legacy = part.get("toolInvocation")
+        if "toolName" not in part and isinstance(legacy, Mapping):
+            # AI SDK v4 parts keep the call inside toolInvocation (args / result).
+            part = {
+                "toolName": legacy.get("toolName"),
+                "input": legacy.get("args"),
+                "output": legacy.get("result"),
+            }
         name = part.get("toolName")
         lines = [f"[Tool: {'unknown' if name is None else name}]"]
         if _js_truthy(part.get("input")):
@@ -377,9 +415,6 @@ def sanitize_tool_pairs(messages: Sequence[Message]) -> list[Message]:
                 )
         out = patched
     return [m for m in out if m.parts]
-
-
-_NO_ID = object()
 
 
 def _with_parts(message: Message, parts: list[dict[str, Any]]) -> Message:

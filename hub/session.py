@@ -266,6 +266,7 @@ class Session:
         prompt = await blocks.prompt_for_estimate()
         if self._token_counter is None:
             return estimate_message_tokens(history) + estimate_string_tokens(prompt)
+        await blocks.ensure_loaded()  # the counter sees the blocks' current content
         value = await call(
             self._token_counter,
             {"messages": history, "system_prompt": prompt, "context_blocks": blocks.get_blocks()},
@@ -292,6 +293,11 @@ class Session:
         if self._compact_fn is None:
             raise InvalidInput("No compaction function registered. Call on_compaction() first.")
         async with self._compacting:
+            if leaf_id is None:
+                # Fix the branch now: a sibling appended while the summarizer works must not
+                # change which branch the estimates describe.
+                leaf = await self.get_latest_leaf()
+                leaf_id = None if leaf is None else leaf.id
             before = await self.estimate_tokens(leaf_id)
             await self._status("compacting", before)
             history = await self.get_history(leaf_id)
@@ -315,9 +321,21 @@ class Session:
                 if COMPACTION_PREFIX + c.id in ids or (c.from_message_id in ids and c.to_message_id in ids)
             ]
             start = existing[0].from_message_id if existing else result.from_message_id
+            positions = {m.id: i for i, m in enumerate(history)}
+            first = positions.get(start, positions.get(result.from_message_id, 0))
+            covered = [
+                m.id
+                for m in history[first : positions[result.to_message_id] + 1]
+                if not m.id.startswith(COMPACTION_PREFIX)
+            ]
             try:
                 await self.store.add_compaction(
-                    self.session_id, result.summary, start, result.to_message_id, verify_path=True
+                    self.session_id,
+                    result.summary,
+                    start,
+                    result.to_message_id,
+                    verify_path=True,
+                    covered=covered,
                 )
             except Conflict as exc:
                 await self._log_change("error", {"error": str(exc)})
@@ -335,6 +353,10 @@ class Session:
             await self._maybe_auto_compact()
 
     async def _maybe_auto_compact(self) -> None:
+        if self._compacting.locked():
+            # A compaction is already running: this append must not wait for its LLM call.
+            # The next append after it re-checks the estimate.
+            return
         try:
             estimate = await self.estimate_tokens()
             await self._status("idle", estimate)

@@ -17,7 +17,7 @@ import msgspec
 
 from .errors import InvalidMessage
 
-__all__ = ["Message", "coerce_message", "format_js_iso", "parse_timestamp"]
+__all__ = ["Message", "coerce_message", "format_js_iso", "message_from_stored", "parse_timestamp"]
 
 _RESERVED = frozenset({"id", "role", "parts", "createdAt", "created_at", "metadata"})
 
@@ -45,12 +45,17 @@ def parse_timestamp(value: object, field: str) -> datetime:
     raise InvalidMessage(field, f"must be an ISO-8601 string, got {type(value).__name__}")
 
 
-class Message(msgspec.Struct, kw_only=True):
+class Message(msgspec.Struct, kw_only=True, gc=False):
     """A conversation message.
 
     ``parts`` are AI SDK parts (``{"type": "text", "text": ...}``, ``"reasoning"``,
     ``"tool-<name>"``, ``"file"``, ``"data-*"``...), stored and returned unchanged.
     ``extra`` holds any other top-level keys of the dict the message came from.
+
+    Construction checks the top-level types; each part's shape is checked where messages
+    enter the engine (:func:`coerce_message`). Messages are not tracked by the garbage
+    collector (``gc=False``): a 10,000-message history would otherwise trigger collections
+    that cost more than decoding it. They hold JSON data, which cannot refer back to them.
     """
 
     id: str
@@ -61,12 +66,13 @@ class Message(msgspec.Struct, kw_only=True):
     extra: dict[str, Any] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _validate(self.id, self.role, self.parts)
+        _validate_top(self.id, self.role, self.parts)
         if self.created_at is not None:
             self.created_at = _normalize_dt(self.created_at)
-        overlap = _RESERVED.intersection(self.extra)
-        if overlap:
-            raise InvalidMessage(sorted(overlap)[0], "belongs in its own field, not in extra")
+        if self.extra:
+            overlap = _RESERVED.intersection(self.extra)
+            if overlap:
+                raise InvalidMessage(sorted(overlap)[0], "belongs in its own field, not in extra")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Message:
@@ -79,9 +85,11 @@ class Message(msgspec.Struct, kw_only=True):
             raise InvalidMessage("role", "is required")
         if "parts" not in data:
             raise InvalidMessage("parts", "is required")
+        _validate_top(data["id"], data["role"], data["parts"])
+        _validate_parts(data["parts"])
         raw_created = data.get("createdAt", data.get("created_at"))
         created = None if raw_created is None else parse_timestamp(raw_created, "createdAt")
-        extra = {k: v for k, v in data.items() if k not in _RESERVED}
+        extra = {k: v for k, v in data.items() if k not in _RESERVED} if len(data) > 3 else {}
         return cls(
             id=data["id"],
             role=data["role"],
@@ -108,7 +116,7 @@ class Message(msgspec.Struct, kw_only=True):
         )
 
 
-def _validate(id_: object, role: object, parts: object) -> None:
+def _validate_top(id_: object, role: object, parts: object) -> None:
     if not isinstance(id_, str):
         raise InvalidMessage("id", f"must be a string, got {type(id_).__name__}")
     if not id_:
@@ -119,6 +127,9 @@ def _validate(id_: object, role: object, parts: object) -> None:
         raise InvalidMessage("role", "must not be empty")
     if not isinstance(parts, list):
         raise InvalidMessage("parts", f"must be a list, got {type(parts).__name__}")
+
+
+def _validate_parts(parts: list[Any]) -> None:
     for i, part in enumerate(parts):
         if not isinstance(part, dict):
             raise InvalidMessage(f"parts[{i}]", f"must be a dict, got {type(part).__name__}")
@@ -130,5 +141,29 @@ def _validate(id_: object, role: object, parts: object) -> None:
 def coerce_message(value: Message | Mapping[str, Any]) -> Message:
     """Accept a :class:`Message` or a ``UIMessage`` dict."""
     if isinstance(value, Message):
+        _validate_parts(value.parts)
         return value
     return Message.from_dict(value)
+
+
+def message_from_stored(data: Any) -> Message | None:
+    """A message read back from storage, or None when the row is not one (not an object,
+    or ``id`` / ``role`` / ``parts`` missing or of the wrong type). Parts are not re-checked:
+    they were checked on the way in, and a read must not fail on one odd part."""
+    if type(data) is not dict:
+        return None
+    id_, role, parts = data.get("id"), data.get("role"), data.get("parts")
+    if type(id_) is not str or type(role) is not str or type(parts) is not list or not id_ or not role:
+        return None
+    raw_created = data.get("createdAt")
+    try:
+        created = None if raw_created is None else parse_timestamp(raw_created, "createdAt")
+    except InvalidMessage:
+        return None
+    extra = {k: v for k, v in data.items() if k not in _RESERVED} if len(data) > 3 else {}
+    try:
+        return Message(
+            id=id_, role=role, parts=parts, created_at=created, metadata=data.get("metadata"), extra=extra
+        )
+    except InvalidMessage:
+        return None

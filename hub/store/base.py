@@ -185,10 +185,12 @@ class Store(abc.ABC):
         *,
         managed: bool = False,
         verify_path: bool = False,
+        covered: Sequence[str] = (),
     ) -> Compaction:
         """Store an overlay. With ``verify_path`` the write is refused with
         :class:`~protocol.errors.Conflict` unless ``from_id`` is ``to_id`` or one of its
-        ancestors at commit time (the span a summary was made from is still one path)."""
+        ancestors at commit time (the span a summary was made from is still one path) and every
+        id in ``covered`` (the messages the summary was made from) is still stored."""
 
     @abc.abstractmethod
     async def get_compactions(self, session_id: str) -> list[Compaction]:

@@ -37,7 +37,6 @@ from protocol import (
     Conflict,
     Event,
     InvalidInput,
-    InvalidMessage,
     Message,
     PositionLost,
     SearchResult,
@@ -46,6 +45,7 @@ from protocol import (
     StoreClosed,
     StoreError,
 )
+from protocol.message import message_from_stored
 
 from ..bus import Bus, MemoryBus
 from ..fts import phrase_query, words_query
@@ -189,11 +189,13 @@ def _new_epoch() -> str:
 
 def _decode_message(content: str | bytes) -> Message | None:
     try:
-        data = _decode(content)
-        return Message.from_dict(data)
-    except (msgspec.DecodeError, InvalidMessage, TypeError) as exc:
-        log.warning("skipping unreadable stored message: %s", exc)
+        message = message_from_stored(_decode(content))
+    except msgspec.DecodeError as exc:
+        log.warning("skipping a stored message that is not JSON: %s", exc)
         return None
+    if message is None:
+        log.warning("skipping a stored row that is not a message")
+    return message
 
 
 def _message_json(message: Message) -> str:
@@ -915,6 +917,7 @@ class SqliteStore(Store):
         *,
         managed: bool = False,
         verify_path: bool = False,
+        covered: Sequence[str] = (),
     ) -> Compaction:
         for name, value in (("summary", summary), ("from_id", from_id), ("to_id", to_id)):
             if not isinstance(value, str):
@@ -928,6 +931,18 @@ class SqliteStore(Store):
                     f"cannot lay an overlay over {from_id!r}..{to_id!r}: "
                     "they are no longer one path of the session"
                 )
+            if covered:
+                wanted = set(covered)
+                found = conn.execute(
+                    "SELECT COUNT(*) FROM messages WHERE session_id = ? "
+                    "AND id IN (SELECT value FROM json_each(?))",
+                    (session_id, _encode(sorted(wanted)).decode()),
+                ).fetchone()[0]
+                if found != len(wanted):
+                    raise Conflict(
+                        f"cannot lay an overlay over {from_id!r}..{to_id!r}: "
+                        f"{len(wanted) - found} of the summarized messages were deleted meanwhile"
+                    )
             c = Compaction(
                 id=str(uuid.uuid4()),
                 summary=summary,
