@@ -333,6 +333,42 @@ def _appended_json(content: str, parent_id: str | None) -> str:
     return f'{{"message":{content},"parent_id":{_encode(parent_id).decode()}}}'
 
 
+def _insert_one(
+    conn: Conn,
+    notes: Notes,
+    session_id: str,
+    message: Message,
+    parent_pk: int | None,
+    parent_id: str | None,
+    now: float,
+) -> AppendResult:
+    """The common case, in as few statements as possible (the write path of every turn)."""
+    content = _message_json(message)
+    row = conn.execute(
+        "INSERT INTO messages (session_id, id, parent_pk, role, content, created_at) "
+        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_id, id) DO NOTHING RETURNING pk",
+        (session_id, message.id, parent_pk, message.role, content, now),
+    ).fetchone()
+    if row is None:  # already stored: first content wins, nothing is written
+        return AppendResult(inserted=[], last_id=message.id, last_seq=0)
+    text = message.text()
+    if text:
+        conn.execute(
+            "INSERT INTO messages_fts (rowid, sid, body) VALUES (?, ?, ?)",
+            (row[0], _sid_token(session_id), text),
+        )
+    _count_messages(conn, session_id, 1)
+    seq = _emit_many(
+        conn,
+        notes,
+        session_stream(session_id),
+        session_id,
+        [("message.appended", _appended_json(content, parent_id))],
+        now,
+    )
+    return AppendResult(inserted=[message.id], last_id=message.id, last_seq=seq)
+
+
 def _insert_messages(
     conn: Conn,
     notes: Notes,
@@ -353,17 +389,15 @@ def _insert_messages(
         parent_id = parent if parent_pk is not None else None
     if not messages:
         return AppendResult(inserted=[], last_id=parent_id, last_seq=0)
-    # Which ids are stored already (first content wins; they still continue the chain).
     if len(messages) == 1:
-        pk = _pk_of(conn, session_id, messages[0].id)
-        known: dict[str, int] = {} if pk is None else {messages[0].id: pk}
-    else:
-        known = dict(
-            conn.execute(
-                "SELECT id, pk FROM messages WHERE session_id = ? AND id IN (SELECT value FROM json_each(?))",
-                (session_id, _encode([m.id for m in messages]).decode()),
-            ).fetchall()
-        )
+        return _insert_one(conn, notes, session_id, messages[0], parent_pk, parent_id, now)
+    # Which ids are stored already (first content wins; they still continue the chain).
+    known: dict[str, int] = dict(
+        conn.execute(
+            "SELECT id, pk FROM messages WHERE session_id = ? AND id IN (SELECT value FROM json_each(?))",
+            (session_id, _encode([m.id for m in messages]).decode()),
+        ).fetchall()
+    )
     # Inside BEGIN IMMEDIATE nobody else writes: the next rowids are ours to hand out, so
     # the whole chain goes in with executemany instead of one statement per message.
     next_pk = int(conn.execute("SELECT COALESCE(MAX(pk), 0) FROM messages").fetchone()[0])
