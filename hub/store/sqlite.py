@@ -19,6 +19,7 @@ Design (measured in docs/benchmarks.md):
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import sqlite3
@@ -448,20 +449,24 @@ def _update_message(conn: Conn, notes: Notes, session_id: str, message: Message,
 
 def _path_rows(conn: Conn, leaf_pk: int) -> list[tuple[int, str, str]]:
     # Walk rowids upward; ``m.pk < path.pk`` guarantees termination on any data.
-    return conn.execute(
+    # Each step yields at most one row (a message has one parent), so the rows come out
+    # leaf first, root last, with no ORDER BY: no sort, and the content rides along
+    # instead of a second lookup per row.
+    rows = conn.execute(
         """
-        WITH RECURSIVE path(pk, parent_pk, depth) AS (
-            SELECT pk, parent_pk, 0 FROM messages WHERE pk = ?
+        WITH RECURSIVE path(pk, parent_pk, id, content) AS (
+            SELECT pk, parent_pk, id, content FROM messages WHERE pk = ?
             UNION ALL
-            SELECT m.pk, m.parent_pk, path.depth + 1
+            SELECT m.pk, m.parent_pk, m.id, m.content
             FROM path JOIN messages m ON m.pk = path.parent_pk
             WHERE m.pk < path.pk
         )
-        SELECT m.pk, m.id, m.content FROM path JOIN messages m ON m.pk = path.pk
-        ORDER BY path.depth DESC
+        SELECT pk, id, content FROM path
         """,
         (leaf_pk,),
     ).fetchall()
+    rows.reverse()
+    return rows
 
 
 def _resolve_leaf(conn: Conn, session_id: str, leaf_id: str | None) -> int | None:
@@ -582,6 +587,10 @@ class _Connection:
     def __init__(self, conn: aiosqlite.Connection) -> None:
         self.conn = conn
 
+    @property
+    def raw(self) -> Conn:
+        return self.conn._conn
+
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         raw = self.conn._conn
         # aiosqlite's queue runs callables on the connection's own thread, in order.
@@ -609,13 +618,47 @@ _write_tx = _in_tx("BEGIN IMMEDIATE")
 _read_tx = _in_tx("BEGIN")
 
 
+BUSY_TIMEOUT_MS = 10_000
+#: The WAL is checkpointed (off the event loop) after this many commits: about the
+#: 1,000 pages of SQLite's own automatic checkpoint for typical appends.
+CHECKPOINT_EVERY = 200
+#: Appends of more messages than this run in the writer's thread, not inline.
+INLINE_BATCH = 16
+
+
 def _configure(conn: Conn, *, synchronous: str, reader: bool) -> None:
-    conn.execute("PRAGMA busy_timeout = 10000")
+    # The writer runs small transactions inline on the event loop, so it must never wait
+    # there: no busy wait (a contended write retries in the thread, with the timeout) and
+    # no automatic checkpoint at commit (the store checkpoints from the reader's thread).
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS if reader else 0}")
     conn.execute(f"PRAGMA synchronous = {synchronous}")
     conn.execute("PRAGMA foreign_keys = OFF")
     conn.execute("PRAGMA cache_size = -65536")
     if reader:
         conn.execute("PRAGMA query_only = 1")
+    else:
+        conn.execute("PRAGMA wal_autocheckpoint = 0")
+
+
+def _patient(fn: Callable[[Conn], T]) -> Callable[[Conn], T]:
+    """Run ``fn`` with the busy timeout on: for the writer's thread, never the event loop."""
+
+    def run(conn: Conn) -> T:
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        try:
+            return fn(conn)
+        finally:
+            conn.execute("PRAGMA busy_timeout = 0")
+
+    return run
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
+
+
+def _checkpoint(conn: Conn) -> None:
+    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
 
 def _migrate(conn: Conn) -> int:
@@ -648,6 +691,9 @@ class SqliteStore(Store):
         self._writer = writer
         self._reader = reader
         self._closed = False
+        self._write_lock = asyncio.Lock()
+        self._commits = 0
+        self._checkpointing: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(
@@ -687,16 +733,26 @@ class SqliteStore(Store):
         if self._closed:
             return
         self._closed = True
-        if self._reader is not self._writer:
-            await self._reader.conn.close()
-        await self._writer.conn.close()
+        if self._checkpointing is not None:
+            await self._checkpointing
+        async with self._write_lock:
+            if self._reader is not self._writer:
+                await self._reader.conn.close()
+            await self._writer.conn.close()
 
     async def __aenter__(self) -> SqliteStore:
         return self
 
     # -- plumbing ------------------------------------------------------------------------
-    async def _write(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(conn, notes, now, *args)`` as one write transaction, then ring the bus."""
+    async def _write(self, fn: Callable[..., T], *args: Any, inline: bool = True) -> T:
+        """Run ``fn(conn, notes, now, *args)`` as one write transaction, then ring the bus.
+
+        Small transactions (``inline``) run right here on the event loop: they take
+        ~80 µs, less than the two cross-thread wake-ups a trip to the writer's thread costs
+        on this kind of machine (docs/benchmarks.md). Big ones, and any that finds the
+        database locked by another process, run in the writer's thread with the busy
+        timeout, so the event loop never waits on a lock or a long write.
+        """
         if self._closed:
             raise StoreClosed("store is closed")
         notes: Notes = []
@@ -705,13 +761,42 @@ class SqliteStore(Store):
             notes.clear()
             return fn(conn, notes, time.time(), *args)
 
-        try:
-            result = await self._writer.call(_write_tx(body))
-        except sqlite3.Error as exc:
-            raise StoreError(f"sqlite: {exc}") from exc
+        async with self._write_lock:
+            try:
+                if inline:
+                    try:
+                        result = _write_tx(body)(self._writer.raw)
+                    except sqlite3.OperationalError as exc:
+                        if not _is_busy(exc):
+                            raise
+                        result = await self._writer.call(_patient(_write_tx(body)))
+                else:
+                    result = await self._writer.call(_patient(_write_tx(body)))
+            except sqlite3.Error as exc:
+                raise StoreError(f"sqlite: {exc}") from exc
         for stream, seq in notes:
             self.bus.publish(stream, seq)
+        self._commits += 1
+        if self._commits % CHECKPOINT_EVERY == 0 and self.path != ":memory:":
+            self._schedule_checkpoint()
         return result
+
+    def _schedule_checkpoint(self) -> None:
+        if self._checkpointing is not None and not self._checkpointing.done():
+            return
+
+        async def run() -> None:
+            # In the writer's thread with the write lock held: no frame is appended
+            # meanwhile, so the checkpoint catches up and the next write restarts the WAL
+            # from its beginning. (A checkpoint racing the writes never catches up, and
+            # the WAL grows without end.)
+            try:
+                async with self._write_lock:
+                    await self._writer.call(_patient(_checkpoint))
+            except Exception as exc:  # a later checkpoint catches up
+                log.warning("WAL checkpoint failed: %s", exc)
+
+        self._checkpointing = asyncio.get_running_loop().create_task(run())
 
     async def _read(self, fn: Callable[..., T], *args: Any) -> T:
         if self._closed:
@@ -735,7 +820,7 @@ class SqliteStore(Store):
                 _touch(conn, session_id, now)
             return _insert_messages(conn, notes, session_id, messages, parent, now)
 
-        return await self._write(fn)
+        return await self._write(fn, inline=len(messages) <= INLINE_BATCH)
 
     async def update_message(self, session_id: str, message: Message, *, managed: bool = False) -> bool:
         def fn(conn: Conn, notes: Notes, now: float) -> bool:
@@ -801,7 +886,7 @@ class SqliteStore(Store):
                 )
             return deleted
 
-        return await self._write(fn)
+        return await self._write(fn, inline=len(ids) <= INLINE_BATCH)
 
     async def clear_messages(self, session_id: str, *, managed: bool = False) -> None:
         def fn(conn: Conn, notes: Notes, now: float) -> None:
@@ -810,7 +895,7 @@ class SqliteStore(Store):
             _clear(conn, session_id)
             _emit_session(conn, notes, session_id, "messages.cleared", {}, now)
 
-        await self._write(fn)
+        await self._write(fn, inline=False)
 
     async def get_message(self, session_id: str, message_id: str) -> Message | None:
         def fn(conn: Conn) -> Message | None:
@@ -987,7 +1072,7 @@ class SqliteStore(Store):
             _insert_compaction(conn, notes, session_id, c, now)
             return c
 
-        return await self._write(fn)
+        return await self._write(fn, inline=not verify_path)
 
     async def get_compactions(self, session_id: str) -> list[Compaction]:
         return await self._read(_compactions, session_id)
@@ -1076,7 +1161,7 @@ class SqliteStore(Store):
                 now,
             )
 
-        await self._write(fn)
+        await self._write(fn, inline=False)
 
     async def add_usage(
         self, session_id: str, input_tokens: int, output_tokens: int, cost: float
@@ -1132,7 +1217,7 @@ class SqliteStore(Store):
                 _insert_compaction(conn, notes, info.id, c, now)
             return info
 
-        return await self._write(fn)
+        return await self._write(fn, inline=False)
 
     async def split_session(self, session_id: str, summary: str, name: str | None = None) -> SessionInfo:
         if not isinstance(summary, str):
@@ -1163,7 +1248,7 @@ class SqliteStore(Store):
             _insert_messages(conn, notes, info.id, [message], None, now)
             return info
 
-        return await self._write(fn)
+        return await self._write(fn, inline=False)
 
     # -- context blocks and search entries ------------------------------------------------
     async def get_context_value(self, key: str) -> str | None:
