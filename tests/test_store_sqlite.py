@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import itertools
 import sqlite3
 from pathlib import Path
