@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import itertools
+import os
 import sqlite3
 from pathlib import Path
 
