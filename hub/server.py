@@ -1,47 +1,625 @@
-"""The hub's ASGI application.
+"""The hub: the engine served over a WebSocket (``/ws``), plus ``/healthz`` and ``/metrics``.
 
-This module serves the engine over HTTP; the WebSocket endpoint (``/ws``) and the
-inspector (``/``) build on it.
+One connection runs a reader (frames in, via the sans-I/O :class:`protocol.connection.
+ServerConnection`), one task per request, one task per subscription, and one writer that
+drains a bounded outgoing queue into the socket. Nothing ever waits on a slow peer but that
+peer's own tasks: a subscriber whose queue stays full past ``send_timeout`` is closed
+(code 4008) and resumes from its last seq elsewhere.
+
+Subscriptions are served from the event log. Each followed stream has one *tail*: a task
+that reads each new event once from the store (woken by the store's bus) and keeps the
+newest ones in memory, so 1,000 subscribers of one session cost one read per change, and a
+subscriber that fell behind the tail reads the rest from the log. Positions the log cannot
+serve (pruned, another epoch, the future) get a ``reset`` frame, never a silent skip.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import contextlib
-from collections.abc import AsyncIterator
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import msgspec
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from protocol import Event, Message, PositionLost, SessionHubError, SessionNotFound
+from protocol import frames as f
+from protocol.codec import encode
+from protocol.connection import ServerConnection, StreamKey
+
+from .compaction import CompactResult
 from .manager import SessionManager
-from .store.base import Store
+from .session import Session
+from .store.base import LATEST, REGISTRY, ParentArg, Store, session_stream
 from .store.sqlite import SqliteStore
+from .tools import Tool
 
-__all__ = ["create_app"]
+__all__ = ["HubConfig", "create_app"]
+
+log = logging.getLogger("sessionhub.server")
+
+#: Close code for a subscriber evicted because it does not read fast enough.
+CLOSE_SLOW_CONSUMER = 4008
+CLOSE_GOING_AWAY = 1001
+CLOSE_UNSUPPORTED = 1003
 
 
-def create_app(*, db: str | Path = "sessionhub.db", store: Store | None = None) -> Starlette:
-    """A Starlette app serving one store. Pass an open ``store`` to share one you own
-    (it is not closed on shutdown), or a ``db`` path to have the app open and close it."""
+@dataclass(frozen=True)
+class HubConfig:
+    """Limits of one hub. ``queue_frames`` bounds each connection's outgoing queue;
+    ``send_timeout`` is how long a full queue may stay full before the peer is evicted."""
+
+    max_frame_bytes: int = 1 << 20
+    max_subscriptions: int = 64
+    queue_frames: int = 1024
+    send_timeout: float = 10.0
+    tail_events: int = 1024
+    backlog_batch: int = 500
+    shutdown_grace: float = 10.0
+
+
+# -- wire conversion -----------------------------------------------------------------------
+
+
+def wire(value: Any) -> Any:
+    """An engine result as JSON-ready data (messages as UIMessage dicts)."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, Message):
+        return value.to_dict()
+    if isinstance(value, list | tuple):
+        return [wire(v) for v in value]
+    if isinstance(value, set | frozenset):
+        return sorted(value)
+    if isinstance(value, CompactResult):
+        return {
+            "from_message_id": value.from_message_id,
+            "to_message_id": value.to_message_id,
+            "summary": value.summary,
+        }
+    if isinstance(value, Tool):
+        return {"name": value.name, "description": value.description, "input_schema": value.input_schema}
+    if isinstance(value, msgspec.Struct):
+        return msgspec.to_builtins(value)
+    if isinstance(value, dict):
+        return {k: wire(v) for k, v in value.items()}
+    raise TypeError(f"cannot send {type(value).__name__} over the wire")
+
+
+def event_frame(event: Event) -> f.EventFrame:
+    return f.EventFrame(
+        stream=event.stream,
+        session_id=event.session_id,
+        seq=event.seq,
+        epoch=event.epoch,
+        type=event.type,
+        data=event.data,
+        created_at=event.created_at.isoformat(),
+    )
+
+
+def _parent(value: Any) -> ParentArg:
+    return LATEST if value is msgspec.UNSET else value
+
+
+# -- metrics -------------------------------------------------------------------------------
+
+
+class Metrics:
+    """Prometheus metrics of one app (its own registry, so several apps can coexist)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.connections = Gauge(
+            "sessionhub_connections", "Open WebSocket connections", registry=self.registry
+        )
+        self.subscriptions = Gauge("sessionhub_subscriptions", "Active subscriptions", registry=self.registry)
+        self.delivered = Counter(
+            "sessionhub_events_delivered", "Event frames queued to subscribers", registry=self.registry
+        )
+        self.evictions = Counter(
+            "sessionhub_evictions", "Connections closed for reading too slowly", registry=self.registry
+        )
+        self.bad_frames = Counter(
+            "sessionhub_bad_frames",
+            "Frames answered with an error before running",
+            ["code"],
+            registry=self.registry,
+        )
+        self.op_seconds = Histogram(
+            "sessionhub_op_seconds",
+            "Time to run one request",
+            ["op"],
+            registry=self.registry,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0),
+        )
+
+
+# -- stream tails --------------------------------------------------------------------------
+
+
+class Tail:
+    """The newest events of one stream, read once from the log for all its subscribers."""
+
+    def __init__(self, store: Store, stream: str, size: int) -> None:
+        self.store = store
+        self.stream = stream
+        self.events: collections.deque[Event] = collections.deque(maxlen=size)
+        self.last_seq = 0
+        self.changed = asyncio.Event()
+        self.users = 0
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.last_seq = (await self.store.stream_position(self.stream)).last_seq
+        self.task = asyncio.get_running_loop().create_task(self._run(), name=f"tail {self.stream}")
+
+    async def _run(self) -> None:
+        bus = self.store.bus
+        while True:
+            await bus.wait(self.stream, self.last_seq)
+            try:
+                events = await self.store.read_events(self.stream, self.last_seq, 1000)
+            except PositionLost as exc:
+                # Pruned or re-epoched under us: start over at the log's end; subscribers
+                # notice the gap or the epoch and get a reset.
+                self.events.clear()
+                self.last_seq = exc.last_seq
+                events = []
+            except Exception:
+                log.exception("reading the log of %s failed; retrying", self.stream)
+                await asyncio.sleep(0.5)
+                continue
+            if events:
+                self.events.extend(events)
+                self.last_seq = events[-1].seq
+            waiter, self.changed = self.changed, asyncio.Event()
+            waiter.set()
+
+    def after(self, seq: int) -> list[Event] | None:
+        """Events after ``seq`` if this tail holds all of them, else None."""
+        if not self.events:
+            return [] if seq >= self.last_seq else None
+        first = self.events[0].seq
+        if seq + 1 < first:
+            return None
+        return [e for e in self.events if e.seq > seq] if seq < self.last_seq else []
+
+
+class Tails:
+    def __init__(self, store: Store, size: int) -> None:
+        self.store = store
+        self.size = size
+        self._tails: dict[str, Tail] = {}
+        self._lock = asyncio.Lock()
+
+    async def acquire(self, stream: str) -> Tail:
+        async with self._lock:
+            tail = self._tails.get(stream)
+            if tail is None:
+                tail = self._tails[stream] = Tail(self.store, stream, self.size)
+                await tail.start()
+            tail.users += 1
+            return tail
+
+    def release(self, tail: Tail) -> None:
+        tail.users -= 1
+        if tail.users == 0 and self._tails.get(tail.stream) is tail:
+            del self._tails[tail.stream]
+            if tail.task is not None:
+                tail.task.cancel()
+
+    async def close(self) -> None:
+        for tail in list(self._tails.values()):
+            if tail.task is not None:
+                tail.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await tail.task
+        self._tails.clear()
+
+
+# -- connections ---------------------------------------------------------------------------
+
+
+class Evicted(Exception):
+    pass
+
+
+class Connection:
+    """One client socket: a bounded outgoing queue drained by one writer task."""
+
+    def __init__(self, hub: Hub, websocket: WebSocket) -> None:
+        self.hub = hub
+        self.websocket = websocket
+        self.protocol = ServerConnection(
+            max_frame_bytes=hub.config.max_frame_bytes, max_subscriptions=hub.config.max_subscriptions
+        )
+        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=hub.config.queue_frames)
+        self.requests: set[asyncio.Task[None]] = set()
+        self.subscriptions: dict[StreamKey, asyncio.Task[None]] = {}
+        self.closed = False
+
+    async def send(self, frame: Any) -> None:
+        """Queue a frame; if the queue stays full past the send timeout, evict the peer."""
+        if self.closed:
+            raise Evicted
+        data = encode(frame)
+        try:
+            self.queue.put_nowait(data)
+            return
+        except asyncio.QueueFull:
+            pass
+        try:
+            await asyncio.wait_for(self.queue.put(data), self.hub.config.send_timeout)
+        except TimeoutError:
+            await self.close(
+                CLOSE_SLOW_CONSUMER,
+                f"slow consumer: outgoing queue full for {self.hub.config.send_timeout:g}s; "
+                "resume from your last seq",
+            )
+            self.hub.metrics.evictions.inc()
+            raise Evicted from None
+
+    async def writer(self) -> None:
+        while True:
+            data = await self.queue.get()
+            if data is None:
+                return
+            await self.websocket.send_text(data.decode())
+
+    async def close(self, code: int, reason: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for task in self.subscriptions.values():
+            task.cancel()
+        with contextlib.suppress(Exception):
+            await self.websocket.close(code, reason)
+
+    # -- requests ------------------------------------------------------------------------
+    def on_frame(self, data: str) -> None:
+        parsed = self.protocol.receive_text(data)
+        if isinstance(parsed, f.ErrorFrame):
+            self.hub.metrics.bad_frames.labels(parsed.code).inc()
+            self._spawn(self.send(parsed))
+            return
+        if isinstance(parsed, f.Subscribe):
+            key = parsed.session_id
+            follow = asyncio.get_running_loop().create_task(self._follow(parsed))
+            self.subscriptions[key] = follow
+            self.hub.metrics.subscriptions.inc()
+
+            def done(_task: asyncio.Task[None], key: StreamKey = key) -> None:
+                self._subscription_done(key)
+
+            follow.add_done_callback(done)
+            return
+        if isinstance(parsed, f.Unsubscribe):
+            stopped = self.subscriptions.pop(parsed.session_id, None)
+            if stopped is not None:
+                stopped.cancel()
+            self._spawn(self.send(f.ReplyFrame(id=parsed.id, result=None)))
+            return
+        self._spawn(self._run(parsed))
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        async def guarded() -> None:
+            with contextlib.suppress(Evicted):
+                await coro
+
+        task = asyncio.get_running_loop().create_task(guarded())
+        self.requests.add(task)
+        task.add_done_callback(self.requests.discard)
+
+    def _subscription_done(self, key: StreamKey) -> None:
+        self.hub.metrics.subscriptions.dec()
+        current = self.subscriptions.get(key)
+        if current is not None and current.done():
+            del self.subscriptions[key]
+        if key not in self.subscriptions:
+            self.protocol.subscription_ended(key)
+
+    async def _run(self, request: f.Request) -> None:
+        op = str(type(request).__struct_config__.tag)
+        started = time.perf_counter()
+        try:
+            if self.hub.closing:
+                raise _Unavailable
+            result = await self.hub.ops[op](request)
+            frame: Any = f.ReplyFrame(id=request.id, result=wire(result))
+        except _Unavailable:
+            frame = f.ErrorFrame(id=request.id, code="unavailable", message="the hub is shutting down")
+        except SessionHubError as exc:
+            frame = f.ErrorFrame(id=request.id, code=_code(exc), message=str(exc))
+        except Exception:
+            log.exception("op %s failed", op)
+            frame = f.ErrorFrame(
+                id=request.id, code="internal", message="internal error; nothing was changed"
+            )
+        finally:
+            self.hub.metrics.op_seconds.labels(op).observe(time.perf_counter() - started)
+        await self.send(frame)
+
+    # -- subscriptions -------------------------------------------------------------------
+    async def _follow(self, request: f.Subscribe) -> None:
+        key = request.session_id
+        stream = REGISTRY if key is None else session_stream(key)
+        store = self.hub.store
+        try:
+            if key is not None and await store.get_session(key) is None:
+                position = await store.stream_position(stream)
+                if position.last_seq == 0:
+                    raise SessionNotFound(key)
+            tail = await self.hub.tails.acquire(stream)
+        except SessionHubError as exc:
+            await self.send(f.ErrorFrame(id=request.id, code=_code(exc), message=str(exc)))
+            return
+        try:
+            position = await store.stream_position(stream)
+            epoch = request.epoch
+            seq = request.after_seq
+            if (
+                (epoch is not None and position.last_seq > 0 and epoch != position.epoch)
+                or seq > position.last_seq
+                or seq < position.first_seq - 1
+            ):
+                await self._reset(key, seq, position.epoch, position.first_seq, position.last_seq)
+                return
+            epoch = position.epoch
+            await self.send(
+                f.ReplyFrame(id=request.id, result={"epoch": epoch, "last_seq": position.last_seq})
+            )
+            while True:
+                waiter = tail.changed
+                events = tail.after(seq)
+                if events is None:
+                    try:
+                        events = await store.read_events(stream, seq, self.hub.config.backlog_batch)
+                    except PositionLost as exc:
+                        await self._reset(key, seq, exc.epoch, exc.first_seq, exc.last_seq)
+                        return
+                if not events:
+                    if tail.last_seq <= seq:
+                        await waiter.wait()
+                    continue
+                for event in events:
+                    if event.epoch != epoch:
+                        current = await store.stream_position(stream)
+                        await self._reset(key, seq, current.epoch, current.first_seq, current.last_seq)
+                        return
+                    await self.send(event_frame(event))
+                    self.hub.metrics.delivered.inc()
+                    seq = event.seq
+        except Evicted:
+            return
+        finally:
+            self.hub.tails.release(tail)
+
+    async def _reset(self, key: StreamKey, seq: int, epoch: str, first: int, last: int) -> None:
+        await self.send(
+            f.ResetFrame(
+                session_id=key,
+                after_seq=seq,
+                epoch=epoch,
+                first_seq=first,
+                last_seq=last,
+                message="the log cannot serve events after this position; reload and resubscribe",
+            )
+        )
+
+
+class _Unavailable(Exception):
+    pass
+
+
+def _code(exc: SessionHubError) -> f.ErrorCode:
+    code = exc.code
+    return code if code in f.ERROR_CODES else "internal"  # type: ignore[return-value]
+
+
+# -- the hub -------------------------------------------------------------------------------
+
+
+class Hub:
+    """The application's state: the store, the manager, the open connections."""
+
+    def __init__(self, store: Store, manager: SessionManager, config: HubConfig) -> None:
+        self.store = store
+        self.manager = manager
+        self.config = config
+        self.metrics = Metrics()
+        self.tails = Tails(store, config.tail_events)
+        self.connections: set[Connection] = set()
+        self.closing = False
+        self.ops: dict[str, Callable[[Any], Awaitable[Any]]] = _operations(self)
+
+    async def session(self, session_id: str) -> Session:
+        if await self.manager.get(session_id) is None:
+            raise SessionNotFound(session_id)
+        return self.manager.get_session(session_id)
+
+    async def drain(self) -> None:
+        """Stop taking requests, let running ones finish (up to the grace period), then
+        close every socket with 1001 so clients resume elsewhere."""
+        if self.closing:
+            return
+        self.closing = True
+        running = [t for c in self.connections for t in c.requests]
+        if running:
+            await asyncio.wait(running, timeout=self.config.shutdown_grace)
+        for connection in list(self.connections):
+            # Let queued replies go out before the close frame.
+            with contextlib.suppress(asyncio.QueueFull):
+                connection.queue.put_nowait(None)
+        await asyncio.sleep(0)
+        for connection in list(self.connections):
+            await connection.close(CLOSE_GOING_AWAY, "server shutting down; resume elsewhere")
+        await self.tails.close()
+
+    async def serve(self, websocket: WebSocket) -> None:
+        await websocket.accept()
+        connection = Connection(self, websocket)
+        self.connections.add(connection)
+        self.metrics.connections.inc()
+        writer = asyncio.get_running_loop().create_task(connection.writer())
+        try:
+            while not connection.closed:
+                message = await websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                text = message.get("text")
+                if text is None:
+                    await connection.close(
+                        CLOSE_UNSUPPORTED, "binary frames are not supported; send JSON text"
+                    )
+                    break
+                connection.on_frame(text)
+        except WebSocketDisconnect:
+            pass
+        except RuntimeError:  # the socket went away while we were receiving
+            pass
+        finally:
+            connection.closed = True
+            for task in connection.subscriptions.values():
+                task.cancel()
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await writer
+            self.connections.discard(connection)
+            self.metrics.connections.dec()
+
+
+def _operations(hub: Hub) -> dict[str, Callable[[Any], Awaitable[Any]]]:
+    m = hub.manager
+
+    async def session_op(request: Any) -> Session:
+        return await hub.session(request.session_id)
+
+    async def tools(r: f.Tools) -> list[Tool]:
+        return m.tools() if r.session_id is None else await (await hub.session(r.session_id)).tools()
+
+    async def run_tool(r: f.RunTool) -> str:
+        from .tools import dispatch
+
+        available = m.tools() if r.session_id is None else await (await hub.session(r.session_id)).tools()
+        return await dispatch(available, r.name, r.arguments)
+
+    async def ping(r: f.Ping) -> str:
+        return "pong"
+
+    ops: dict[str, Callable[[Any], Awaitable[Any]]] = {
+        "create": lambda r: m.create(r.name, r.parent_session_id, r.model, r.source),
+        "get": lambda r: m.get(r.session_id),
+        "list": lambda r: m.list(),
+        "rename": lambda r: m.rename(r.session_id, r.name),
+        "delete": lambda r: m.delete(r.session_id),
+        "append": lambda r: m.append(r.session_id, r.message, _parent(r.parent_id)),
+        "upsert": lambda r: m.upsert(r.session_id, r.message, _parent(r.parent_id)),
+        "append_all": lambda r: m.append_all(r.session_id, r.messages, _parent(r.parent_id)),
+        "get_history": lambda r: m.get_history(r.session_id, r.leaf_id),
+        "get_branches": lambda r: m.get_branches(r.session_id, r.message_id),
+        "get_message_count": lambda r: m.get_message_count(r.session_id),
+        "clear_messages": lambda r: m.clear_messages(r.session_id),
+        "delete_messages": lambda r: m.delete_messages(r.session_id, r.ids),
+        "fork": lambda r: m.fork(r.session_id, r.at_message_id, r.name),
+        "add_compaction": lambda r: m.add_compaction(r.session_id, r.summary, r.from_id, r.to_id),
+        "get_compactions": lambda r: m.get_compactions(r.session_id),
+        "compact_and_split": lambda r: m.compact_and_split(r.session_id, r.summary, r.name),
+        "add_usage": lambda r: m.add_usage(r.session_id, r.input_tokens, r.output_tokens, r.cost),
+        "search": lambda r: m.search(r.query, r.limit),
+        "tools": tools,
+        "run_tool": run_tool,
+        "ping": ping,
+    }
+
+    def on_session(name: str, call: Callable[[Session, Any], Awaitable[Any]]) -> None:
+        async def run(r: Any) -> Any:
+            return await call(await session_op(r), r)
+
+        ops[name] = run
+
+    on_session("get_message", lambda s, r: s.get_message(r.message_id))
+    on_session("get_latest_leaf", lambda s, r: s.get_latest_leaf())
+    on_session("get_path_length", lambda s, r: s.get_path_length(r.leaf_id))
+    on_session("update_message", lambda s, r: s.update_message(r.message))
+    on_session("session_search", lambda s, r: s.search(r.query, r.limit))
+    on_session("get_context_blocks", lambda s, r: s.get_context_blocks())
+    on_session("get_context_block", lambda s, r: s.get_context_block(r.label))
+    on_session("replace_context_block", lambda s, r: s.replace_context_block(r.label, r.content))
+    on_session("append_context_block", lambda s, r: s.append_context_block(r.label, r.content))
+    on_session("freeze_system_prompt", lambda s, r: s.freeze_system_prompt())
+    on_session("refresh_system_prompt", lambda s, r: s.refresh_system_prompt())
+    on_session("compact", lambda s, r: s.compact(r.leaf_id))
+    missing = set(f.REQUEST_TYPES) - set(ops) - {"subscribe", "unsubscribe"}
+    assert not missing, f"ops without a handler: {missing}"
+    return ops
+
+
+def create_app(
+    *,
+    db: str | Path = "sessionhub.db",
+    store: Store | None = None,
+    manager: SessionManager | None = None,
+    config: HubConfig | None = None,
+) -> Starlette:
+    """The hub as a Starlette app, mountable in your own.
+
+    Pass ``manager`` (configured with context templates, compaction...) or ``store`` to
+    share ones you own (they are not closed on shutdown), or a ``db`` path to have the app
+    open and close a SQLite store. ``app.state.hub`` is the running :class:`Hub`.
+    """
+    settings = config or HubConfig()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        owned = store is None
-        opened = await SqliteStore.open(db) if store is None else store
-        app.state.store = opened
-        app.state.manager = SessionManager(opened)
+        owned: Store | None = None
+        if manager is not None:
+            active = manager
+        else:
+            if store is None:
+                owned = await SqliteStore.open(db)
+            active = SessionManager(store or owned)  # type: ignore[arg-type]
+        hub = Hub(active.store, active, settings)
+        app.state.hub = hub
         try:
             yield
         finally:
-            if owned:
-                await opened.close()
+            await hub.drain()
+            if owned is not None:
+                await owned.close()
 
-    async def healthz(request: Request) -> JSONResponse:
-        manager: SessionManager = request.app.state.manager
+    async def healthz(request: HttpRequest) -> JSONResponse:
+        hub: Hub = request.app.state.hub
+        if hub.closing:
+            return JSONResponse({"status": "shutting down"}, status_code=503)
         # A real read, so a broken database shows up here and not on the first user.
-        await manager.store.get_session("")
-        return JSONResponse({"status": "ok"})
+        await hub.store.get_session("")
+        return JSONResponse({"status": "ok", "connections": len(hub.connections)})
 
-    return Starlette(routes=[Route("/healthz", healthz)], lifespan=lifespan)
+    async def metrics(request: HttpRequest) -> Response:
+        hub: Hub = request.app.state.hub
+        return Response(generate_latest(hub.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def ws(websocket: WebSocket) -> None:
+        hub: Hub = websocket.app.state.hub
+        if hub.closing:
+            await websocket.close(CLOSE_GOING_AWAY, "server shutting down")
+            return
+        await hub.serve(websocket)
+
+    return Starlette(
+        routes=[Route("/healthz", healthz), Route("/metrics", metrics), WebSocketRoute("/ws", ws)],
+        lifespan=lifespan,
+    )

@@ -1,0 +1,79 @@
+"""Encoding and decoding frames, with long-lived msgspec encoders and decoders."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgspec
+
+from .frames import REQUEST_TYPES, ErrorCode, ErrorFrame, Request, ServerFrame
+
+__all__ = ["FrameError", "decode_frame", "decode_request", "encode"]
+
+_requests: msgspec.json.Decoder[Request] = msgspec.json.Decoder(Request)
+_frames: msgspec.json.Decoder[ServerFrame] = msgspec.json.Decoder(ServerFrame)
+_encoder = msgspec.json.Encoder()
+
+
+class _Peek(msgspec.Struct):
+    id: Any = None
+    op: Any = None
+
+
+_peek = msgspec.json.Decoder(_Peek)
+_AT_OP = re.compile(r"at `\$\.op`")
+
+
+class FrameError(Exception):
+    """A client frame that cannot be run: the error frame to answer with."""
+
+    def __init__(self, code: ErrorCode, message: str, request_id: str | int | None = None) -> None:
+        super().__init__(message)
+        self.frame = ErrorFrame(id=request_id, code=code, message=message)
+
+
+def _request_id(data: str | bytes) -> str | int | None:
+    try:
+        value = _peek.decode(data).id
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return value if isinstance(value, str | int) and not isinstance(value, bool) else None
+
+
+def decode_request(data: str | bytes, max_bytes: int = 1 << 20) -> Request:
+    """Parse one client frame, or raise :class:`FrameError` carrying the answer: the
+    request id is echoed whenever the frame had a readable one."""
+    size = len(data.encode() if isinstance(data, str) else data)
+    if size > max_bytes:
+        raise FrameError(
+            "too_large", f"frame of {size} bytes is over the {max_bytes}-byte limit", _request_id(data)
+        )
+    try:
+        return _requests.decode(data)
+    except msgspec.ValidationError as exc:
+        rid = _request_id(data)
+        text = str(exc)
+        if text.startswith("Expected `object`"):
+            raise FrameError("bad_frame", f"a request is a JSON object: {text}", rid) from None
+        if _AT_OP.search(text) or text.startswith("Object missing required field `op`"):
+            op = _peek.decode(data).op
+            if isinstance(op, str) and op not in REQUEST_TYPES:
+                raise FrameError("unknown_op", f"unknown op {op!r}", rid) from None
+            raise FrameError("bad_frame", f"every request needs an `op` string: {text}", rid) from None
+        if "`$.id`" in text or "missing required field `id`" in text:
+            raise FrameError(
+                "bad_frame", f"every request needs an `id` (string or integer): {text}", rid
+            ) from None
+        raise FrameError("invalid", text, rid) from None
+    except msgspec.DecodeError as exc:
+        raise FrameError("bad_frame", f"not a JSON object: {exc}") from None
+
+
+def decode_frame(data: str | bytes) -> ServerFrame:
+    """Parse one server frame (the client side)."""
+    return _frames.decode(data)
+
+
+def encode(frame: Any) -> bytes:
+    return _encoder.encode(frame)

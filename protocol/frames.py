@@ -1,0 +1,352 @@
+"""The wire protocol: JSON text frames, one tagged union per direction.
+
+Client → server: a request, tagged by ``op``, with a client-chosen ``id`` that the reply
+echoes. Server → client: a frame tagged by ``frame``: ``reply`` (to a request), ``error``
+(to a request, or ``id: null`` for a frame that could not be read), ``event`` (a logged
+change on a subscribed stream) and ``reset`` (a subscription position the log cannot
+serve: reload a snapshot, then subscribe again from its ``last_seq``).
+
+Messages travel as Vercel AI SDK ``UIMessage`` dicts; records (sessions, overlays, search
+hits, blocks) as JSON objects with the field names of :mod:`protocol.records`.
+``parent_id`` left out means "the latest leaf", ``null`` means "a new root".
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+__all__ = [
+    "ERROR_CODES",
+    "REQUEST_TYPES",
+    "ErrorFrame",
+    "EventFrame",
+    "ReplyFrame",
+    "Request",
+    "ResetFrame",
+    "ServerFrame",
+]
+
+#: Error codes, a closed set. ``reset`` is not among them: it is its own frame.
+ERROR_CODES = (
+    "bad_frame",  # not JSON, not an object, or not a known request shape
+    "unknown_op",  # ``op`` names no operation
+    "invalid",  # a field has the wrong type or value; nothing was done
+    "not_found",  # the session (or message) does not exist
+    "forbidden",  # the token does not allow this
+    "too_large",  # the frame is over the size limit
+    "too_many",  # too many subscriptions on this connection
+    "conflict",  # the state changed under the operation; nothing was written
+    "upstream",  # a summarizer or worker failed
+    "unavailable",  # the hub is shutting down
+    "internal",  # a bug or a failing database; the operation was rolled back
+)
+
+ErrorCode = Literal[
+    "bad_frame",
+    "unknown_op",
+    "invalid",
+    "not_found",
+    "forbidden",
+    "too_large",
+    "too_many",
+    "conflict",
+    "upstream",
+    "unavailable",
+    "internal",
+]
+
+Msg = dict[str, Any]
+ParentId = str | None | UnsetType
+
+
+class _Req(msgspec.Struct, tag_field="op", kw_only=True, forbid_unknown_fields=True):
+    id: str | int
+
+
+# -- sessions registry and messages (SessionManager) -------------------------------------
+
+
+class Create(_Req, tag="create"):
+    name: str
+    parent_session_id: str | None = None
+    model: str | None = None
+    source: str | None = None
+
+
+class Get(_Req, tag="get"):
+    session_id: str
+
+
+class List(_Req, tag="list"):
+    pass
+
+
+class Rename(_Req, tag="rename"):
+    session_id: str
+    name: str
+
+
+class Delete(_Req, tag="delete"):
+    session_id: str
+
+
+class Append(_Req, tag="append"):
+    session_id: str
+    message: Msg
+    parent_id: ParentId = UNSET
+
+
+class Upsert(_Req, tag="upsert"):
+    session_id: str
+    message: Msg
+    parent_id: ParentId = UNSET
+
+
+class AppendAll(_Req, tag="append_all"):
+    session_id: str
+    messages: list[Msg]
+    parent_id: ParentId = UNSET
+
+
+class GetHistory(_Req, tag="get_history"):
+    session_id: str
+    leaf_id: str | None = None
+
+
+class GetBranches(_Req, tag="get_branches"):
+    session_id: str
+    message_id: str
+
+
+class GetMessageCount(_Req, tag="get_message_count"):
+    session_id: str
+
+
+class ClearMessages(_Req, tag="clear_messages"):
+    session_id: str
+
+
+class DeleteMessages(_Req, tag="delete_messages"):
+    session_id: str
+    ids: list[str]
+
+
+class Fork(_Req, tag="fork"):
+    session_id: str
+    at_message_id: str
+    name: str
+
+
+class AddCompaction(_Req, tag="add_compaction"):
+    session_id: str
+    summary: str
+    from_id: str
+    to_id: str
+
+
+class GetCompactions(_Req, tag="get_compactions"):
+    session_id: str
+
+
+class CompactAndSplit(_Req, tag="compact_and_split"):
+    session_id: str
+    summary: str
+    name: str | None = None
+
+
+class AddUsage(_Req, tag="add_usage"):
+    session_id: str
+    input_tokens: int
+    output_tokens: int
+    cost: float
+
+
+class Search(_Req, tag="search"):
+    query: str
+    limit: int = 20
+
+
+# -- one session (Session) ---------------------------------------------------------------
+
+
+class GetMessage(_Req, tag="get_message"):
+    session_id: str
+    message_id: str
+
+
+class GetLatestLeaf(_Req, tag="get_latest_leaf"):
+    session_id: str
+
+
+class GetPathLength(_Req, tag="get_path_length"):
+    session_id: str
+    leaf_id: str | None = None
+
+
+class UpdateMessage(_Req, tag="update_message"):
+    session_id: str
+    message: Msg
+
+
+class SessionSearch(_Req, tag="session_search"):
+    session_id: str
+    query: str
+    limit: int = 20
+
+
+class GetContextBlocks(_Req, tag="get_context_blocks"):
+    session_id: str
+
+
+class GetContextBlock(_Req, tag="get_context_block"):
+    session_id: str
+    label: str
+
+
+class ReplaceContextBlock(_Req, tag="replace_context_block"):
+    session_id: str
+    label: str
+    content: str
+
+
+class AppendContextBlock(_Req, tag="append_context_block"):
+    session_id: str
+    label: str
+    content: str
+
+
+class FreezeSystemPrompt(_Req, tag="freeze_system_prompt"):
+    session_id: str
+
+
+class RefreshSystemPrompt(_Req, tag="refresh_system_prompt"):
+    session_id: str
+
+
+class Tools(_Req, tag="tools"):
+    """The session's tools (``session_id``), or the manager's (``session_id: null``)."""
+
+    session_id: str | None
+
+
+class RunTool(_Req, tag="run_tool"):
+    session_id: str | None
+    name: str
+    arguments: Msg | str = msgspec.field(default_factory=dict)
+
+
+class Compact(_Req, tag="compact"):
+    session_id: str
+    leaf_id: str | None = None
+
+
+# -- subscriptions -----------------------------------------------------------------------
+
+
+class Subscribe(_Req, tag="subscribe"):
+    """Every event of the session (``session_id``) or of the registry (``null``) after
+    ``after_seq``, then live. ``epoch``: the epoch the position belongs to, if known."""
+
+    session_id: str | None
+    after_seq: int = 0
+    epoch: str | None = None
+
+
+class Unsubscribe(_Req, tag="unsubscribe"):
+    session_id: str | None
+
+
+class Ping(_Req, tag="ping"):
+    pass
+
+
+Request = (
+    Create
+    | Get
+    | List
+    | Rename
+    | Delete
+    | Append
+    | Upsert
+    | AppendAll
+    | GetHistory
+    | GetBranches
+    | GetMessageCount
+    | ClearMessages
+    | DeleteMessages
+    | Fork
+    | AddCompaction
+    | GetCompactions
+    | CompactAndSplit
+    | AddUsage
+    | Search
+    | GetMessage
+    | GetLatestLeaf
+    | GetPathLength
+    | UpdateMessage
+    | SessionSearch
+    | GetContextBlocks
+    | GetContextBlock
+    | ReplaceContextBlock
+    | AppendContextBlock
+    | FreezeSystemPrompt
+    | RefreshSystemPrompt
+    | Tools
+    | RunTool
+    | Compact
+    | Subscribe
+    | Unsubscribe
+    | Ping
+)
+
+REQUEST_TYPES: dict[str, type[_Req]] = {str(t.__struct_config__.tag): t for t in Request.__args__}
+
+
+# -- server → client ---------------------------------------------------------------------
+
+
+class _Frame(msgspec.Struct, tag_field="frame", kw_only=True):
+    pass
+
+
+class ReplyFrame(_Frame, tag="reply"):
+    id: str | int
+    result: Any = None
+
+
+class ErrorFrame(_Frame, tag="error"):
+    id: str | int | None
+    code: ErrorCode
+    message: str
+
+
+class EventFrame(_Frame, tag="event"):
+    """One logged change. ``stream`` is ``session`` (``seq`` counts the session's changes)
+    or ``registry`` (``seq`` counts registry changes; ``session_id`` is their subject)."""
+
+    stream: Literal["session", "registry"]
+    session_id: str
+    seq: int
+    epoch: str
+    type: str
+    data: dict[str, Any]
+    created_at: str
+
+
+class ResetFrame(_Frame, tag="reset"):
+    """The subscription to ``session_id`` (``null``: the registry) cannot continue from the
+    position asked for: reload a snapshot and subscribe again from ``last_seq`` of
+    ``epoch``. The subscription has ended."""
+
+    session_id: str | None
+    after_seq: int
+    epoch: str
+    first_seq: int
+    last_seq: int
+    message: str
+
+
+ServerFrame = ReplyFrame | ErrorFrame | EventFrame | ResetFrame
