@@ -1,10 +1,13 @@
-"""The ``sessionhub`` command."""
+"""The ``sessionhub`` command: ``serve`` the hub; ``tail`` and ``sessions`` for operators."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["main"]
 
@@ -12,32 +15,94 @@ __all__ = ["main"]
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sessionhub", description="A real-time session hub for AI agents.")
     commands = parser.add_subparsers(dest="command", required=True)
+
     serve = commands.add_parser("serve", help="run the hub")
     serve.add_argument("--db", default="sessionhub.db", help="SQLite file (default: %(default)s)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     serve.add_argument("--port", type=int, default=8000, help="port (default: %(default)s; 0 picks one)")
     serve.add_argument(
+        "--max-frame-bytes", type=int, default=1 << 20, help="largest request frame (default: 1 MiB)"
+    )
+    serve.add_argument(
+        "--ping-interval", type=float, default=20.0, help="keepalive ping every N s (default: 20)"
+    )
+    serve.add_argument(
+        "--ping-timeout", type=float, default=20.0, help="drop a peer silent this long (default: 20)"
+    )
+    serve.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
+
+    tail = commands.add_parser("tail", help="print a session's events live (resumes across restarts)")
+    tail.add_argument("session_id", help="the session to follow; 'registry' follows session changes")
+    tail.add_argument(
+        "--url", default="ws://127.0.0.1:8000/ws", help="hub WebSocket URL (default: %(default)s)"
+    )
+    tail.add_argument("--after", type=int, default=0, help="start after this seq (default: 0, everything)")
+    tail.add_argument("--json", action="store_true", help="print raw event frames as JSON lines")
+    tail.add_argument("--token", default=None, help="access token")
+
+    sessions = commands.add_parser("sessions", help="list sessions, most recently updated first")
+    sessions.add_argument(
+        "--url", default="ws://127.0.0.1:8000/ws", help="hub WebSocket URL (default: %(default)s)"
+    )
+    sessions.add_argument("--json", action="store_true", help="print JSON lines")
+    sessions.add_argument("--token", default=None, help="access token")
     return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .server import HubConfig, create_app
+
+    app = create_app(db=args.db, config=HubConfig(max_frame_bytes=args.max_frame_bytes))
+
+    class HubServer(uvicorn.Server):
+        """On SIGINT/SIGTERM: drain the hub first (finish in-flight ops, close sockets with
+        1001 so clients resume elsewhere), then let uvicorn stop."""
+
+        draining: asyncio.Task[Any] | None = None
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            hub = getattr(app.state, "hub", None)
+            if hub is None or self.draining is not None:
+                super().handle_exit(sig, frame)
+                return
+            loop = asyncio.get_running_loop()
+            self.draining = loop.create_task(hub.drain())
+            self.draining.add_done_callback(lambda _t: super(HubServer, self).handle_exit(sig, frame))
+
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        ws="websockets-sansio",
+        ws_max_size=max(args.max_frame_bytes * 4, 16 << 20),
+        ws_ping_interval=args.ping_interval,
+        ws_ping_timeout=args.ping_timeout,
+        lifespan="on",
+    )
+    # uvicorn re-raises the signal it handled once it has stopped: we are done then.
+    with contextlib.suppress(KeyboardInterrupt):
+        HubServer(config).run()
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "serve":
-        import uvicorn
+        return _serve(args)
+    from .operator import run_sessions, run_tail
 
-        from .server import create_app
-
-        uvicorn.run(
-            create_app(db=args.db),
-            host=args.host,
-            port=args.port,
-            log_level=args.log_level,
-            ws="websockets-sansio",
-            lifespan="on",
-        )
-    return 0
+    try:
+        if args.command == "tail":
+            key = None if args.session_id == "registry" else args.session_id
+            return asyncio.run(run_tail(args.url, key, after=args.after, raw=args.json, token=args.token))
+        return asyncio.run(run_sessions(args.url, raw=args.json, token=args.token))
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,0 +1,116 @@
+"""Terminal tools for operators: ``sessionhub tail`` and ``sessionhub sessions``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, TextIO
+
+import msgspec
+
+from protocol import Event, SessionInfo
+
+__all__ = ["describe", "run_sessions", "run_tail"]
+
+
+def _clip(text: str, width: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _message_line(message: Any) -> str:
+    if not isinstance(message, dict):
+        return ""
+    texts = [
+        p.get("text", "") for p in message.get("parts", []) if isinstance(p, dict) and p.get("type") == "text"
+    ]
+    kinds = sorted({str(p.get("type")) for p in message.get("parts", []) if isinstance(p, dict)} - {"text"})
+    extra = f" +{','.join(kinds)}" if kinds else ""
+    return f'{message.get("id")} ({message.get("role")}): "{_clip(" ".join(texts))}"{extra}'
+
+
+def describe(event: Event) -> str:
+    """One readable line for an event."""
+    d = event.data
+    head = f"#{event.seq} {event.created_at:%H:%M:%S} {event.type}"
+    kind = event.type
+    if kind == "message.appended":
+        parent = d.get("parent_id")
+        return f"{head} {_message_line(d.get('message'))}" + (f" ← {parent}" if parent else " (root)")
+    if kind == "message.updated":
+        return f"{head} {_message_line(d.get('message'))}"
+    if kind == "message.deleted":
+        return f"{head} {', '.join(map(str, d.get('ids', [])))}"
+    if kind == "compaction.added":
+        c = d.get("compaction", {})
+        span = f"{c.get('from_message_id')}..{c.get('to_message_id')}"
+        return f'{head} {span}: "{_clip(str(c.get("summary", "")))}"'
+    if kind.startswith("session."):
+        s = d.get("session", {})
+        line = f'{head} {s.get("id")} "{s.get("name")}"'
+        if kind == "session.usage":
+            line += f" in={s.get('input_tokens')} out={s.get('output_tokens')} cost={s.get('estimated_cost')}"
+        if kind == "session.ended":
+            line += f" ({s.get('end_reason')})"
+        return line
+    if kind == "status":
+        compacted = d.get("compacted")
+        line = f"{head} {d.get('phase')} ~{d.get('token_estimate')} tokens"
+        if d.get("token_threshold") is not None:
+            line += f" / {d.get('token_threshold')}"
+        return line + (f" (was {compacted.get('tokens_before')})" if isinstance(compacted, dict) else "")
+    if kind == "error":
+        return f"{head} {d.get('error')}"
+    if kind.startswith("context."):
+        label = d.get("label") or (d.get("block") or {}).get("label")
+        key = f" [{d['key']}]" if d.get("key") else ""
+        content = d.get("content")
+        return f"{head} {label}{key}" + (f': "{_clip(str(content))}"' if content else "")
+    if kind == "prompt.updated":
+        return f"{head} {len(str(d.get('prompt', '')))} chars"
+    return f"{head} {_clip(json.dumps(d, ensure_ascii=False), 80)}"
+
+
+async def run_tail(
+    url: str,
+    session_id: str | None,
+    *,
+    after: int = 0,
+    raw: bool = False,
+    token: str | None = None,
+    out: TextIO | None = None,
+) -> int:
+    """Print every event of the session (or the registry) after ``after``, then live, until
+    interrupted; reconnects and resumes by itself when the hub restarts."""
+    from clients import HubClient
+
+    stream = out or sys.stdout
+    async with HubClient(url, token=token) as hub:
+        async for event in hub.subscribe(session_id, after_seq=after):
+            if raw:
+                stream.write(msgspec.json.encode(event).decode() + "\n")
+            else:
+                stream.write(describe(event) + "\n")
+            stream.flush()
+    return 0
+
+
+def _session_line(info: SessionInfo) -> str:
+    ended = f" ended:{info.end_reason}" if info.end_reason else ""
+    parent = f" ← {info.parent_session_id}" if info.parent_session_id else ""
+    return (
+        f"{info.id}  {info.updated_at:%Y-%m-%d %H:%M:%S}  {_clip(info.name, 40)!r}"
+        f"  in={info.input_tokens} out={info.output_tokens} ${info.estimated_cost:.4f}{ended}{parent}"
+    )
+
+
+async def run_sessions(
+    url: str, *, raw: bool = False, token: str | None = None, out: TextIO | None = None
+) -> int:
+    from clients import HubClient
+
+    stream = out or sys.stdout
+    async with HubClient(url, token=token) as hub:
+        for info in await hub.sessions.list():
+            stream.write((msgspec.json.encode(info).decode() if raw else _session_line(info)) + "\n")
+    return 0
