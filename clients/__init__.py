@@ -1,7 +1,26 @@
-"""Python client of the sessionhub WebSocket hub.
+"""Python client of the sessionhub WebSocket hub: :class:`HubClient` (see :mod:`clients.hub`).
 
-The client speaks the wire protocol defined in :mod:`protocol`; it lands together with the
-hub's ``/ws`` endpoint (see ``docs/`` and the issue tracker for its status).
+Clients depend on :mod:`protocol` only, never on the engine (:mod:`hub`).
 """
 
-__all__: list[str] = []
+from .hub import (
+    LATEST,
+    ConnectionLost,
+    HubClient,
+    HubError,
+    ParentArg,
+    RemoteSession,
+    RemoteSessions,
+    RemoteTool,
+)
+
+__all__ = [
+    "LATEST",
+    "ConnectionLost",
+    "HubClient",
+    "HubError",
+    "ParentArg",
+    "RemoteSession",
+    "RemoteSessions",
+    "RemoteTool",
+]

@@ -3,6 +3,7 @@
 from .errors import (
     Conflict,
     ContextError,
+    Forbidden,
     InvalidInput,
     InvalidMessage,
     NotFound,
@@ -13,19 +14,24 @@ from .errors import (
     StoreError,
     SummarizerError,
 )
+from .markers import LATEST, Parent, ParentArg
 from .message import Message, coerce_message
 from .records import Compaction, ContextBlock, Event, SearchResult, SessionInfo
 
 __all__ = [
+    "LATEST",
     "Compaction",
     "Conflict",
     "ContextBlock",
     "ContextError",
     "Event",
+    "Forbidden",
     "InvalidInput",
     "InvalidMessage",
     "Message",
     "NotFound",
+    "Parent",
+    "ParentArg",
     "PositionLost",
     "SearchResult",
     "SessionHubError",

@@ -54,7 +54,7 @@ def decode_request(data: str | bytes, max_bytes: int = 1 << 20) -> Request:
     except msgspec.ValidationError as exc:
         rid = _request_id(data)
         text = str(exc)
-        if text.startswith("Expected `object`"):
+        if text.startswith("Expected `object`") and " - at `$" not in text:
             raise FrameError("bad_frame", f"a request is a JSON object: {text}", rid) from None
         if _AT_OP.search(text) or text.startswith("Object missing required field `op`"):
             op = _peek.decode(data).op

@@ -13,13 +13,13 @@ registry (else :class:`~protocol.errors.SessionNotFound`, nothing written) and i
 from __future__ import annotations
 
 import abc
-import enum
 from collections.abc import Sequence
 from typing import Any, Final, Literal
 
 import msgspec
 
 from protocol import Compaction, Event, Message, SearchResult, SessionInfo
+from protocol.markers import LATEST, Parent, ParentArg
 
 from ..bus import Bus
 
@@ -35,18 +35,6 @@ __all__ = [
     "session_stream",
 ]
 
-
-class Parent(enum.Enum):
-    """Where an appended message attaches when no explicit parent id is given."""
-
-    LATEST = "latest"
-
-
-#: Attach to the session's latest leaf (the newest message without children).
-LATEST: Final = Parent.LATEST
-
-#: ``str`` attaches to that message (unknown → new root); ``None`` starts a new root.
-ParentArg = str | None | Literal[Parent.LATEST]
 
 #: The stream key of the sessions-registry log.
 REGISTRY: Final = "registry"
