@@ -3,6 +3,7 @@
 from protocol.errors import (
     Conflict,
     ContextError,
+    Forbidden,
     InvalidInput,
     InvalidMessage,
     NotFound,
@@ -17,6 +18,7 @@ from protocol.errors import (
 __all__ = [
     "Conflict",
     "ContextError",
+    "Forbidden",
     "InvalidInput",
     "InvalidMessage",
     "NotFound",

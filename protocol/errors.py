@@ -11,6 +11,7 @@ same types for the same mistakes.
     │   └── ContextError                         a refused context-block operation
     ├── NotFound              code "not_found"
     │   └── SessionNotFound                      an unknown session id
+    ├── Forbidden             code "forbidden"   the token does not allow this
     ├── Conflict              code "conflict"    the state changed under the operation
     ├── PositionLost          code "reset"       the event log cannot serve a position
     ├── SummarizerError       code "upstream"    a summarizer (LLM) failed
@@ -23,6 +24,7 @@ from __future__ import annotations
 __all__ = [
     "Conflict",
     "ContextError",
+    "Forbidden",
     "InvalidInput",
     "InvalidMessage",
     "NotFound",
@@ -73,6 +75,13 @@ class SessionNotFound(NotFound):
     def __init__(self, session_id: str) -> None:
         super().__init__(f"session not found: {session_id!r}")
         self.session_id = session_id
+
+
+class Forbidden(SessionHubError):
+    """The connection's token is missing, invalid, expired, or does not grant this
+    operation on this session. The message never says which."""
+
+    code = "forbidden"
 
 
 class Conflict(SessionHubError):

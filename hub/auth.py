@@ -1,0 +1,161 @@
+"""Tokens with per-session scopes (HS256 JWT, via pyjwt).
+
+A token's ``scopes`` claim maps session ids (or ``*`` for every session) to one of three
+levels, each including the ones before it:
+
+- ``read``: get, history, branches, search, subscribe, presence;
+- ``write``: every mutation inside a session (append, upsert, update, delete, clear,
+  context writes, tool execution, compaction, usage);
+- ``admin``: what creates, renames, ends or deletes sessions (create, rename, delete,
+  fork, compact_and_split) and the registry stream.
+
+Operations not about one session (``list``, cross-session ``search``, the manager's tools)
+need the level on ``*``. Verification failures never say why: a forged, expired or
+malformed token is simply :class:`~protocol.errors.Forbidden`.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import jwt
+
+from protocol.errors import Forbidden, InvalidInput
+
+__all__ = ["LEVELS", "OP_LEVELS", "Grant", "issue_token", "parse_ttl", "verify_token"]
+
+Level = Literal["read", "write", "admin"]
+LEVELS: tuple[Level, ...] = ("read", "write", "admin")
+_RANK = {level: i for i, level in enumerate(LEVELS)}
+_ALGORITHM = "HS256"
+
+#: The level each operation needs (on its session, or on ``*`` when it has none).
+OP_LEVELS: dict[str, Level] = {
+    # read
+    "get": "read",
+    "list": "read",
+    "get_history": "read",
+    "get_branches": "read",
+    "get_message_count": "read",
+    "get_compactions": "read",
+    "search": "read",
+    "get_message": "read",
+    "get_latest_leaf": "read",
+    "get_path_length": "read",
+    "session_search": "read",
+    "get_context_blocks": "read",
+    "get_context_block": "read",
+    "tools": "read",
+    "subscribe": "read",
+    "unsubscribe": "read",
+    "presence": "read",
+    "ping": "read",
+    # write
+    "append": "write",
+    "upsert": "write",
+    "append_all": "write",
+    "update_message": "write",
+    "delete_messages": "write",
+    "clear_messages": "write",
+    "add_compaction": "write",
+    "add_usage": "write",
+    "replace_context_block": "write",
+    "append_context_block": "write",
+    "freeze_system_prompt": "write",
+    "refresh_system_prompt": "write",
+    "run_tool": "write",
+    "compact": "write",
+    # admin
+    "create": "admin",
+    "rename": "admin",
+    "delete": "admin",
+    "fork": "admin",
+    "compact_and_split": "admin",
+}
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What a verified token allows."""
+
+    subject: str
+    scopes: Mapping[str, Level]
+    expires_at: float
+
+    def level(self, session_id: str | None) -> int:
+        """The rank of the best level this grant has on ``session_id`` (``None``: ``*``)."""
+        best = -1
+        for key in ("*", session_id):
+            if key is not None and key in self.scopes:
+                best = max(best, _RANK[self.scopes[key]])
+        return best
+
+    def allows(self, op: str, session_id: str | None, *, registry: bool = False) -> bool:
+        """Whether ``op`` on ``session_id`` is allowed (``registry``: the registry stream,
+        which needs ``admin`` on ``*``). Unknown ops are refused."""
+        if time.time() >= self.expires_at:
+            return False
+        needed = OP_LEVELS.get(op)
+        if needed is None:
+            return False
+        if op == "ping":
+            return True
+        if registry:
+            return self.level(None) >= _RANK["admin"]
+        return self.level(session_id) >= _RANK[needed]
+
+
+def issue_token(
+    secret: str,
+    scopes: Mapping[str, str],
+    *,
+    subject: str = "sessionhub",
+    ttl: float = 3600.0,
+    now: float | None = None,
+) -> str:
+    """A signed token granting ``scopes`` (``{session id or "*": "read"|"write"|"admin"}``)."""
+    if not secret:
+        raise InvalidInput("a token needs a non-empty secret")
+    for key, level in scopes.items():
+        if level not in _RANK:
+            raise InvalidInput(f"scope for {key!r} must be one of read, write, admin; got {level!r}")
+    issued = time.time() if now is None else now
+    claims: dict[str, Any] = {
+        "sub": subject,
+        "iat": int(issued),
+        "exp": int(issued + ttl),
+        "scopes": dict(scopes),
+    }
+    return jwt.encode(claims, secret, algorithm=_ALGORITHM)
+
+
+def verify_token(secret: str, token: str | None) -> Grant:
+    """The grant of a valid token; :class:`Forbidden` (saying nothing more) otherwise."""
+    if not token:
+        raise Forbidden("forbidden")
+    try:
+        claims = jwt.decode(
+            token, secret, algorithms=[_ALGORITHM], options={"require": ["exp", "sub"]}, leeway=0
+        )
+    except jwt.PyJWTError:
+        raise Forbidden("forbidden") from None
+    scopes = claims.get("scopes")
+    if not isinstance(scopes, dict) or not all(isinstance(k, str) and v in _RANK for k, v in scopes.items()):
+        raise Forbidden("forbidden")
+    return Grant(subject=str(claims["sub"]), scopes=scopes, expires_at=float(claims["exp"]))
+
+
+_TTL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+
+
+def parse_ttl(text: str) -> float:
+    """``90``, ``90s``, ``15m``, ``1h``, ``7d`` → seconds."""
+    found = _TTL.match(text)
+    if not found:
+        raise InvalidInput(f"ttl must look like 90s, 15m, 1h or 7d; got {text!r}")
+    value, unit = float(found.group(1)), found.group(2) or "s"
+    return value * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit]
