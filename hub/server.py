@@ -250,6 +250,7 @@ class Connection:
         self.requests: set[asyncio.Task[None]] = set()
         self.subscriptions: dict[StreamKey, asyncio.Task[None]] = {}
         self.closed = False
+        self.serve_task: asyncio.Task[Any] | None = None
 
     async def send(self, frame: Any) -> None:
         """Queue a frame; if the queue stays full past the send timeout, evict the peer."""
@@ -264,12 +265,12 @@ class Connection:
         try:
             await asyncio.wait_for(self.queue.put(data), self.hub.config.send_timeout)
         except TimeoutError:
+            self.hub.metrics.evictions.inc()
             await self.close(
                 CLOSE_SLOW_CONSUMER,
                 f"slow consumer: outgoing queue full for {self.hub.config.send_timeout:g}s; "
                 "resume from your last seq",
             )
-            self.hub.metrics.evictions.inc()
             raise Evicted from None
 
     async def writer(self) -> None:
@@ -280,17 +281,33 @@ class Connection:
             await self.websocket.send_text(data.decode())
 
     async def close(self, code: int, reason: str) -> None:
+        """Close with ``code``. Called from a subscription task too (eviction), so it never
+        cancels the task it runs in; a peer that cannot even take the close frame within
+        two seconds is cut off."""
         if self.closed:
             return
         self.closed = True
+        current = asyncio.current_task()
         for task in self.subscriptions.values():
-            task.cancel()
-        with contextlib.suppress(Exception):
-            await self.websocket.close(code, reason)
+            if task is not current:
+                task.cancel()
+        try:
+            async with asyncio.timeout(2.0):
+                await self.websocket.close(code, reason)
+        except Exception:
+            if self.serve_task is not None and self.serve_task is not current:
+                self.serve_task.cancel()
 
     # -- requests ------------------------------------------------------------------------
     def on_frame(self, data: str) -> None:
         parsed = self.protocol.receive_text(data)
+        if self.hub.closing and not isinstance(parsed, f.ErrorFrame):
+            # Refused when read; requests read before the drain began run to the end.
+            if isinstance(parsed, f.Subscribe):
+                self.protocol.subscription_ended(parsed.session_id)
+            refusal = f.ErrorFrame(id=parsed.id, code="unavailable", message="the hub is shutting down")
+            self._spawn(self.send(refusal))
+            return
         if isinstance(parsed, f.ErrorFrame):
             self.hub.metrics.bad_frames.labels(parsed.code).inc()
             self._spawn(self.send(parsed))
@@ -335,12 +352,8 @@ class Connection:
         op = str(type(request).__struct_config__.tag)
         started = time.perf_counter()
         try:
-            if self.hub.closing:
-                raise _Unavailable
             result = await self.hub.ops[op](request)
             frame: Any = f.ReplyFrame(id=request.id, result=wire(result))
-        except _Unavailable:
-            frame = f.ErrorFrame(id=request.id, code="unavailable", message="the hub is shutting down")
         except SessionHubError as exc:
             frame = f.ErrorFrame(id=request.id, code=_code(exc), message=str(exc))
         except Exception:
@@ -368,18 +381,19 @@ class Connection:
             return
         try:
             position = await store.stream_position(stream)
-            epoch = request.epoch
+            asked = request.epoch
             seq = request.after_seq
             if (
-                (epoch is not None and position.last_seq > 0 and epoch != position.epoch)
+                (asked is not None and position.last_seq > 0 and asked != position.epoch)
                 or seq > position.last_seq
                 or seq < position.first_seq - 1
             ):
                 await self._reset(key, seq, position.epoch, position.first_seq, position.last_seq)
                 return
-            epoch = position.epoch
+            # An empty stream has no epoch yet: its first event brings it.
+            epoch: str | None = position.epoch if position.last_seq > 0 else None
             await self.send(
-                f.ReplyFrame(id=request.id, result={"epoch": epoch, "last_seq": position.last_seq})
+                f.ReplyFrame(id=request.id, result={"epoch": position.epoch, "last_seq": position.last_seq})
             )
             while True:
                 waiter = tail.changed
@@ -395,6 +409,8 @@ class Connection:
                         await waiter.wait()
                     continue
                 for event in events:
+                    if epoch is None:
+                        epoch = event.epoch
                     if event.epoch != epoch:
                         current = await store.stream_position(stream)
                         await self._reset(key, seq, current.epoch, current.first_seq, current.last_seq)
@@ -418,10 +434,6 @@ class Connection:
                 message="the log cannot serve events after this position; reload and resubscribe",
             )
         )
-
-
-class _Unavailable(Exception):
-    pass
 
 
 def _code(exc: SessionHubError) -> f.ErrorCode:
@@ -471,6 +483,7 @@ class Hub:
     async def serve(self, websocket: WebSocket) -> None:
         await websocket.accept()
         connection = Connection(self, websocket)
+        connection.serve_task = asyncio.current_task()
         self.connections.add(connection)
         self.metrics.connections.inc()
         writer = asyncio.get_running_loop().create_task(connection.writer())

@@ -1,0 +1,310 @@
+"""Test helpers for the hub: a real uvicorn on 127.0.0.1:0 and raw ``websockets`` clients.
+
+Nothing here uses ``clients/``: frames are plain JSON objects, sent and read by hand, so
+the tests see exactly what goes over the wire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from hub.server import Hub, HubConfig, create_app
+
+__all__ = [
+    "WAIT",
+    "Client",
+    "Frame",
+    "HubError",
+    "Served",
+    "is_event",
+    "prune",
+    "seqs",
+    "served",
+    "set_epoch",
+    "text",
+]
+
+#: How long any single wait in these tests may take before it counts as a hang.
+WAIT = 5.0
+
+Frame = dict[str, Any]
+
+
+def text(message_id: str, body: str, role: str = "user") -> dict[str, Any]:
+    """A UIMessage dict with one text part."""
+    return {"id": message_id, "role": role, "parts": [{"type": "text", "text": body}]}
+
+
+@dataclass
+class Served:
+    """A running hub: its app and where to reach it."""
+
+    app: Starlette
+    server: uvicorn.Server
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/ws"
+
+    @property
+    def hub(self) -> Hub:
+        hub: Hub = self.app.state.hub
+        return hub
+
+    def client(self, **kwargs: Any) -> contextlib.AbstractAsyncContextManager[Client]:
+        return Client.connect(self.ws_url, **kwargs)
+
+
+@contextlib.asynccontextmanager
+async def served(
+    *,
+    app: Starlette | None = None,
+    config: HubConfig | None = None,
+    **app_kwargs: Any,
+) -> AsyncIterator[Served]:
+    """Run ``app`` (or ``create_app(config=config, **app_kwargs)``) on a real uvicorn."""
+    if app is None:
+        app = create_app(config=config, **app_kwargs)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", timeout_graceful_shutdown=3)
+    )
+    task = asyncio.create_task(server.serve())
+    try:
+        async with asyncio.timeout(WAIT):
+            while not server.started:
+                if task.done():
+                    task.result()
+                    raise RuntimeError("uvicorn exited before it started")
+                await asyncio.sleep(0.005)
+        port = int(server.servers[0].sockets[0].getsockname()[1])
+        yield Served(app, server, port)
+    finally:
+        server.should_exit = True
+        async with asyncio.timeout(15):
+            await task
+
+
+class HubError(Exception):
+    """An error frame answering a request."""
+
+    def __init__(self, frame: Frame) -> None:
+        super().__init__(f"{frame.get('code')}: {frame.get('message')}")
+        self.frame = frame
+        self.code: str = frame["code"]
+        self.message: str = frame["message"]
+
+
+class Client:
+    """One raw WebSocket connection. A reader task files every incoming frame in
+    ``inbox`` (arrival order); ``take`` removes the first frame matching a predicate."""
+
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
+        self.inbox: list[Frame] = []
+        self.received: list[Frame] = []  # every frame ever read, in order
+        self.sent_ops: set[str] = set()
+        self._ids = itertools.count(1)
+        self._changed = asyncio.Event()
+        self.closed = asyncio.Event()
+        self._reader = asyncio.create_task(self._read())
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def connect(cls, url: str, **kwargs: Any) -> AsyncIterator[Client]:
+        kwargs.setdefault("proxy", None)
+        kwargs.setdefault("open_timeout", WAIT)
+        kwargs.setdefault("close_timeout", 2)
+        async with connect(url, **kwargs) as ws:
+            client = cls(ws)
+            try:
+                yield client
+            finally:
+                await ws.close()
+                client._reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await client._reader
+
+    async def _read(self) -> None:
+        try:
+            async for message in self.ws:
+                frame = json.loads(message)
+                self.inbox.append(frame)
+                self.received.append(frame)
+                self._notify()
+        except ConnectionClosed:
+            pass
+        finally:
+            self.closed.set()
+            self._notify()
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    @property
+    def close_code(self) -> int | None:
+        return self.ws.close_code
+
+    @property
+    def close_reason(self) -> str | None:
+        return self.ws.close_reason
+
+    # -- sending -----------------------------------------------------------------------
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    async def send_raw(self, data: str | bytes) -> None:
+        await self.ws.send(data)
+
+    async def send(self, op: str, *, id: str | int | None = None, **fields: Any) -> str | int:
+        """Send one request; returns its id (without waiting for the answer)."""
+        rid = self.next_id() if id is None else id
+        self.sent_ops.add(op)
+        await self.ws.send(json.dumps({"op": op, "id": rid, **fields}))
+        return rid
+
+    async def request(self, op: str, *, id: str | int | None = None, **fields: Any) -> Frame:
+        """Send one request and return the reply or error frame that answers it."""
+        rid = await self.send(op, id=id, **fields)
+        return await self.answer(rid)
+
+    async def call(self, op: str, **fields: Any) -> Any:
+        """Send one request and return its result; an error frame raises :class:`HubError`."""
+        frame = await self.request(op, **fields)
+        if frame["frame"] == "error":
+            raise HubError(frame)
+        assert frame["frame"] == "reply", frame
+        return frame["result"]
+
+    async def subscribe(
+        self, session_id: str | None, after_seq: int = 0, epoch: str | None = None, **extra: Any
+    ) -> Frame:
+        """Subscribe; returns the reply, the error or the reset frame that answers it."""
+        fields: dict[str, Any] = {"session_id": session_id, "after_seq": after_seq, **extra}
+        if epoch is not None:
+            fields["epoch"] = epoch
+        rid = await self.send("subscribe", **fields)
+        return await self.take(
+            lambda f: (
+                (f["frame"] in ("reply", "error") and f.get("id") == rid)
+                or (f["frame"] == "reset" and f["session_id"] == session_id)
+            )
+        )
+
+    # -- receiving ---------------------------------------------------------------------
+    async def answer(self, rid: str | int, timeout: float = WAIT) -> Frame:
+        return await self.take(lambda f: f["frame"] in ("reply", "error") and f.get("id") == rid, timeout)
+
+    async def take(self, match: Callable[[Frame], bool], timeout: float = WAIT) -> Frame:
+        """Remove and return the first frame in the inbox that matches (waiting for it)."""
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    for i, frame in enumerate(self.inbox):
+                        if match(frame):
+                            return self.inbox.pop(i)
+                    if self.closed.is_set():
+                        raise ConnectionError(
+                            f"connection closed ({self.close_code} {self.close_reason!r}) "
+                            f"while waiting; inbox: {_brief(self.inbox)}"
+                        )
+                    await self._changed.wait()
+        except TimeoutError:
+            raise AssertionError(
+                f"no matching frame within {timeout}s; inbox: {_brief(self.inbox)}"
+            ) from None
+
+    async def events(self, session_id: str | None, count: int, timeout: float = WAIT) -> list[Frame]:
+        """The next ``count`` event frames of one stream (``None``: the registry)."""
+        return [await self.take(_is_event_of(session_id), timeout) for _ in range(count)]
+
+    async def until_seq(self, session_id: str | None, seq: int, timeout: float = WAIT) -> list[Frame]:
+        """Event frames of one stream up to and including ``seq``."""
+        got: list[Frame] = []
+        async with asyncio.timeout(timeout):
+            while not got or got[-1]["seq"] < seq:
+                got.append(await self.take(_is_event_of(session_id), timeout))
+        return got
+
+    async def quiet(self, match: Callable[[Frame], bool] | None = None, period: float = 0.3) -> None:
+        """Assert that no (matching) frame arrives for ``period`` seconds."""
+        await asyncio.sleep(period)
+        found = [f for f in self.inbox if match is None or match(f)]
+        assert not found, f"unexpected frames: {found[:5]}"
+
+    async def wait_closed(self, timeout: float = WAIT) -> tuple[int | None, str | None]:
+        async with asyncio.timeout(timeout):
+            await self.closed.wait()
+        return self.close_code, self.close_reason
+
+
+def _brief(frames: Sequence[Frame]) -> str:
+    shown = [
+        {k: v for k, v in f.items() if k != "data"} if f.get("frame") == "event" else f for f in frames[:10]
+    ]
+    more = f" (+{len(frames) - 10} more)" if len(frames) > 10 else ""
+    return f"{shown}{more}"
+
+
+def _is_event_of(session_id: str | None) -> Callable[[Frame], bool]:
+    if session_id is None:
+        return lambda f: f["frame"] == "event" and f["stream"] == "registry"
+    return lambda f: f["frame"] == "event" and f["stream"] == "session" and f["session_id"] == session_id
+
+
+def is_event(frame: Frame) -> bool:
+    return bool(frame["frame"] == "event")
+
+
+def seqs(frames: Sequence[Frame]) -> list[int]:
+    return [int(f["seq"]) for f in frames]
+
+
+# -- raw database surgery ------------------------------------------------------------------
+
+
+def _execute(db: Path, statements: Sequence[tuple[str, tuple[Any, ...]]]) -> None:
+    conn = sqlite3.connect(db, timeout=WAIT)
+    try:
+        with conn:
+            for sql, params in statements:
+                conn.execute(sql, params)
+    finally:
+        conn.close()
+
+
+async def prune(db: Path, stream: str, through_seq: int) -> None:
+    """Drop a stream's events up to ``through_seq``, as retention would."""
+    await asyncio.to_thread(
+        _execute,
+        db,
+        [
+            ("DELETE FROM events WHERE stream = ? AND seq <= ?", (stream, through_seq)),
+            ("UPDATE streams SET first_seq = ? WHERE stream = ?", (through_seq + 1, stream)),
+        ],
+    )
+
+
+async def set_epoch(db: Path, stream: str, epoch: str) -> None:
+    """Give a stream a new epoch, as losing and rebuilding its log would."""
+    await asyncio.to_thread(
+        _execute, db, [("UPDATE streams SET epoch = ? WHERE stream = ?", (epoch, stream))]
+    )
