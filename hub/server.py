@@ -628,7 +628,10 @@ def create_app(
     async def ws(websocket: WebSocket) -> None:
         hub: Hub = websocket.app.state.hub
         if hub.closing:
-            await websocket.close(CLOSE_GOING_AWAY, "server shutting down")
+            # Accept, then close with 1001: a close before accepting is an HTTP 403, which a
+            # client must read as "refused", not as "try again elsewhere".
+            await websocket.accept()
+            await websocket.close(CLOSE_GOING_AWAY, "server shutting down; resume elsewhere")
             return
         await hub.serve(websocket)
 
