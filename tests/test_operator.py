@@ -52,7 +52,7 @@ async def cli(*args: str) -> asyncio.subprocess.Process:
 
 async def read_lines(proc: asyncio.subprocess.Process, n: int) -> list[str]:
     assert proc.stdout is not None
-    lines = []
+    lines: list[str] = []
     async with asyncio.timeout(20):
         while len(lines) < n:
             line = (await proc.stdout.readline()).decode()
