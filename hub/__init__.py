@@ -6,6 +6,7 @@ from .context import ContextBlocks, ContextConfig, context_entry_key
 from .errors import (
     Conflict,
     ContextError,
+    Forbidden,
     InvalidInput,
     InvalidMessage,
     NotFound,
@@ -34,6 +35,7 @@ __all__ = [
     "ContextError",
     "Event",
     "FileSkillProvider",
+    "Forbidden",
     "InvalidInput",
     "InvalidMessage",
     "Message",

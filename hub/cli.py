@@ -32,6 +32,27 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
+    serve.add_argument("--auth-secret", default=None, help="turn on tokens (HS256) signed with this secret")
+    serve.add_argument(
+        "--allowed-origin",
+        action="append",
+        default=[],
+        help="a browser origin allowed to connect (repeatable; default: the hub's own origin)",
+    )
+    serve.add_argument(
+        "--insecure", action="store_true", help="allow a non-loopback address without --auth-secret"
+    )
+
+    token = commands.add_parser("token", help="print an access token")
+    token.add_argument("--secret", required=True, help="the hub's --auth-secret")
+    token.add_argument(
+        "--session", action="append", required=True, help="session id, or '*' for all (repeatable)"
+    )
+    token.add_argument(
+        "--scope", required=True, choices=["read", "write", "admin"], help="what the token allows"
+    )
+    token.add_argument("--ttl", default="1h", help="lifetime: 90s, 15m, 1h, 7d (default: %(default)s)")
+    token.add_argument("--sub", default="sessionhub", help="the token's subject (default: %(default)s)")
 
     tail = commands.add_parser("tail", help="print a session's events live (resumes across restarts)")
     tail.add_argument("session_id", help="the session to follow; 'registry' follows session changes")
@@ -51,12 +72,33 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from .server import HubConfig, create_app
 
-    app = create_app(db=args.db, config=HubConfig(max_frame_bytes=args.max_frame_bytes))
+    if (
+        args.host not in _LOOPBACK
+        and not args.host.startswith("127.")
+        and not args.auth_secret
+        and not args.insecure
+    ):
+        print(
+            f"sessionhub: refusing to listen on {args.host} without --auth-secret: anyone who can reach "
+            "it could read and change every session. Pass --auth-secret SECRET, or --insecure if "
+            "something in front of the hub already authenticates.",
+            file=sys.stderr,
+        )
+        return 2
+    config_ = HubConfig(
+        max_frame_bytes=args.max_frame_bytes,
+        auth_secret=args.auth_secret,
+        allowed_origins=tuple(args.allowed_origin),
+    )
+    app = create_app(db=args.db, config=config_)
 
     class HubServer(uvicorn.Server):
         """On SIGINT/SIGTERM: drain the hub first (finish in-flight ops, close sockets with
@@ -90,10 +132,26 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _token(args: argparse.Namespace) -> int:
+    from protocol.errors import InvalidInput
+
+    from .auth import issue_token, parse_ttl
+
+    try:
+        ttl = parse_ttl(args.ttl)
+        print(issue_token(args.secret, dict.fromkeys(args.session, args.scope), subject=args.sub, ttl=ttl))
+    except InvalidInput as exc:
+        print(f"sessionhub: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "token":
+        return _token(args)
     from .operator import run_sessions, run_tail
 
     try:

@@ -34,11 +34,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from protocol import Event, Message, PositionLost, SessionHubError, SessionNotFound
+from protocol import Event, Forbidden, Message, PositionLost, SessionHubError, SessionNotFound
 from protocol import frames as f
 from protocol.codec import encode
 from protocol.connection import ServerConnection, StreamKey
 
+from .auth import Grant, verify_token
 from .compaction import CompactResult
 from .manager import SessionManager
 from .session import Session
@@ -62,6 +63,10 @@ class HubConfig:
     ``send_timeout`` is how long a full queue may stay full before the peer is evicted."""
 
     max_frame_bytes: int = 1 << 20
+    #: HS256 secret: when set, every WebSocket request needs a token granting it.
+    auth_secret: str | None = None
+    #: Origins a browser may connect from; empty: the hub's own origin only.
+    allowed_origins: tuple[str, ...] = ()
     max_subscriptions: int = 64
     queue_frames: int = 1024
     send_timeout: float = 10.0
@@ -251,6 +256,7 @@ class Connection:
         self.subscriptions: dict[StreamKey, asyncio.Task[None]] = {}
         self.closed = False
         self.serve_task: asyncio.Task[Any] | None = None
+        self.grant: Grant | None = None
 
     async def send(self, frame: Any) -> None:
         """Queue a frame; if the queue stays full past the send timeout, evict the peer."""
@@ -312,6 +318,12 @@ class Connection:
             self.hub.metrics.bad_frames.labels(parsed.code).inc()
             self._spawn(self.send(parsed))
             return
+        if self.hub.config.auth_secret is not None and not self._allowed(parsed):
+            if isinstance(parsed, f.Subscribe | f.Unsubscribe):
+                self.protocol.subscription_ended(parsed.session_id)
+            # One message whatever the reason (no token, bad signature, expired, no scope).
+            self._spawn(self.send(f.ErrorFrame(id=parsed.id, code="forbidden", message="forbidden")))
+            return
         if isinstance(parsed, f.Subscribe):
             key = parsed.session_id
             follow = asyncio.get_running_loop().create_task(self._follow(parsed))
@@ -330,6 +342,16 @@ class Connection:
             self._spawn(self.send(f.ReplyFrame(id=parsed.id, result=None)))
             return
         self._spawn(self._run(parsed))
+
+    def _allowed(self, request: f.Request) -> bool:
+        if isinstance(request, f.Ping):
+            return True
+        if self.grant is None:
+            return False
+        op = str(type(request).__struct_config__.tag)
+        session_id = getattr(request, "session_id", None)
+        registry = isinstance(request, f.Subscribe | f.Unsubscribe) and session_id is None
+        return self.grant.allows(op, session_id if isinstance(session_id, str) else None, registry=registry)
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         async def guarded() -> None:
@@ -481,8 +503,13 @@ class Hub:
         await self.tails.close()
 
     async def serve(self, websocket: WebSocket) -> None:
-        await websocket.accept()
+        token, subprotocol = _token_of(websocket)
+        await websocket.accept(subprotocol=subprotocol)
         connection = Connection(self, websocket)
+        if self.config.auth_secret is not None:
+            # A bad token does not close the socket: each request is answered `forbidden`.
+            with contextlib.suppress(Forbidden):
+                connection.grant = verify_token(self.config.auth_secret, token)
         connection.serve_task = asyncio.current_task()
         self.connections.add(connection)
         self.metrics.connections.inc()
@@ -512,6 +539,31 @@ class Hub:
                 await writer
             self.connections.discard(connection)
             self.metrics.connections.dec()
+
+
+def _token_of(websocket: WebSocket) -> tuple[str | None, str | None]:
+    """The bearer token, from ``Authorization: Bearer <token>`` or, for browsers (which
+    cannot set headers on a WebSocket), from the subprotocols ``sessionhub, bearer.<token>``.
+    Never from the URL: URLs end up in access logs. Returns the subprotocol to accept."""
+    header = websocket.headers.get("authorization", "")
+    token = header[7:].strip() if header[:7].lower() == "bearer " else None
+    offered = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
+    for item in offered:
+        if item.startswith("bearer.") and token is None:
+            token = item[len("bearer.") :]
+    return token, ("sessionhub" if "sessionhub" in offered else None)
+
+
+def _origin_allowed(websocket: WebSocket, allowed: tuple[str, ...]) -> bool:
+    """Non-browser clients send no Origin and are judged by their token alone; a browser's
+    Origin must be the hub's own or one of ``allowed`` (``*``: any)."""
+    origin = websocket.headers.get("origin")
+    if origin is None:
+        return True
+    if origin in allowed or "*" in allowed:
+        return True
+    host = websocket.headers.get("host", "")
+    return origin.split("://", 1)[-1] == host
 
 
 def _operations(hub: Hub) -> dict[str, Callable[[Any], Awaitable[Any]]]:
@@ -627,6 +679,9 @@ def create_app(
 
     async def ws(websocket: WebSocket) -> None:
         hub: Hub = websocket.app.state.hub
+        if not _origin_allowed(websocket, hub.config.allowed_origins):
+            await websocket.close(1008, "origin not allowed")  # before accept: HTTP 403
+            return
         if hub.closing:
             # Accept, then close with 1001: a close before accepting is an HTTP 403, which a
             # client must read as "refused", not as "try again elsewhere".
