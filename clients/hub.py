@@ -24,6 +24,7 @@ import asyncio
 import builtins
 import contextlib
 import functools
+import inspect
 import logging
 import random
 import re
@@ -62,11 +63,12 @@ from protocol.connection import (
     Delivered,
     Failed,
     Ignored,
+    PresenceChanged,
     Reset,
     Resolved,
     StreamKey,
 )
-from protocol.frames import EventFrame, ResetFrame
+from protocol.frames import EventFrame, PresenceFrame, ResetFrame
 from protocol.markers import LATEST as _LATEST
 from protocol.markers import ParentArg
 
@@ -508,10 +510,12 @@ class RemoteSession:
 class HubClient:
     """A connection to a hub, kept open across drops.
 
-    ``token`` is sent as ``Authorization: Bearer <token>``. ``name`` and ``role`` identify
-    the client (kept for presence; the protocol does not carry them yet). With
-    ``reconnect=False`` a dropped socket ends the client: subscriptions raise
-    :class:`ConnectionLost`, and so does every later request.
+    ``token`` is sent as ``Authorization: Bearer <token>``. ``name`` and ``role`` (e.g.
+    ``"worker"``, ``"observer"``) are announced to the hub on every (re)connect, with the
+    ``sessions`` this client is on besides the ones it subscribes to; they are what
+    :meth:`presence` lists. ``on_presence(frame)`` (sync or async) is called for each
+    join/leave on a subscribed session. With ``reconnect=False`` a dropped socket ends the
+    client: subscriptions raise :class:`ConnectionLost`, and so does every later request.
     """
 
     def __init__(
@@ -524,11 +528,15 @@ class HubClient:
         reconnect: bool = True,
         max_backoff: float = 5.0,
         open_timeout: float = 10,
+        sessions: Sequence[str] = (),
+        on_presence: Callable[[PresenceFrame], Any] | None = None,
     ) -> None:
         self.url = url
         self.token = token
         self.name = name
         self.role = role
+        self.present_on = list(sessions)
+        self.on_presence = on_presence
         self.reconnect = reconnect
         self.max_backoff = max_backoff
         self.open_timeout = open_timeout
@@ -749,12 +757,22 @@ class HubClient:
     # -- the socket ----------------------------------------------------------------------
     async def _open(self) -> Socket:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token is not None else None
-        return await connect(
+        socket = await connect(
             self.url,
             additional_headers=headers,
             max_size=MAX_FRAME_BYTES,
             open_timeout=self.open_timeout,
         )
+        if self.name is not None or self.role is not None or self.present_on:
+            # First frame on every socket; its reply (id "hello") is not awaited.
+            hello = {"op": "hello", "id": "hello", "name": self.name, "role": self.role}
+            await socket.send(msgspec.json.encode({**hello, "sessions": self.present_on}).decode(), text=True)
+        return socket
+
+    async def presence(self, session_id: str) -> list[dict[str, Any]]:
+        """Who is on ``session_id``: ``[{"connection_id", "name", "role"}]``."""
+        result = await self.request("presence", session_id=session_id)
+        return list(result)
 
     @staticmethod
     def _open_error(exc: BaseException) -> SessionHubError:
@@ -898,6 +916,14 @@ class HubClient:
             self._subscribe_ids[rid] = subscription
             with contextlib.suppress(ConnectionClosed):
                 await socket.send(data, text=True)
+        elif isinstance(effect, PresenceChanged):
+            if self.on_presence is not None:
+                try:
+                    outcome = self.on_presence(effect.frame)
+                    if inspect.isawaitable(outcome):
+                        await outcome
+                except Exception:
+                    log.exception("on_presence failed")
         elif isinstance(effect, Ignored):
             log.debug("ignored frame: %s", effect.reason)
 

@@ -54,6 +54,7 @@ OP_LEVELS: dict[str, Level] = {
     "unsubscribe": "read",
     "presence": "read",
     "ping": "read",
+    "hello": "read",
     # write
     "append": "write",
     "upsert": "write",

@@ -20,10 +20,11 @@ import collections
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -257,6 +258,13 @@ class Connection:
         self.closed = False
         self.serve_task: asyncio.Task[Any] | None = None
         self.grant: Grant | None = None
+        self.connection_id = uuid.uuid4().hex[:12]
+        self.name: str | None = None
+        self.role: str | None = None
+        self.announced: set[str] = set()  # sessions declared with hello
+
+    def entry(self) -> dict[str, Any]:
+        return {"connection_id": self.connection_id, "name": self.name, "role": self.role}
 
     async def send(self, frame: Any) -> None:
         """Queue a frame; if the queue stays full past the send timeout, evict the peer."""
@@ -335,6 +343,12 @@ class Connection:
 
             follow.add_done_callback(done)
             return
+        if isinstance(parsed, f.Hello):
+            self._spawn(self._hello(parsed))
+            return
+        if isinstance(parsed, f.Presence):
+            self._spawn(self._presence(parsed))
+            return
         if isinstance(parsed, f.Unsubscribe):
             stopped = self.subscriptions.pop(parsed.session_id, None)
             if stopped is not None:
@@ -348,6 +362,8 @@ class Connection:
             return True
         if self.grant is None:
             return False
+        if isinstance(request, f.Hello):  # any valid token; each session named is checked
+            return all(self.grant.allows("presence", sid) for sid in request.sessions)
         op = str(type(request).__struct_config__.tag)
         session_id = getattr(request, "session_id", None)
         registry = isinstance(request, f.Subscribe | f.Unsubscribe) and session_id is None
@@ -369,6 +385,25 @@ class Connection:
             del self.subscriptions[key]
         if key not in self.subscriptions:
             self.protocol.subscription_ended(key)
+            if key is not None and key not in self.announced:
+                self.hub.leave(self, key)
+
+    async def _hello(self, request: f.Hello) -> None:
+        self.name, self.role = request.name, request.role
+        before = set(self.announced)
+        self.announced = set(request.sessions)
+        for sid in before - self.announced:
+            if sid not in self.subscriptions:
+                self.hub.leave(self, sid)
+        for sid in self.hub.present_on(self):
+            self.hub.announce(self, sid)  # name or role may have changed: join again
+        for sid in self.announced:
+            self.hub.join(self, sid)
+        await self.send(f.ReplyFrame(id=request.id, result={"connection_id": self.connection_id}))
+
+    async def _presence(self, request: f.Presence) -> None:
+        entries = [c.entry() for c in self.hub.presence.get(request.session_id, {}).values()]
+        await self.send(f.ReplyFrame(id=request.id, result=entries))
 
     async def _run(self, request: f.Request) -> None:
         op = str(type(request).__struct_config__.tag)
@@ -417,6 +452,8 @@ class Connection:
             await self.send(
                 f.ReplyFrame(id=request.id, result={"epoch": position.epoch, "last_seq": position.last_seq})
             )
+            if key is not None:
+                self.hub.join(self, key)
             while True:
                 waiter = tail.changed
                 events = tail.after(seq)
@@ -476,8 +513,36 @@ class Hub:
         self.metrics = Metrics()
         self.tails = Tails(store, config.tail_events)
         self.connections: set[Connection] = set()
+        #: session id -> connection id -> connection: who is on each session.
+        self.presence: dict[str, dict[str, Connection]] = {}
         self.closing = False
         self.ops: dict[str, Callable[[Any], Awaitable[Any]]] = _operations(self)
+
+    def present_on(self, connection: Connection) -> list[str]:
+        return [sid for sid, present in self.presence.items() if connection.connection_id in present]
+
+    def _tell(self, session_id: str, action: Literal["join", "leave"], connection: Connection) -> None:
+        frame = f.PresenceFrame(session_id=session_id, action=action, entry=connection.entry())
+        for other in self.connections:
+            if session_id in other.subscriptions and not other.closed:
+                other._spawn(other.send(frame))
+
+    def join(self, connection: Connection, session_id: str) -> None:
+        present = self.presence.setdefault(session_id, {})
+        if connection.connection_id not in present:
+            present[connection.connection_id] = connection
+            self._tell(session_id, "join", connection)
+
+    def announce(self, connection: Connection, session_id: str) -> None:
+        """Tell the session's subscribers the connection's new name or role."""
+        self._tell(session_id, "join", connection)
+
+    def leave(self, connection: Connection, session_id: str) -> None:
+        present = self.presence.get(session_id)
+        if present is not None and present.pop(connection.connection_id, None) is not None:
+            if not present:
+                del self.presence[session_id]
+            self._tell(session_id, "leave", connection)
 
     async def session(self, session_id: str) -> Session:
         if await self.manager.get(session_id) is None:
@@ -538,6 +603,8 @@ class Hub:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await writer
             self.connections.discard(connection)
+            for sid in self.present_on(connection):
+                self.leave(connection, sid)
             self.metrics.connections.dec()
 
 
@@ -627,7 +694,7 @@ def _operations(hub: Hub) -> dict[str, Callable[[Any], Awaitable[Any]]]:
     on_session("freeze_system_prompt", lambda s, r: s.freeze_system_prompt())
     on_session("refresh_system_prompt", lambda s, r: s.refresh_system_prompt())
     on_session("compact", lambda s, r: s.compact(r.leaf_id))
-    missing = set(f.REQUEST_TYPES) - set(ops) - {"subscribe", "unsubscribe"}
+    missing = set(f.REQUEST_TYPES) - set(ops) - {"subscribe", "unsubscribe", "hello", "presence"}
     assert not missing, f"ops without a handler: {missing}"
     return ops
 

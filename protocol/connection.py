@@ -14,13 +14,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from .codec import FrameError, decode_frame, decode_request, encode
-from .frames import ErrorFrame, EventFrame, ReplyFrame, Request, ResetFrame, Subscribe, Unsubscribe
+from .frames import (
+    ErrorFrame,
+    EventFrame,
+    PresenceFrame,
+    ReplyFrame,
+    Request,
+    ResetFrame,
+    Subscribe,
+    Unsubscribe,
+)
 
 __all__ = [
     "ClientConnection",
     "Delivered",
     "Failed",
     "Ignored",
+    "PresenceChanged",
     "Reset",
     "Resolved",
     "ServerConnection",
@@ -103,7 +113,12 @@ class Ignored:
     reason: str
 
 
-ClientEffect = Resolved | Failed | Delivered | Reset | Ignored
+@dataclass(frozen=True)
+class PresenceChanged:
+    frame: PresenceFrame
+
+
+ClientEffect = Resolved | Failed | Delivered | Reset | PresenceChanged | Ignored
 
 
 @dataclass
@@ -164,6 +179,8 @@ class ClientConnection:
                 return Ignored("already delivered")
             position.epoch, position.seq = frame.epoch, frame.seq
             return Delivered(key, frame)
+        if isinstance(frame, PresenceFrame):
+            return PresenceChanged(frame)
         self.positions.pop(frame.session_id, None)
         return Reset(frame.session_id, frame)
 

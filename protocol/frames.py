@@ -23,6 +23,7 @@ __all__ = [
     "REQUEST_TYPES",
     "ErrorFrame",
     "EventFrame",
+    "PresenceFrame",
     "ReplyFrame",
     "Request",
     "ResetFrame",
@@ -263,6 +264,21 @@ class Ping(_Req, tag="ping"):
     pass
 
 
+class Hello(_Req, tag="hello"):
+    """Who this connection is (shown in presence), and the sessions it is on besides the
+    ones it subscribes to. Answered with ``{"connection_id": ...}``."""
+
+    name: str | None = None
+    role: str | None = None
+    sessions: list[str] = msgspec.field(default_factory=list)
+
+
+class Presence(_Req, tag="presence"):
+    """Who is on a session: ``[{"connection_id", "name", "role"}]``."""
+
+    session_id: str
+
+
 Request = (
     Create
     | Get
@@ -300,6 +316,8 @@ Request = (
     | Subscribe
     | Unsubscribe
     | Ping
+    | Hello
+    | Presence
 )
 
 REQUEST_TYPES: dict[str, type[_Req]] = {str(t.__struct_config__.tag): t for t in Request.__args__}
@@ -349,4 +367,13 @@ class ResetFrame(_Frame, tag="reset"):
     message: str
 
 
-ServerFrame = ReplyFrame | ErrorFrame | EventFrame | ResetFrame
+class PresenceFrame(_Frame, tag="presence"):
+    """A connection joined or left a session (sent to the session's subscribers; not part
+    of the event log). ``entry`` is ``{"connection_id", "name", "role"}``."""
+
+    session_id: str
+    action: Literal["join", "leave"]
+    entry: dict[str, Any]
+
+
+ServerFrame = ReplyFrame | ErrorFrame | EventFrame | ResetFrame | PresenceFrame

@@ -76,6 +76,8 @@ VALID: dict[str, dict[str, Any]] = {
     "subscribe": {"session_id": "s1", "after_seq": 4, "epoch": "e1"},
     "unsubscribe": {"session_id": None},
     "ping": {},
+    "hello": {"name": "worker-1", "role": "worker", "sessions": ["s1"]},
+    "presence": {"session_id": "s1"},
 }
 
 
@@ -457,5 +459,5 @@ def test_schema_names_every_request_and_frame() -> None:
         assert schema["$defs"][name]["additionalProperties"] is False  # unknown fields are refused
     frame_refs = {ref["$ref"].rsplit("/", 1)[1] for ref in schema["server_frame"]["anyOf"]}
     tags = {schema["$defs"][name]["properties"]["frame"]["enum"][0] for name in frame_refs}
-    assert tags == {"reply", "error", "event", "reset"}
+    assert tags == {"reply", "error", "event", "reset", "presence"}
     assert set(schema["$defs"]["ErrorFrame"]["properties"]["code"]["enum"]) == set(ERROR_CODES)

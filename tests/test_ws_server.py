@@ -78,6 +78,11 @@ async def test_every_op_matches_in_process(store: SqliteStore) -> None:
     manager = configured(store, summarize)
     async with served(manager=manager) as h, h.client() as c:
         assert await c.call("ping") == "pong"
+        hello = await c.call("hello", name="tester", role="observer", sessions=["somewhere"])
+        assert isinstance(hello["connection_id"], str)
+        assert await c.call("presence", session_id="somewhere") == [
+            {"connection_id": hello["connection_id"], "name": "tester", "role": "observer"}
+        ]
         await _registry_and_messages(c, store)
         await _context_tools_and_compaction(c, store)
         await _subscriptions(c, store)
