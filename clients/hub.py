@@ -67,8 +67,9 @@ from protocol.connection import (
     Reset,
     Resolved,
     StreamKey,
+    SummaryWanted,
 )
-from protocol.frames import EventFrame, PresenceFrame, ResetFrame
+from protocol.frames import EventFrame, PresenceFrame, ResetFrame, SummarizeFrame
 from protocol.markers import LATEST as _LATEST
 from protocol.markers import ParentArg
 
@@ -530,6 +531,7 @@ class HubClient:
         open_timeout: float = 10,
         sessions: Sequence[str] = (),
         on_presence: Callable[[PresenceFrame], Any] | None = None,
+        summarize: Callable[[str], Any] | None = None,
     ) -> None:
         self.url = url
         self.token = token
@@ -537,6 +539,10 @@ class HubClient:
         self.role = role
         self.present_on = list(sessions)
         self.on_presence = on_presence
+        #: ``summarize(prompt) -> str`` (sync or async): this client writes summaries the hub
+        #: asks for (a worker; see ``hub.workers.WorkerSummarizer``).
+        self.summarize = summarize
+        self._background: set[asyncio.Task[None]] = set()
         self.reconnect = reconnect
         self.max_backoff = max_backoff
         self.open_timeout = open_timeout
@@ -763,10 +769,11 @@ class HubClient:
             max_size=MAX_FRAME_BYTES,
             open_timeout=self.open_timeout,
         )
-        if self.name is not None or self.role is not None or self.present_on:
+        if self.name is not None or self.role is not None or self.present_on or self.summarize:
             # First frame on every socket; its reply (id "hello") is not awaited.
-            hello = {"op": "hello", "id": "hello", "name": self.name, "role": self.role}
-            await socket.send(msgspec.json.encode({**hello, "sessions": self.present_on}).decode(), text=True)
+            hello: dict[str, Any] = {"op": "hello", "id": "hello", "name": self.name, "role": self.role}
+            hello |= {"sessions": self.present_on, "summarizer": self.summarize is not None}
+            await socket.send(msgspec.json.encode(hello).decode(), text=True)
         return socket
 
     async def presence(self, session_id: str) -> list[dict[str, Any]]:
@@ -924,8 +931,28 @@ class HubClient:
                         await outcome
                 except Exception:
                     log.exception("on_presence failed")
+        elif isinstance(effect, SummaryWanted):
+            task = asyncio.get_running_loop().create_task(self._write_summary(socket, effect.frame))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
         elif isinstance(effect, Ignored):
             log.debug("ignored frame: %s", effect.reason)
+
+    async def _write_summary(self, socket: Socket, frame: SummarizeFrame) -> None:
+        """Answer the hub's ``summarize`` frame with this worker's summary (or its error)."""
+        answer: dict[str, Any] = {"op": "summary", "id": f"summary-{frame.request_id}"}
+        answer["request_id"] = frame.request_id
+        try:
+            if self.summarize is None:
+                raise RuntimeError("this client does not summarize")
+            summary = self.summarize(frame.prompt)
+            if inspect.isawaitable(summary):
+                summary = await summary
+            answer["summary"] = str(summary)
+        except Exception as exc:
+            answer["error"] = f"{type(exc).__name__}: {exc}"
+        with contextlib.suppress(ConnectionClosed):
+            await socket.send(msgspec.json.encode(answer).decode(), text=True)
 
     def _acknowledged(self, subscription: _Subscription, result: Any) -> None:
         """The subscribe reply (``{epoch, last_seq}``): remember the epoch, so a resubscribe

@@ -55,6 +55,7 @@ OP_LEVELS: dict[str, Level] = {
     "presence": "read",
     "ping": "read",
     "hello": "read",
+    "summary": "read",
     # write
     "append": "write",
     "upsert": "write",

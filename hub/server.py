@@ -47,6 +47,7 @@ from .session import Session
 from .store.base import LATEST, REGISTRY, ParentArg, Store, session_stream
 from .store.sqlite import SqliteStore
 from .tools import Tool
+from .workers import WorkerSummarizer
 
 __all__ = ["HubConfig", "create_app"]
 
@@ -262,6 +263,7 @@ class Connection:
         self.name: str | None = None
         self.role: str | None = None
         self.announced: set[str] = set()  # sessions declared with hello
+        self.summarizer = False  # declared with hello: this peer writes summaries
 
     def entry(self) -> dict[str, Any]:
         return {"connection_id": self.connection_id, "name": self.name, "role": self.role}
@@ -349,6 +351,14 @@ class Connection:
         if isinstance(parsed, f.Presence):
             self._spawn(self._presence(parsed))
             return
+        if isinstance(parsed, f.Summary):
+            workers = self.hub.worker_summarizer
+            if workers is not None and workers.answer(self, parsed):
+                self._spawn(self.send(f.ReplyFrame(id=parsed.id, result=None)))
+            else:
+                message = "no summary was asked of this connection with that request_id"
+                self._spawn(self.send(f.ErrorFrame(id=parsed.id, code="not_found", message=message)))
+            return
         if isinstance(parsed, f.Unsubscribe):
             stopped = self.subscriptions.pop(parsed.session_id, None)
             if stopped is not None:
@@ -364,6 +374,8 @@ class Connection:
             return False
         if isinstance(request, f.Hello):  # any valid token; each session named is checked
             return all(self.grant.allows("presence", sid) for sid in request.sessions)
+        if isinstance(request, f.Summary):  # answers only what this connection was asked
+            return True
         op = str(type(request).__struct_config__.tag)
         session_id = getattr(request, "session_id", None)
         registry = isinstance(request, f.Subscribe | f.Unsubscribe) and session_id is None
@@ -390,6 +402,7 @@ class Connection:
 
     async def _hello(self, request: f.Hello) -> None:
         self.name, self.role = request.name, request.role
+        self.summarizer = request.summarizer
         before = set(self.announced)
         self.announced = set(request.sessions)
         for sid in before - self.announced:
@@ -506,7 +519,16 @@ def _code(exc: SessionHubError) -> f.ErrorCode:
 class Hub:
     """The application's state: the store, the manager, the open connections."""
 
-    def __init__(self, store: Store, manager: SessionManager, config: HubConfig) -> None:
+    def __init__(
+        self,
+        store: Store,
+        manager: SessionManager,
+        config: HubConfig,
+        worker_summarizer: WorkerSummarizer | None = None,
+    ) -> None:
+        self.worker_summarizer = worker_summarizer
+        if worker_summarizer is not None:
+            worker_summarizer.attach(self)
         self.store = store
         self.manager = manager
         self.config = config
@@ -603,6 +625,8 @@ class Hub:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await writer
             self.connections.discard(connection)
+            if self.worker_summarizer is not None:
+                self.worker_summarizer.connection_lost(connection)
             for sid in self.present_on(connection):
                 self.leave(connection, sid)
             self.metrics.connections.dec()
@@ -694,7 +718,7 @@ def _operations(hub: Hub) -> dict[str, Callable[[Any], Awaitable[Any]]]:
     on_session("freeze_system_prompt", lambda s, r: s.freeze_system_prompt())
     on_session("refresh_system_prompt", lambda s, r: s.refresh_system_prompt())
     on_session("compact", lambda s, r: s.compact(r.leaf_id))
-    missing = set(f.REQUEST_TYPES) - set(ops) - {"subscribe", "unsubscribe", "hello", "presence"}
+    missing = set(f.REQUEST_TYPES) - set(ops) - {"subscribe", "unsubscribe", "hello", "presence", "summary"}
     assert not missing, f"ops without a handler: {missing}"
     return ops
 
@@ -705,6 +729,7 @@ def create_app(
     store: Store | None = None,
     manager: SessionManager | None = None,
     config: HubConfig | None = None,
+    worker_summarizer: WorkerSummarizer | None = None,
 ) -> Starlette:
     """The hub as a Starlette app, mountable in your own.
 
@@ -723,7 +748,7 @@ def create_app(
             if store is None:
                 owned = await SqliteStore.open(db)
             active = SessionManager(store or owned)  # type: ignore[arg-type]
-        hub = Hub(active.store, active, settings)
+        hub = Hub(active.store, active, settings, worker_summarizer)
         app.state.hub = hub
         try:
             yield

@@ -22,6 +22,7 @@ from .frames import (
     Request,
     ResetFrame,
     Subscribe,
+    SummarizeFrame,
     Unsubscribe,
 )
 
@@ -35,6 +36,7 @@ __all__ = [
     "Resolved",
     "ServerConnection",
     "StreamKey",
+    "SummaryWanted",
 ]
 
 #: A subscription's stream: a session id, or None for the registry.
@@ -118,7 +120,12 @@ class PresenceChanged:
     frame: PresenceFrame
 
 
-ClientEffect = Resolved | Failed | Delivered | Reset | PresenceChanged | Ignored
+@dataclass(frozen=True)
+class SummaryWanted:
+    frame: SummarizeFrame
+
+
+ClientEffect = Resolved | Failed | Delivered | Reset | PresenceChanged | SummaryWanted | Ignored
 
 
 @dataclass
@@ -181,6 +188,8 @@ class ClientConnection:
             return Delivered(key, frame)
         if isinstance(frame, PresenceFrame):
             return PresenceChanged(frame)
+        if isinstance(frame, SummarizeFrame):
+            return SummaryWanted(frame)
         self.positions.pop(frame.session_id, None)
         return Reset(frame.session_id, frame)
 

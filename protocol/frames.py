@@ -28,6 +28,7 @@ __all__ = [
     "Request",
     "ResetFrame",
     "ServerFrame",
+    "SummarizeFrame",
 ]
 
 #: Error codes, a closed set. ``reset`` is not among them: it is its own frame.
@@ -271,6 +272,16 @@ class Hello(_Req, tag="hello"):
     name: str | None = None
     role: str | None = None
     sessions: list[str] = msgspec.field(default_factory=list)
+    #: This connection can write summaries: the hub may send it ``summarize`` frames.
+    summarizer: bool = False
+
+
+class Summary(_Req, tag="summary"):
+    """A worker's answer to a ``summarize`` frame: the summary, or why there is none."""
+
+    request_id: str
+    summary: str | None = None
+    error: str | None = None
 
 
 class Presence(_Req, tag="presence"):
@@ -318,6 +329,7 @@ Request = (
     | Ping
     | Hello
     | Presence
+    | Summary
 )
 
 REQUEST_TYPES: dict[str, type[_Req]] = {str(t.__struct_config__.tag): t for t in Request.__args__}
@@ -376,4 +388,13 @@ class PresenceFrame(_Frame, tag="presence"):
     entry: dict[str, Any]
 
 
-ServerFrame = ReplyFrame | ErrorFrame | EventFrame | ResetFrame | PresenceFrame
+class SummarizeFrame(_Frame, tag="summarize"):
+    """The hub asks a worker (one that said ``summarizer: true`` in ``hello``) to write a
+    summary; the worker answers with a ``summary`` request carrying ``request_id``."""
+
+    request_id: str
+    session_id: str | None
+    prompt: str
+
+
+ServerFrame = ReplyFrame | ErrorFrame | EventFrame | ResetFrame | PresenceFrame | SummarizeFrame

@@ -83,6 +83,8 @@ async def test_every_op_matches_in_process(store: SqliteStore) -> None:
         assert await c.call("presence", session_id="somewhere") == [
             {"connection_id": hello["connection_id"], "name": "tester", "role": "observer"}
         ]
+        unasked = await c.request("summary", request_id="nobody-asked", summary="x")
+        assert (unasked["frame"], unasked["code"]) == ("error", "not_found")
         await _registry_and_messages(c, store)
         await _context_tools_and_compaction(c, store)
         await _subscriptions(c, store)

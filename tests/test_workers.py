@@ -1,0 +1,162 @@
+"""Summaries delegated to connected workers: one that answers, one that times out, one that
+errors, none at all, and one that disconnects mid-request."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from clients import HubClient
+from hub import SessionHubError, SessionManager, SqliteStore
+from hub.compaction import create_compact_function
+from hub.server import create_app
+from hub.workers import WorkerSummarizer
+
+from .hubtest import served, text
+
+
+async def setup(tmp_path: Path, timeout: float = 2.0) -> tuple[SqliteStore, SessionManager, WorkerSummarizer]:
+    store = await SqliteStore.open(tmp_path / "hub.db")
+    workers = WorkerSummarizer(timeout=timeout)
+    manager = SessionManager(store).on_compaction(create_compact_function(workers, tail_token_budget=10))
+    return store, manager, workers
+
+
+async def fill(client: HubClient) -> str:
+    info = await client.sessions.create("long chat")
+    await client.sessions.append_all(info.id, [text(f"m{i}", f"turn {i} about the deploy") for i in range(8)])
+    return info.id
+
+
+async def test_a_worker_writes_the_summary(tmp_path: Path) -> None:
+    store, manager, workers = await setup(tmp_path)
+    prompts: list[str] = []
+
+    async def summarize(prompt: str) -> str:
+        prompts.append(prompt)
+        return "## Topic\nDeploys, summarized by the worker."
+
+    try:
+        app = create_app(manager=manager, worker_summarizer=workers)
+        async with (
+            served(app=app) as hub,
+            HubClient(hub.ws_url, name="w1", role="worker", summarize=summarize) as worker,
+            HubClient(hub.ws_url) as ui,
+        ):
+            sid = await fill(ui)
+            await asyncio.sleep(0.05)  # the worker's hello is in
+            result = await ui.session(sid).compact()
+            assert result is not None and result["summary"].startswith("## Topic")
+            assert len(prompts) == 1 and prompts[0].startswith("Create a concise summary")
+            history = await ui.sessions.get_history(sid)
+            assert history[3].parts == [
+                {"type": "text", "text": "## Topic\nDeploys, summarized by the worker."}
+            ]
+            del worker
+    finally:
+        await store.close()
+
+
+async def test_no_worker_is_a_failed_compaction(tmp_path: Path) -> None:
+    store, manager, workers = await setup(tmp_path)
+    try:
+        async with (
+            served(app=create_app(manager=manager, worker_summarizer=workers)) as hub,
+            HubClient(hub.ws_url) as ui,
+        ):
+            sid = await fill(ui)
+            assert await ui.session(sid).compact() is None
+            errors = [e for e in await store.read_events(f"s:{sid}") if e.type == "error"]
+            assert [e.data["error"] for e in errors] == ["no connected worker can summarize"]
+            assert len(await ui.sessions.get_history(sid)) == 8
+    finally:
+        await store.close()
+
+
+async def test_a_silent_worker_times_out(tmp_path: Path) -> None:
+    store, manager, workers = await setup(tmp_path, timeout=0.3)
+    never = asyncio.Event()
+
+    async def summarize(prompt: str) -> str:
+        await never.wait()
+        return "too late"
+
+    try:
+        app = create_app(manager=manager, worker_summarizer=workers)
+        async with (
+            served(app=app) as hub,
+            HubClient(hub.ws_url, name="sleepy", summarize=summarize),
+            HubClient(hub.ws_url) as ui,
+        ):
+            sid = await fill(ui)
+            await asyncio.sleep(0.05)
+            started = asyncio.get_running_loop().time()
+            assert await ui.session(sid).compact() is None
+            assert asyncio.get_running_loop().time() - started < 3
+            errors = [e.data["error"] for e in await store.read_events(f"s:{sid}") if e.type == "error"]
+            assert errors == ["worker sleepy did not answer within 0.3s"]
+    finally:
+        never.set()
+        await store.close()
+
+
+async def test_a_failing_worker_is_reported(tmp_path: Path) -> None:
+    store, manager, workers = await setup(tmp_path)
+
+    def summarize(prompt: str) -> str:
+        raise RuntimeError("model overloaded")
+
+    try:
+        app = create_app(manager=manager, worker_summarizer=workers)
+        async with (
+            served(app=app) as hub,
+            HubClient(hub.ws_url, name="flaky", summarize=summarize),
+            HubClient(hub.ws_url) as ui,
+        ):
+            sid = await fill(ui)
+            await asyncio.sleep(0.05)
+            assert await ui.session(sid).compact() is None
+            errors = [e.data["error"] for e in await store.read_events(f"s:{sid}") if e.type == "error"]
+            assert errors == ["worker flaky failed: RuntimeError: model overloaded"]
+    finally:
+        await store.close()
+
+
+async def test_a_worker_that_disconnects_fails_fast(tmp_path: Path) -> None:
+    store, manager, workers = await setup(tmp_path, timeout=10)
+    asked = asyncio.Event()
+
+    async def summarize(prompt: str) -> str:
+        asked.set()
+        await asyncio.sleep(30)
+        return "never"
+
+    try:
+        app = create_app(manager=manager, worker_summarizer=workers)
+        async with served(app=app) as hub, HubClient(hub.ws_url) as ui:
+            sid = await fill(ui)
+            worker = HubClient(hub.ws_url, name="gone", summarize=summarize, reconnect=False)
+            await worker.connect()
+            await asyncio.sleep(0.05)
+            compaction = asyncio.create_task(ui.session(sid).compact())
+            await asyncio.wait_for(asked.wait(), 5)
+            (conn,) = [c for c in hub.hub.connections if c.name == "gone"]
+            await conn.close(1011, "test: worker died")
+            assert await asyncio.wait_for(compaction, 5) is None
+            errors = [e.data["error"] for e in await store.read_events(f"s:{sid}") if e.type == "error"]
+            assert errors == ["worker gone disconnected"]
+            await worker.aclose()
+    finally:
+        await store.close()
+
+
+async def test_only_the_asked_worker_can_answer(tmp_path: Path) -> None:
+    async with (
+        served(db=tmp_path / "hub.db", worker_summarizer=WorkerSummarizer()) as hub,
+        HubClient(hub.ws_url) as client,
+    ):
+        with pytest.raises(SessionHubError) as refused:
+            await client.request("summary", request_id="made-up", summary="hijack")
+        assert refused.value.code == "not_found"
