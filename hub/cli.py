@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -32,7 +33,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
-    serve.add_argument("--auth-secret", default=None, help="turn on tokens (HS256) signed with this secret")
+    serve.add_argument(
+        "--auth-secret",
+        default=os.environ.get("SESSIONHUB_AUTH_SECRET") or None,
+        help="turn on tokens (HS256) signed with this secret (default: $SESSIONHUB_AUTH_SECRET)",
+    )
     serve.add_argument(
         "--allowed-origin",
         action="append",
