@@ -29,7 +29,7 @@ import logging
 import random
 import re
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
@@ -66,10 +66,11 @@ from protocol.connection import (
     PresenceChanged,
     Reset,
     Resolved,
+    Streamed,
     StreamKey,
     SummaryWanted,
 )
-from protocol.frames import EventFrame, PresenceFrame, ResetFrame, SummarizeFrame
+from protocol.frames import EventFrame, PresenceFrame, ResetFrame, StreamFrame, SummarizeFrame
 from protocol.markers import LATEST as _LATEST
 from protocol.markers import ParentArg
 
@@ -78,6 +79,8 @@ __all__ = [
     "ConnectionLost",
     "HubClient",
     "HubError",
+    "LiveMessages",
+    "MessageStream",
     "ParentArg",
     "RemoteSession",
     "RemoteSessions",
@@ -402,6 +405,122 @@ class RemoteSessions:
 # -- one session's API ---------------------------------------------------------------------
 
 
+class MessageStream:
+    """A message being streamed (``async with session.stream_message(...) as st``).
+
+    ``text``/``reasoning`` append to the message's last part of that kind, ``tool_part``
+    sets a tool part (by ``toolCallId``). Deltas are sent at once without waiting for their
+    replies (at most ``window`` in flight); leaving the block waits for them all and finishes
+    the message, or aborts it when the block raised."""
+
+    def __init__(self, session: RemoteSession, message_id: str, window: int = 1000) -> None:
+        self.session = session
+        self.message_id = message_id
+        self.window = window
+        self._in_flight: list[asyncio.Task[Any]] = []
+        self.deltas = 0
+
+    async def _delta(self, **fields: Any) -> None:
+        if len(self._in_flight) >= self.window:
+            done, pending = self._in_flight[: self.window // 2], self._in_flight[self.window // 2 :]
+            self._in_flight = pending
+            await asyncio.gather(*done)
+        call = self.session._call("stream_delta", message_id=self.message_id, **fields)
+        self._in_flight.append(asyncio.get_running_loop().create_task(call))
+        self.deltas += 1
+        await asyncio.sleep(0)  # let the frame go out now, in order
+
+    async def text(self, delta: str) -> None:
+        await self._delta(kind="text", text=delta)
+
+    async def reasoning(self, delta: str) -> None:
+        await self._delta(kind="reasoning", text=delta)
+
+    async def tool_part(self, part: Mapping[str, Any]) -> None:
+        await self._delta(kind="tool", part=dict(part))
+
+    async def __aenter__(self) -> MessageStream:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        results = await asyncio.gather(*self._in_flight, return_exceptions=True)
+        self._in_flight.clear()
+        failed = next((r for r in results if isinstance(r, BaseException)), None)
+        status = "aborted" if exc is not None or failed is not None else "finished"
+        await self.session._call("stream_end", message_id=self.message_id, status=status)
+        if failed is not None and exc is None:
+            raise failed
+
+
+class LiveMessages:
+    """Messages being streamed, as a reader sees them: feed every ``StreamFrame`` (from
+    ``HubClient(on_stream=...)``) to :meth:`apply`; it returns the message as it stands now.
+    Deltas are applied once each, in index order; a delta that arrives before the ``state``
+    it follows is kept until that state comes."""
+
+    def __init__(self) -> None:
+        self.messages: dict[str, dict[str, Any]] = {}
+        self.index: dict[str, int] = {}
+        self.status: dict[str, str] = {}
+        self._early: dict[str, dict[int, StreamFrame]] = {}
+
+    def apply(self, frame: StreamFrame) -> dict[str, Any] | None:
+        mid = frame.message_id
+        if frame.action in ("start", "state", "end") and frame.message is not None:
+            if frame.action == "state" and self.index.get(mid, -1) >= frame.index:
+                return self.messages.get(mid)
+            self.messages[mid] = {**frame.message, "parts": [dict(p) for p in frame.message.get("parts", [])]}
+            self.index[mid] = frame.index
+            if frame.status is not None:
+                self.status[mid] = frame.status
+        elif frame.action == "delta":
+            self._early.setdefault(mid, {})[frame.index] = frame
+        early = self._early.get(mid, {})
+        while mid in self.index and self.index[mid] + 1 in early:
+            self._apply_delta(self.messages[mid], early.pop(self.index[mid] + 1))
+            self.index[mid] += 1
+        for stale in [i for i in early if i <= self.index.get(mid, -1)]:
+            del early[stale]
+        return self.messages.get(mid)
+
+    def apply_event(self, event: Event) -> dict[str, Any] | None:
+        """Logged changes complete the picture after a reconnect: a stream that ended while
+        this client was away shows up as ``message.updated`` then ``stream.ended``."""
+        if event.type == "message.updated":
+            message = event.data.get("message")
+            if isinstance(message, dict) and message.get("id") in self.index:
+                mid = str(message["id"])
+                self.messages[mid] = {**message, "parts": [dict(p) for p in message.get("parts", [])]}
+                return self.messages[mid]
+        elif event.type == "stream.ended":
+            mid = str(event.data.get("message_id"))
+            if mid in self.index:
+                self.status[mid] = str(event.data.get("status"))
+                self.index[mid] = max(self.index[mid], int(event.data.get("deltas", 0)))
+                self._early.pop(mid, None)
+                return self.messages.get(mid)
+        return None
+
+    @staticmethod
+    def _apply_delta(message: dict[str, Any], frame: StreamFrame) -> None:
+        parts: list[dict[str, Any]] = message.setdefault("parts", [])
+        if frame.kind in ("text", "reasoning") and frame.text is not None:
+            if parts and parts[-1].get("type") == frame.kind:
+                parts[-1]["text"] = parts[-1].get("text", "") + frame.text
+            else:
+                parts.append({"type": frame.kind, "text": frame.text})
+        elif frame.part is not None:
+            call_id = frame.part.get("toolCallId")
+            for i, existing in enumerate(parts):
+                if call_id is not None and existing.get("toolCallId") == call_id:
+                    parts[i] = dict(frame.part)
+                    break
+            else:
+                parts.append(dict(frame.part))
+
+
 class RemoteSession:
     """``Session`` over the socket, for a session of the registry: messages, context blocks,
     the frozen prompt, tools, compaction and events.
@@ -480,6 +599,32 @@ class RemoteSession:
     async def append_context_block(self, label: str, content: str) -> ContextBlock:
         return _convert(await self._call("append_context_block", label=label, content=content), ContextBlock)
 
+    async def start_stream(
+        self,
+        message_id: str,
+        parent_id: ParentArg = LATEST,
+        role: str = "assistant",
+        metadata: Any = None,
+    ) -> MessageStream:
+        """Store an empty message and return its stream (call ``__aexit__`` or use
+        :meth:`stream_message` to finish it)."""
+        fields: dict[str, Any] = {"message_id": message_id, "role": role, "metadata": metadata}
+        await self._call("stream_start", **fields, **_parent_fields(parent_id))
+        return MessageStream(self, message_id)
+
+    @contextlib.asynccontextmanager
+    async def stream_message(
+        self,
+        message_id: str,
+        parent_id: ParentArg = LATEST,
+        role: str = "assistant",
+        metadata: Any = None,
+    ) -> AsyncIterator[MessageStream]:
+        """``async with session.stream_message("m9") as st: await st.text("Hel")``."""
+        stream = await self.start_stream(message_id, parent_id, role, metadata)
+        async with stream:
+            yield stream
+
     async def freeze_system_prompt(self) -> str:
         return str(await self._call("freeze_system_prompt"))
 
@@ -532,6 +677,7 @@ class HubClient:
         sessions: Sequence[str] = (),
         on_presence: Callable[[PresenceFrame], Any] | None = None,
         summarize: Callable[[str], Any] | None = None,
+        on_stream: Callable[[StreamFrame], Any] | None = None,
     ) -> None:
         self.url = url
         self.token = token
@@ -542,6 +688,9 @@ class HubClient:
         #: ``summarize(prompt) -> str`` (sync or async): this client writes summaries the hub
         #: asks for (a worker; see ``hub.workers.WorkerSummarizer``).
         self.summarize = summarize
+        #: ``on_stream(frame)`` (sync or async): each streamed-message frame of a subscribed
+        #: session (feed them to a :class:`LiveMessages`).
+        self.on_stream = on_stream
         self._background: set[asyncio.Task[None]] = set()
         self.reconnect = reconnect
         self.max_backoff = max_backoff
@@ -931,6 +1080,14 @@ class HubClient:
                         await outcome
                 except Exception:
                     log.exception("on_presence failed")
+        elif isinstance(effect, Streamed):
+            if self.on_stream is not None:
+                try:
+                    outcome = self.on_stream(effect.frame)
+                    if inspect.isawaitable(outcome):
+                        await outcome
+                except Exception:
+                    log.exception("on_stream failed")
         elif isinstance(effect, SummaryWanted):
             task = asyncio.get_running_loop().create_task(self._write_summary(socket, effect.frame))
             self._background.add(task)

@@ -71,6 +71,9 @@ OP_LEVELS: dict[str, Level] = {
     "refresh_system_prompt": "write",
     "run_tool": "write",
     "compact": "write",
+    "stream_start": "write",
+    "stream_delta": "write",
+    "stream_end": "write",
     # admin
     "create": "admin",
     "rename": "admin",

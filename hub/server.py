@@ -46,6 +46,7 @@ from .manager import SessionManager
 from .session import Session
 from .store.base import LATEST, REGISTRY, ParentArg, Store, session_stream
 from .store.sqlite import SqliteStore
+from .streams import Streams
 from .tools import Tool
 from .workers import WorkerSummarizer
 
@@ -289,6 +290,27 @@ class Connection:
             )
             raise Evicted from None
 
+    def offer(self, data: bytes) -> None:
+        """Queue an already-encoded frame without waiting (fan-out): when the queue is full,
+        a task waits for room, and evicts the peer if none comes in time."""
+        if self.closed:
+            return
+        try:
+            self.queue.put_nowait(data)
+        except asyncio.QueueFull:
+            self._spawn(self._send_encoded(data))
+
+    async def _send_encoded(self, data: bytes) -> None:
+        try:
+            await asyncio.wait_for(self.queue.put(data), self.hub.config.send_timeout)
+        except TimeoutError:
+            self.hub.metrics.evictions.inc()
+            await self.close(
+                CLOSE_SLOW_CONSUMER,
+                f"slow consumer: outgoing queue full for {self.hub.config.send_timeout:g}s; "
+                "resume from your last seq",
+            )
+
     async def writer(self) -> None:
         while True:
             data = await self.queue.get()
@@ -350,6 +372,9 @@ class Connection:
             return
         if isinstance(parsed, f.Presence):
             self._spawn(self._presence(parsed))
+            return
+        if isinstance(parsed, f.StreamStart | f.StreamDelta | f.StreamEnd):
+            self._spawn(self._stream(parsed))
             return
         if isinstance(parsed, f.Summary):
             workers = self.hub.worker_summarizer
@@ -414,6 +439,21 @@ class Connection:
             self.hub.join(self, sid)
         await self.send(f.ReplyFrame(id=request.id, result={"connection_id": self.connection_id}))
 
+    async def _stream(self, request: f.StreamStart | f.StreamDelta | f.StreamEnd) -> None:
+        streams = self.hub.streams
+        try:
+            if isinstance(request, f.StreamStart):
+                result: Any = await streams.start(self, request)
+            elif isinstance(request, f.StreamDelta):
+                result = await streams.delta(self, request)
+            else:
+                await streams.end(self, request, request.status)
+                result = None
+            frame: Any = f.ReplyFrame(id=request.id, result=result)
+        except SessionHubError as exc:
+            frame = f.ErrorFrame(id=request.id, code=_code(exc), message=str(exc))
+        await self.send(frame)
+
     async def _presence(self, request: f.Presence) -> None:
         entries = [c.entry() for c in self.hub.presence.get(request.session_id, {}).values()]
         await self.send(f.ReplyFrame(id=request.id, result=entries))
@@ -467,6 +507,7 @@ class Connection:
             )
             if key is not None:
                 self.hub.join(self, key)
+            caught_up = False
             while True:
                 waiter = tail.changed
                 events = tail.after(seq)
@@ -478,6 +519,11 @@ class Connection:
                         return
                 if not events:
                     if tail.last_seq <= seq:
+                        if not caught_up and key is not None:
+                            # Caught up: streams running now go out as their state so far.
+                            caught_up = True
+                            for data in self.hub.streams.states(key):
+                                self.offer(data)
                         await waiter.wait()
                     continue
                 for event in events:
@@ -534,6 +580,7 @@ class Hub:
         self.config = config
         self.metrics = Metrics()
         self.tails = Tails(store, config.tail_events)
+        self.streams = Streams(self)
         self.connections: set[Connection] = set()
         #: session id -> connection id -> connection: who is on each session.
         self.presence: dict[str, dict[str, Connection]] = {}
@@ -627,6 +674,7 @@ class Hub:
             self.connections.discard(connection)
             if self.worker_summarizer is not None:
                 self.worker_summarizer.connection_lost(connection)
+            await self.streams.owner_lost(connection)
             for sid in self.present_on(connection):
                 self.leave(connection, sid)
             self.metrics.connections.dec()
@@ -719,6 +767,7 @@ def _operations(hub: Hub) -> dict[str, Callable[[Any], Awaitable[Any]]]:
     on_session("refresh_system_prompt", lambda s, r: s.refresh_system_prompt())
     on_session("compact", lambda s, r: s.compact(r.leaf_id))
     missing = set(f.REQUEST_TYPES) - set(ops) - {"subscribe", "unsubscribe", "hello", "presence", "summary"}
+    missing -= {"stream_start", "stream_delta", "stream_end"}
     assert not missing, f"ops without a handler: {missing}"
     return ops
 

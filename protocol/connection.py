@@ -21,6 +21,7 @@ from .frames import (
     ReplyFrame,
     Request,
     ResetFrame,
+    StreamFrame,
     Subscribe,
     SummarizeFrame,
     Unsubscribe,
@@ -36,6 +37,7 @@ __all__ = [
     "Resolved",
     "ServerConnection",
     "StreamKey",
+    "Streamed",
     "SummaryWanted",
 ]
 
@@ -125,7 +127,12 @@ class SummaryWanted:
     frame: SummarizeFrame
 
 
-ClientEffect = Resolved | Failed | Delivered | Reset | PresenceChanged | SummaryWanted | Ignored
+@dataclass(frozen=True)
+class Streamed:
+    frame: StreamFrame
+
+
+ClientEffect = Resolved | Failed | Delivered | Reset | PresenceChanged | SummaryWanted | Streamed | Ignored
 
 
 @dataclass
@@ -190,6 +197,8 @@ class ClientConnection:
             return PresenceChanged(frame)
         if isinstance(frame, SummarizeFrame):
             return SummaryWanted(frame)
+        if isinstance(frame, StreamFrame):
+            return Streamed(frame)
         self.positions.pop(frame.session_id, None)
         return Reset(frame.session_id, frame)
 

@@ -28,6 +28,7 @@ __all__ = [
     "Request",
     "ResetFrame",
     "ServerFrame",
+    "StreamFrame",
     "SummarizeFrame",
 ]
 
@@ -284,6 +285,37 @@ class Summary(_Req, tag="summary"):
     error: str | None = None
 
 
+class StreamStart(_Req, tag="stream_start"):
+    """Start streaming a message: it is stored at once (with no parts) and grows as deltas
+    arrive. Answered with ``{"index": 0}``."""
+
+    session_id: str
+    message_id: str
+    role: str = "assistant"
+    parent_id: ParentId = UNSET
+    metadata: Any = None
+
+
+class StreamDelta(_Req, tag="stream_delta"):
+    """One piece of a streamed message: ``kind`` ``text`` or ``reasoning`` with ``text``
+    (appended to the last part of that kind), or ``tool`` with a whole tool ``part``
+    (replacing the part with the same ``toolCallId``). Answered with its ``index``."""
+
+    session_id: str
+    message_id: str
+    kind: Literal["text", "reasoning", "tool"]
+    text: str | None = None
+    part: dict[str, Any] | None = None
+
+
+class StreamEnd(_Req, tag="stream_end"):
+    """Finish (``status: finished``, the default) or abort a streamed message."""
+
+    session_id: str
+    message_id: str
+    status: Literal["finished", "aborted"] = "finished"
+
+
 class Presence(_Req, tag="presence"):
     """Who is on a session: ``[{"connection_id", "name", "role"}]``."""
 
@@ -330,6 +362,9 @@ Request = (
     | Hello
     | Presence
     | Summary
+    | StreamStart
+    | StreamDelta
+    | StreamEnd
 )
 
 REQUEST_TYPES: dict[str, type[_Req]] = {str(t.__struct_config__.tag): t for t in Request.__args__}
@@ -397,4 +432,25 @@ class SummarizeFrame(_Frame, tag="summarize"):
     prompt: str
 
 
-ServerFrame = ReplyFrame | ErrorFrame | EventFrame | ResetFrame | PresenceFrame | SummarizeFrame
+class StreamFrame(_Frame, tag="stream"):
+    """A streamed message, live (not part of the event log), to the session's subscribers.
+
+    ``action``: ``start`` (``message`` with no parts), ``delta`` (``kind`` with ``text`` or
+    ``part``), ``state`` (``message`` as accumulated so far: sent to a subscriber that
+    catches up while the stream runs), or ``end`` (``status``: ``finished``, ``aborted`` or
+    ``interrupted`` when the writer's connection died; ``message`` is what was stored).
+    ``index`` counts deltas: apply a delta only if its index is one more than what you hold.
+    """
+
+    session_id: str
+    message_id: str
+    action: Literal["start", "delta", "state", "end"]
+    index: int
+    kind: str | None = None
+    text: str | None = None
+    part: dict[str, Any] | None = None
+    message: dict[str, Any] | None = None
+    status: str | None = None
+
+
+ServerFrame = ReplyFrame | ErrorFrame | EventFrame | ResetFrame | PresenceFrame | SummarizeFrame | StreamFrame

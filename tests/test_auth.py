@@ -132,6 +132,9 @@ def request_for(op: str, session_id: str) -> dict[str, Any]:
         "hello": {"name": "me", "role": "worker", "sessions": []},
         "presence": {"session_id": session_id},
         "summary": {"request_id": "nothing-was-asked", "summary": "x"},
+        "stream_start": {"session_id": session_id, "message_id": "streamed", "role": "assistant"},
+        "stream_delta": {"session_id": session_id, "message_id": "streamed", "kind": "text", "text": "x"},
+        "stream_end": {"session_id": session_id, "message_id": "streamed"},
     }
     return fields[op]
 

@@ -85,6 +85,13 @@ async def test_every_op_matches_in_process(store: SqliteStore) -> None:
         ]
         unasked = await c.request("summary", request_id="nobody-asked", summary="x")
         assert (unasked["frame"], unasked["code"]) == ("error", "not_found")
+        streamed = (await c.call("create", name="streamed"))["id"]
+        assert await c.call("stream_start", session_id=streamed, message_id="a1") == {"index": 0}
+        assert await c.call("stream_delta", session_id=streamed, message_id="a1", kind="text", text="Hi") == 1
+        assert await c.call("stream_end", session_id=streamed, message_id="a1") is None
+        assert (await c.call("get_message", session_id=streamed, message_id="a1"))["parts"] == [
+            {"type": "text", "text": "Hi"}
+        ]
         await _registry_and_messages(c, store)
         await _context_tools_and_compaction(c, store)
         await _subscriptions(c, store)

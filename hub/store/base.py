@@ -104,8 +104,18 @@ class Store(abc.ABC):
         but still continue the chain."""
 
     @abc.abstractmethod
-    async def update_message(self, session_id: str, message: Message, *, managed: bool = False) -> bool:
-        """Replace a stored message's content; False (and nothing written) if unknown."""
+    async def update_message(
+        self,
+        session_id: str,
+        message: Message,
+        *,
+        managed: bool = False,
+        emit: bool = True,
+        also: Sequence[LogEntry] = (),
+    ) -> bool:
+        """Replace a stored message's content; False (and nothing written) if unknown.
+        ``emit=False`` writes no ``message.updated`` event (a streamed message's periodic
+        save); ``also`` are more events for the same transaction."""
 
     @abc.abstractmethod
     async def upsert_message(

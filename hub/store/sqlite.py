@@ -433,7 +433,9 @@ def _insert_messages(
     return AppendResult(inserted=inserted, last_id=parent_id, last_seq=last_seq)
 
 
-def _update_message(conn: Conn, notes: Notes, session_id: str, message: Message, now: float) -> bool:
+def _update_message(
+    conn: Conn, notes: Notes, session_id: str, message: Message, now: float, *, emit: bool = True
+) -> bool:
     row = conn.execute(
         "UPDATE messages SET content = ?, role = ? WHERE session_id = ? AND id = ? RETURNING pk",
         (_message_json(message), message.role, session_id, message.id),
@@ -443,7 +445,8 @@ def _update_message(conn: Conn, notes: Notes, session_id: str, message: Message,
     pk = int(row[0])
     conn.execute("DELETE FROM messages_fts WHERE rowid = ?", (pk,))
     _index_text(conn, pk, session_id, message)
-    _emit_session(conn, notes, session_id, "message.updated", {"message": message.to_dict()}, now)
+    if emit:
+        _emit_session(conn, notes, session_id, "message.updated", {"message": message.to_dict()}, now)
     return True
 
 
@@ -822,11 +825,22 @@ class SqliteStore(Store):
 
         return await self._write(fn, inline=len(messages) <= INLINE_BATCH)
 
-    async def update_message(self, session_id: str, message: Message, *, managed: bool = False) -> bool:
+    async def update_message(
+        self,
+        session_id: str,
+        message: Message,
+        *,
+        managed: bool = False,
+        emit: bool = True,
+        also: Sequence[LogEntry] = (),
+    ) -> bool:
         def fn(conn: Conn, notes: Notes, now: float) -> bool:
             if managed:
                 _touch(conn, session_id, now)
-            return _update_message(conn, notes, session_id, message, now)
+            updated = _update_message(conn, notes, session_id, message, now, emit=emit)
+            for entry in also:
+                _emit_session(conn, notes, entry.session_id, entry.type, entry.data, now)
+            return updated
 
         return await self._write(fn)
 

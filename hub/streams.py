@@ -1,0 +1,214 @@
+"""Streamed messages: a worker writes a reply piece by piece; subscribers watch it grow.
+
+A stream starts by storing the message with no parts (a logged ``message.appended``), then
+each delta is applied in memory and sent to the session's subscribers as a ``stream`` frame
+with a running ``index``; deltas are not logged one by one. The message is saved (silently)
+at most every ``save_every`` seconds while deltas arrive, so a crash of the hub loses at most
+that much of an unfinished stream, and saved for good — with a logged ``message.updated`` and
+``stream.ended`` in one transaction — when the writer finishes or aborts, or when its
+connection dies (``interrupted``). A subscriber that catches up while a stream runs gets its
+``state`` (the message so far and its index), then the following deltas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from protocol import Conflict, InvalidInput, Message
+from protocol import frames as f
+from protocol.codec import encode
+
+from .store.base import LATEST, LogEntry
+
+if TYPE_CHECKING:
+    from .server import Connection, Hub
+
+__all__ = ["LiveStream", "Streams"]
+
+log = logging.getLogger("sessionhub.streams")
+
+
+@dataclass
+class LiveStream:
+    session_id: str
+    message: Message
+    owner: Connection
+    index: int = 0
+    dirty: bool = False
+    saver: asyncio.TimerHandle | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def apply(self, request: f.StreamDelta) -> None:
+        parts = self.message.parts
+        if request.kind in ("text", "reasoning"):
+            if not isinstance(request.text, str):
+                raise InvalidInput(f"a {request.kind} delta needs `text`")
+            if parts and parts[-1].get("type") == request.kind and isinstance(parts[-1].get("text"), str):
+                parts[-1]["text"] += request.text
+            else:
+                parts.append({"type": request.kind, "text": request.text})
+        else:
+            part = request.part
+            kind = part.get("type") if isinstance(part, dict) else None
+            if (
+                part is None
+                or not isinstance(kind, str)
+                or not (kind.startswith("tool-") or kind == "dynamic-tool")
+            ):
+                raise InvalidInput("a tool delta needs a `part` of type `tool-<name>` or `dynamic-tool`")
+            call_id = part.get("toolCallId")
+            for i, existing in enumerate(parts):
+                if call_id is not None and existing.get("toolCallId") == call_id:
+                    parts[i] = dict(part)
+                    break
+            else:
+                parts.append(dict(part))
+        self.index += 1
+
+    def snapshot(self) -> Message:
+        return Message(
+            id=self.message.id,
+            role=self.message.role,
+            parts=[dict(p) for p in self.message.parts],
+            metadata=self.message.metadata,
+        )
+
+
+class Streams:
+    """The hub's running streams."""
+
+    def __init__(self, hub: Hub, save_every: float = 0.1) -> None:
+        self.hub = hub
+        self.save_every = save_every
+        self.active: dict[tuple[str, str], LiveStream] = {}
+
+    def _broadcast(self, session_id: str, frame: f.StreamFrame) -> None:
+        data = encode(frame)  # once, for every subscriber
+        for connection in self.hub.connections:
+            if session_id in connection.subscriptions and not connection.closed:
+                connection.offer(data)
+
+    def _get(self, connection: Connection, session_id: str, message_id: str) -> LiveStream:
+        stream = self.active.get((session_id, message_id))
+        if stream is None:
+            raise InvalidInput(f"no stream {message_id!r} is running in this session")
+        if stream.owner is not connection:
+            raise Conflict(f"stream {message_id!r} belongs to another connection")
+        return stream
+
+    async def start(self, connection: Connection, request: f.StreamStart) -> dict[str, Any]:
+        session = await self.hub.session(request.session_id)
+        key = (request.session_id, request.message_id)
+        if key in self.active or await session.get_message(request.message_id) is not None:
+            raise InvalidInput(f"message {request.message_id!r} already exists; stream a new id")
+        message = Message(id=request.message_id, role=request.role, parts=[], metadata=request.metadata)
+        parent = LATEST if request.parent_id is msgspec.UNSET else request.parent_id
+        stream = LiveStream(request.session_id, message, connection)
+        self.active[key] = stream
+        try:
+            await self.hub.manager.append(request.session_id, message, parent)
+        except BaseException:
+            self.active.pop(key, None)
+            raise
+        self._broadcast(
+            request.session_id,
+            f.StreamFrame(
+                session_id=request.session_id,
+                message_id=message.id,
+                action="start",
+                index=0,
+                message=message.to_dict(),
+            ),
+        )
+        return {"index": 0}
+
+    async def delta(self, connection: Connection, request: f.StreamDelta) -> int:
+        stream = self._get(connection, request.session_id, request.message_id)
+        stream.apply(request)
+        self._broadcast(
+            request.session_id,
+            f.StreamFrame(
+                session_id=request.session_id,
+                message_id=request.message_id,
+                action="delta",
+                index=stream.index,
+                kind=request.kind,
+                text=request.text,
+                part=request.part,
+            ),
+        )
+        if not stream.dirty:
+            stream.dirty = True
+            loop = asyncio.get_running_loop()
+            stream.saver = loop.call_later(self.save_every, lambda: loop.create_task(self._save(stream)))
+        return stream.index
+
+    async def _save(self, stream: LiveStream) -> None:
+        async with stream.lock:
+            if not stream.dirty or self.active.get((stream.session_id, stream.message.id)) is not stream:
+                return
+            stream.dirty = False
+            stream.saver = None
+            try:
+                await self.hub.store.update_message(stream.session_id, stream.snapshot(), emit=False)
+            except Exception:
+                log.exception("saving stream %s failed; the next delta retries", stream.message.id)
+                stream.dirty = False
+
+    async def end(
+        self, connection: Connection | None, request: f.StreamEnd | LiveStream, status: str
+    ) -> None:
+        if isinstance(request, LiveStream):
+            stream = request
+        else:
+            assert connection is not None
+            stream = self._get(connection, request.session_id, request.message_id)
+        if stream.saver is not None:
+            stream.saver.cancel()
+        async with stream.lock:
+            self.active.pop((stream.session_id, stream.message.id), None)
+            final = stream.snapshot()
+            ended = LogEntry(
+                session_id=stream.session_id,
+                type="stream.ended",
+                data={"message_id": final.id, "status": status, "deltas": stream.index},
+            )
+            await self.hub.store.update_message(stream.session_id, final, also=[ended])
+        self._broadcast(
+            stream.session_id,
+            f.StreamFrame(
+                session_id=stream.session_id,
+                message_id=final.id,
+                action="end",
+                index=stream.index,
+                message=final.to_dict(),
+                status=status,
+            ),
+        )
+
+    async def owner_lost(self, connection: Connection) -> None:
+        """The writer's connection died: its streams end as ``interrupted``, with what they had."""
+        for stream in [s for s in self.active.values() if s.owner is connection]:
+            with contextlib.suppress(Exception):
+                await self.end(None, stream, "interrupted")
+
+    def states(self, session_id: str) -> list[bytes]:
+        return [
+            encode(
+                f.StreamFrame(
+                    session_id=session_id,
+                    message_id=stream.message.id,
+                    action="state",
+                    index=stream.index,
+                    message=stream.message.to_dict(),
+                )
+            )
+            for (sid, _), stream in self.active.items()
+            if sid == session_id
+        ]
