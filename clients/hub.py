@@ -659,8 +659,8 @@ class HubClient:
     ``token`` is sent as ``Authorization: Bearer <token>``. ``name`` and ``role`` (e.g.
     ``"worker"``, ``"observer"``) are announced to the hub on every (re)connect, with the
     ``sessions`` this client is on besides the ones it subscribes to; they are what
-    :meth:`presence` lists. ``on_presence(frame)`` (sync or async) is called for each
-    join/leave on a subscribed session. With ``reconnect=False`` a dropped socket ends the
+    :meth:`presence` lists. With ``on_presence(frame)`` (sync or async), subscriptions ask
+    for the session's join/leave frames and it is called for each. With ``reconnect=False`` a dropped socket ends the
     client: subscriptions raise :class:`ConnectionLost`, and so does every later request.
     """
 
@@ -841,7 +841,8 @@ class HubClient:
         self._subscriptions[key] = subscription
         try:
             socket = await self._ready()
-            rid, data = self._protocol.subscribe(key, after_seq, epoch)
+            watch = self.on_presence is not None and key is not None
+            rid, data = self._protocol.subscribe(key, after_seq, epoch, presence=watch)
             subscription.request_id = rid
             self._subscribe_ids[rid] = subscription
             # A failed send is not an error: the position is registered, and the reconnect

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import logging
 import time
 import uuid
@@ -165,6 +166,8 @@ class Tail:
         self.store = store
         self.stream = stream
         self.events: collections.deque[Event] = collections.deque(maxlen=size)
+        # The event frames, encoded once here for every subscriber (same positions).
+        self.frames: collections.deque[str] = collections.deque(maxlen=size)
         self.last_seq = 0
         self.changed = asyncio.Event()
         self.users = 0
@@ -184,6 +187,7 @@ class Tail:
                 # Pruned or re-epoched under us: start over at the log's end; subscribers
                 # notice the gap or the epoch and get a reset.
                 self.events.clear()
+                self.frames.clear()
                 self.last_seq = exc.last_seq
                 events = []
             except Exception:
@@ -192,18 +196,24 @@ class Tail:
                 continue
             if events:
                 self.events.extend(events)
+                self.frames.extend(encode(event_frame(e)).decode() for e in events)
                 self.last_seq = events[-1].seq
             waiter, self.changed = self.changed, asyncio.Event()
             waiter.set()
 
-    def after(self, seq: int) -> list[Event] | None:
-        """Events after ``seq`` if this tail holds all of them, else None."""
+    def after(self, seq: int) -> list[tuple[Event, str]] | None:
+        """Events after ``seq`` (with their encoded frames) if this tail holds all of them,
+        else None. The deque is contiguous in seq, so this is a slice, not a scan."""
+        if seq >= self.last_seq:
+            return []
         if not self.events:
-            return [] if seq >= self.last_seq else None
+            return None
         first = self.events[0].seq
         if seq + 1 < first:
             return None
-        return [e for e in self.events if e.seq > seq] if seq < self.last_seq else []
+        start = seq + 1 - first
+        events = itertools.islice(self.events, start, None)
+        return list(zip(events, itertools.islice(self.frames, start, None), strict=True))
 
 
 class Tails:
@@ -254,7 +264,7 @@ class Connection:
         self.protocol = ServerConnection(
             max_frame_bytes=hub.config.max_frame_bytes, max_subscriptions=hub.config.max_subscriptions
         )
-        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=hub.config.queue_frames)
+        self.queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=hub.config.queue_frames)
         self.requests: set[asyncio.Task[None]] = set()
         self.subscriptions: dict[StreamKey, asyncio.Task[None]] = {}
         self.closed = False
@@ -265,15 +275,19 @@ class Connection:
         self.role: str | None = None
         self.announced: set[str] = set()  # sessions declared with hello
         self.summarizer = False  # declared with hello: this peer writes summaries
+        self.presence_watch: set[str] = set()  # subscriptions that asked for join/leave frames
 
     def entry(self) -> dict[str, Any]:
         return {"connection_id": self.connection_id, "name": self.name, "role": self.role}
 
     async def send(self, frame: Any) -> None:
         """Queue a frame; if the queue stays full past the send timeout, evict the peer."""
+        await self.send_text(encode(frame).decode())
+
+    async def send_text(self, data: str) -> None:
+        """Queue an encoded frame (see :meth:`send`)."""
         if self.closed:
             raise Evicted
-        data = encode(frame)
         try:
             self.queue.put_nowait(data)
             return
@@ -290,7 +304,7 @@ class Connection:
             )
             raise Evicted from None
 
-    def offer(self, data: bytes) -> None:
+    def offer(self, data: str) -> None:
         """Queue an already-encoded frame without waiting (fan-out): when the queue is full,
         a task waits for room, and evicts the peer if none comes in time."""
         if self.closed:
@@ -300,7 +314,7 @@ class Connection:
         except asyncio.QueueFull:
             self._spawn(self._send_encoded(data))
 
-    async def _send_encoded(self, data: bytes) -> None:
+    async def _send_encoded(self, data: str) -> None:
         try:
             await asyncio.wait_for(self.queue.put(data), self.hub.config.send_timeout)
         except TimeoutError:
@@ -316,7 +330,7 @@ class Connection:
             data = await self.queue.get()
             if data is None:
                 return
-            await self.websocket.send_text(data.decode())
+            await self.websocket.send_text(data)
 
     async def close(self, code: int, reason: str) -> None:
         """Close with ``code``. Called from a subscription task too (eviction), so it never
@@ -358,6 +372,8 @@ class Connection:
             return
         if isinstance(parsed, f.Subscribe):
             key = parsed.session_id
+            if parsed.presence and key is not None:
+                self.presence_watch.add(key)
             follow = asyncio.get_running_loop().create_task(self._follow(parsed))
             self.subscriptions[key] = follow
             self.hub.metrics.subscriptions.inc()
@@ -422,6 +438,8 @@ class Connection:
             del self.subscriptions[key]
         if key not in self.subscriptions:
             self.protocol.subscription_ended(key)
+            if key is not None:
+                self.presence_watch.discard(key)
             if key is not None and key not in self.announced:
                 self.hub.leave(self, key)
 
@@ -513,10 +531,11 @@ class Connection:
                 events = tail.after(seq)
                 if events is None:
                     try:
-                        events = await store.read_events(stream, seq, self.hub.config.backlog_batch)
+                        backlog = await store.read_events(stream, seq, self.hub.config.backlog_batch)
                     except PositionLost as exc:
                         await self._reset(key, seq, exc.epoch, exc.first_seq, exc.last_seq)
                         return
+                    events = [(e, encode(event_frame(e)).decode()) for e in backlog]
                 if not events:
                     if tail.last_seq <= seq:
                         if not caught_up and key is not None:
@@ -524,16 +543,17 @@ class Connection:
                             caught_up = True
                             for data in self.hub.streams.states(key):
                                 self.offer(data)
+                        events = None  # hold no events while idle
                         await waiter.wait()
                     continue
-                for event in events:
+                for event, data in events:
                     if epoch is None:
                         epoch = event.epoch
                     if event.epoch != epoch:
                         current = await store.stream_position(stream)
                         await self._reset(key, seq, current.epoch, current.first_seq, current.last_seq)
                         return
-                    await self.send(event_frame(event))
+                    await self.send_text(data)
                     self.hub.metrics.delivered.inc()
                     seq = event.seq
         except Evicted:
@@ -591,10 +611,13 @@ class Hub:
         return [sid for sid, present in self.presence.items() if connection.connection_id in present]
 
     def _tell(self, session_id: str, action: Literal["join", "leave"], connection: Connection) -> None:
+        watchers = [c for c in self.connections if session_id in c.presence_watch and not c.closed]
+        if not watchers:
+            return
         frame = f.PresenceFrame(session_id=session_id, action=action, entry=connection.entry())
-        for other in self.connections:
-            if session_id in other.subscriptions and not other.closed:
-                other._spawn(other.send(frame))
+        data = encode(frame).decode()
+        for other in watchers:
+            other.offer(data)
 
     def join(self, connection: Connection, session_id: str) -> None:
         present = self.presence.setdefault(session_id, {})

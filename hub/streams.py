@@ -89,7 +89,7 @@ class Streams:
         self.active: dict[tuple[str, str], LiveStream] = {}
 
     def _broadcast(self, session_id: str, frame: f.StreamFrame) -> None:
-        data = encode(frame)  # once, for every subscriber
+        data = encode(frame).decode()  # once, for every subscriber
         for connection in self.hub.connections:
             if session_id in connection.subscriptions and not connection.closed:
                 connection.offer(data)
@@ -198,7 +198,7 @@ class Streams:
             with contextlib.suppress(Exception):
                 await self.end(None, stream, "interrupted")
 
-    def states(self, session_id: str) -> list[bytes]:
+    def states(self, session_id: str) -> list[str]:
         return [
             encode(
                 f.StreamFrame(
@@ -208,7 +208,7 @@ class Streams:
                     index=stream.index,
                     message=stream.message.to_dict(),
                 )
-            )
+            ).decode()
             for (sid, _), stream in self.active.items()
             if sid == session_id
         ]

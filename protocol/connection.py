@@ -148,6 +148,7 @@ class ClientConnection:
         self._ids = itertools.count(1)
         self.pending: set[str | int] = set()
         self.positions: dict[StreamKey, Position] = {}
+        self.presence: set[StreamKey] = set()  # streams followed with presence frames
 
     def request(self, op: str, **fields: Any) -> tuple[str | int, bytes]:
         """A new request frame and its id."""
@@ -156,16 +157,23 @@ class ClientConnection:
         return rid, encode({"op": op, "id": rid, **fields})
 
     def subscribe(
-        self, key: StreamKey, after_seq: int = 0, epoch: str | None = None
+        self, key: StreamKey, after_seq: int = 0, epoch: str | None = None, *, presence: bool = False
     ) -> tuple[str | int, bytes]:
-        """Start following ``key`` from ``after_seq`` (or continue where it was)."""
+        """Start following ``key`` from ``after_seq`` (or continue where it was);
+        ``presence`` asks for the session's join/leave frames too (kept across reconnects)."""
         position = self.positions.get(key)
         if position is None:
             position = self.positions[key] = Position(epoch, after_seq)
-        return self.request("subscribe", session_id=key, after_seq=position.seq, epoch=position.epoch)
+        if presence:
+            self.presence.add(key)
+        extra = {"presence": True} if key in self.presence else {}
+        return self.request(
+            "subscribe", session_id=key, after_seq=position.seq, epoch=position.epoch, **extra
+        )
 
     def unsubscribe(self, key: StreamKey) -> tuple[str | int, bytes]:
         self.positions.pop(key, None)
+        self.presence.discard(key)
         return self.request("unsubscribe", session_id=key)
 
     def resubscribe(self) -> list[tuple[str | int, bytes]]:

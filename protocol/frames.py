@@ -256,6 +256,9 @@ class Subscribe(_Req, tag="subscribe"):
     session_id: str | None
     after_seq: int = 0
     epoch: str | None = None
+    #: Also send ``presence`` frames (who joins and leaves the session). Off by default:
+    #: with n subscribers that is n frames per arrival.
+    presence: bool = False
 
 
 class Unsubscribe(_Req, tag="unsubscribe"):
