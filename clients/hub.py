@@ -464,7 +464,7 @@ class LiveMessages:
         self.messages: dict[str, dict[str, Any]] = {}
         self.index: dict[str, int] = {}
         self.status: dict[str, str] = {}
-        self._early: dict[str, dict[int, StreamFrame]] = {}
+        self._early: dict[str, dict[int, dict[str, Any]]] = {}
 
     def apply(self, frame: StreamFrame) -> dict[str, Any] | None:
         mid = frame.message_id
@@ -476,7 +476,9 @@ class LiveMessages:
             if frame.status is not None:
                 self.status[mid] = frame.status
         elif frame.action == "delta":
-            self._early.setdefault(mid, {})[frame.index] = frame
+            pending = self._early.setdefault(mid, {})
+            for delta in frame.deltas or []:
+                pending[int(delta["index"])] = delta
         early = self._early.get(mid, {})
         while mid in self.index and self.index[mid] + 1 in early:
             self._apply_delta(self.messages[mid], early.pop(self.index[mid] + 1))
@@ -504,21 +506,22 @@ class LiveMessages:
         return None
 
     @staticmethod
-    def _apply_delta(message: dict[str, Any], frame: StreamFrame) -> None:
+    def _apply_delta(message: dict[str, Any], delta: dict[str, Any]) -> None:
         parts: list[dict[str, Any]] = message.setdefault("parts", [])
-        if frame.kind in ("text", "reasoning") and frame.text is not None:
-            if parts and parts[-1].get("type") == frame.kind:
-                parts[-1]["text"] = parts[-1].get("text", "") + frame.text
+        kind, text, part = delta.get("kind"), delta.get("text"), delta.get("part")
+        if kind in ("text", "reasoning") and isinstance(text, str):
+            if parts and parts[-1].get("type") == kind:
+                parts[-1]["text"] = parts[-1].get("text", "") + text
             else:
-                parts.append({"type": frame.kind, "text": frame.text})
-        elif frame.part is not None:
-            call_id = frame.part.get("toolCallId")
+                parts.append({"type": kind, "text": text})
+        elif isinstance(part, dict):
+            call_id = part.get("toolCallId")
             for i, existing in enumerate(parts):
                 if call_id is not None and existing.get("toolCallId") == call_id:
-                    parts[i] = dict(frame.part)
+                    parts[i] = dict(part)
                     break
             else:
-                parts.append(dict(frame.part))
+                parts.append(dict(part))
 
 
 class RemoteSession:
@@ -659,9 +662,10 @@ class HubClient:
     ``token`` is sent as ``Authorization: Bearer <token>``. ``name`` and ``role`` (e.g.
     ``"worker"``, ``"observer"``) are announced to the hub on every (re)connect, with the
     ``sessions`` this client is on besides the ones it subscribes to; they are what
-    :meth:`presence` lists. With ``on_presence(frame)`` (sync or async), subscriptions ask
-    for the session's join/leave frames and it is called for each. With ``reconnect=False`` a dropped socket ends the
-    client: subscriptions raise :class:`ConnectionLost`, and so does every later request.
+    :meth:`presence` lists. With ``on_presence(frame)`` (sync or async), subscriptions
+    ask for the session's join/leave frames and it is called for each. With
+    ``reconnect=False`` a dropped socket ends the client: subscriptions raise
+    :class:`ConnectionLost`, and so does every later request.
     """
 
     def __init__(

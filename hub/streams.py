@@ -42,6 +42,8 @@ class LiveStream:
     index: int = 0
     dirty: bool = False
     saver: asyncio.TimerHandle | None = None
+    outbox: list[dict[str, Any]] = field(default_factory=list)  # deltas not yet broadcast
+    sender: asyncio.TimerHandle | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def apply(self, request: f.StreamDelta) -> None:
@@ -83,9 +85,10 @@ class LiveStream:
 class Streams:
     """The hub's running streams."""
 
-    def __init__(self, hub: Hub, save_every: float = 0.1) -> None:
+    def __init__(self, hub: Hub, save_every: float = 0.1, coalesce: float = 0.005) -> None:
         self.hub = hub
         self.save_every = save_every
+        self.coalesce = coalesce
         self.active: dict[tuple[str, str], LiveStream] = {}
 
     def _broadcast(self, session_id: str, frame: f.StreamFrame) -> None:
@@ -131,23 +134,36 @@ class Streams:
     async def delta(self, connection: Connection, request: f.StreamDelta) -> int:
         stream = self._get(connection, request.session_id, request.message_id)
         stream.apply(request)
-        self._broadcast(
-            request.session_id,
-            f.StreamFrame(
-                session_id=request.session_id,
-                message_id=request.message_id,
-                action="delta",
-                index=stream.index,
-                kind=request.kind,
-                text=request.text,
-                part=request.part,
-            ),
-        )
+        entry: dict[str, Any] = {"index": stream.index, "kind": request.kind}
+        if request.text is not None:
+            entry["text"] = request.text
+        if request.part is not None:
+            entry["part"] = request.part
+        stream.outbox.append(entry)
+        if stream.sender is None:
+            stream.sender = asyncio.get_running_loop().call_later(self.coalesce, self._flush, stream)
         if not stream.dirty:
             stream.dirty = True
             loop = asyncio.get_running_loop()
             stream.saver = loop.call_later(self.save_every, lambda: loop.create_task(self._save(stream)))
         return stream.index
+
+    def _flush(self, stream: LiveStream) -> None:
+        """Broadcast the deltas gathered since the last frame, as one frame."""
+        stream.sender = None
+        if not stream.outbox:
+            return
+        deltas, stream.outbox = stream.outbox, []
+        self._broadcast(
+            stream.session_id,
+            f.StreamFrame(
+                session_id=stream.session_id,
+                message_id=stream.message.id,
+                action="delta",
+                index=deltas[-1]["index"],
+                deltas=deltas,
+            ),
+        )
 
     async def _save(self, stream: LiveStream) -> None:
         async with stream.lock:
@@ -171,6 +187,9 @@ class Streams:
             stream = self._get(connection, request.session_id, request.message_id)
         if stream.saver is not None:
             stream.saver.cancel()
+        if stream.sender is not None:
+            stream.sender.cancel()
+        self._flush(stream)  # every delta goes out before the end
         async with stream.lock:
             self.active.pop((stream.session_id, stream.message.id), None)
             final = stream.snapshot()

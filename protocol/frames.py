@@ -438,20 +438,21 @@ class SummarizeFrame(_Frame, tag="summarize"):
 class StreamFrame(_Frame, tag="stream"):
     """A streamed message, live (not part of the event log), to the session's subscribers.
 
-    ``action``: ``start`` (``message`` with no parts), ``delta`` (``kind`` with ``text`` or
-    ``part``), ``state`` (``message`` as accumulated so far: sent to a subscriber that
+    ``action``: ``start`` (``message`` with no parts), ``delta`` (``deltas``: the deltas
+    since the previous frame, each ``{"index", "kind", "text" | "part"}``, coalesced over a
+    few milliseconds so a fast stream costs each subscriber tens of frames a second, not
+    thousands), ``state`` (``message`` as accumulated so far: sent to a subscriber that
     catches up while the stream runs), or ``end`` (``status``: ``finished``, ``aborted`` or
     ``interrupted`` when the writer's connection died; ``message`` is what was stored).
-    ``index`` counts deltas: apply a delta only if its index is one more than what you hold.
+    ``index`` counts deltas (the last one, in a ``delta`` frame): apply a delta only if its
+    index is one more than what you hold.
     """
 
     session_id: str
     message_id: str
     action: Literal["start", "delta", "state", "end"]
     index: int
-    kind: str | None = None
-    text: str | None = None
-    part: dict[str, Any] | None = None
+    deltas: list[dict[str, Any]] | None = None
     message: dict[str, Any] | None = None
     status: str | None = None
 

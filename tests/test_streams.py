@@ -85,8 +85,13 @@ async def test_a_stream_grows_live_and_is_stored_when_finished(tmp_path: Path) -
         assert text_of(seen) == "".join(words)
         assert seen["parts"][0] == {"type": "reasoning", "text": "thinking more"}
         assert seen["parts"][-1]["output"] == {"temp": 21} and len(seen["parts"]) == 3
-        deltas = [f.index for f in reader.frames if f.action == "delta"]
-        assert deltas == list(range(1, 205))
+        batches = [f.deltas or [] for f in reader.frames if f.action == "delta"]
+        assert [d["index"] for batch in batches for d in batch] == list(range(1, 205))
+        # Coalesced: far fewer frames than deltas, each frame's index its last delta's.
+        assert len(batches) < 204
+        assert all(
+            f.index == (f.deltas or [{}])[-1].get("index") for f in reader.frames if f.action == "delta"
+        )
         stored = await worker.sessions.get_history(info.id)
         assert [m.id for m in stored] == ["u1", "a1"]
         assert stored[1].to_dict()["parts"] == seen["parts"]
