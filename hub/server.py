@@ -546,16 +546,20 @@ class Connection:
                         events = None  # hold no events while idle
                         await waiter.wait()
                     continue
-                for event, data in events:
-                    if epoch is None:
-                        epoch = event.epoch
-                    if event.epoch != epoch:
-                        current = await store.stream_position(stream)
-                        await self._reset(key, seq, current.epoch, current.first_seq, current.last_seq)
-                        return
-                    await self.send_text(data)
-                    self.hub.metrics.delivered.inc()
-                    seq = event.seq
+                sent = 0
+                try:
+                    for event, data in events:
+                        if epoch is None:
+                            epoch = event.epoch
+                        if event.epoch != epoch:
+                            current = await store.stream_position(stream)
+                            await self._reset(key, seq, current.epoch, current.first_seq, current.last_seq)
+                            return
+                        await self.send_text(data)
+                        sent += 1
+                        seq = event.seq
+                finally:
+                    self.hub.metrics.delivered.inc(sent)  # once per batch: the counter takes a lock
         except Evicted:
             return
         finally:
