@@ -159,8 +159,22 @@ class Metrics:
 # -- stream tails --------------------------------------------------------------------------
 
 
+@dataclass
+class _Live:
+    """A caught-up subscriber the tail pushes to directly."""
+
+    connection: Connection
+    seq: int
+    epoch: str
+    wake: asyncio.Event
+
+
 class Tail:
-    """The newest events of one stream, read once from the log for all its subscribers."""
+    """The newest events of one stream, read once from the log for all its subscribers.
+
+    Subscribers that have caught up are *live*: the tail puts each new frame straight into
+    their queues (no task wakes per subscriber per event). One whose queue is full, or that
+    meets an epoch change, is woken to continue on its own, with backpressure."""
 
     def __init__(self, store: Store, stream: str, size: int) -> None:
         self.store = store
@@ -172,6 +186,8 @@ class Tail:
         self.changed = asyncio.Event()
         self.users = 0
         self.task: asyncio.Task[None] | None = None
+        self.live: dict[int, _Live] = {}
+        self.on_delivered: Callable[[int], None] = lambda n: None
 
     async def start(self) -> None:
         self.last_seq = (await self.store.stream_position(self.stream)).last_seq
@@ -195,11 +211,37 @@ class Tail:
                 await asyncio.sleep(0.5)
                 continue
             if events:
+                frames = [encode(event_frame(e)).decode() for e in events]
                 self.events.extend(events)
-                self.frames.extend(encode(event_frame(e)).decode() for e in events)
+                self.frames.extend(frames)
                 self.last_seq = events[-1].seq
+                self._push(events, frames)
             waiter, self.changed = self.changed, asyncio.Event()
             waiter.set()
+
+    def _push(self, events: list[Event], frames: list[str]) -> None:
+        delivered = 0
+        for key, live in list(self.live.items()):
+            for event, data in zip(events, frames, strict=True):
+                if event.seq <= live.seq:
+                    continue
+                if event.epoch != live.epoch or not live.connection.try_put(data):
+                    del self.live[key]
+                    live.wake.set()
+                    break
+                live.seq = event.seq
+                delivered += 1
+        if delivered:
+            self.on_delivered(delivered)
+
+    def go_live(self, connection: Connection, seq: int, epoch: str) -> _Live:
+        """Register a subscriber that holds everything up to ``seq`` (== ``last_seq``)."""
+        live = _Live(connection, seq, epoch, asyncio.Event())
+        self.live[id(live)] = live
+        return live
+
+    def leave(self, live: _Live) -> None:
+        self.live.pop(id(live), None)
 
     def after(self, seq: int) -> list[tuple[Event, str]] | None:
         """Events after ``seq`` (with their encoded frames) if this tail holds all of them,
@@ -222,12 +264,14 @@ class Tails:
         self.size = size
         self._tails: dict[str, Tail] = {}
         self._lock = asyncio.Lock()
+        self.on_delivered: Callable[[int], None] = lambda n: None
 
     async def acquire(self, stream: str) -> Tail:
         async with self._lock:
             tail = self._tails.get(stream)
             if tail is None:
                 tail = self._tails[stream] = Tail(self.store, stream, self.size)
+                tail.on_delivered = self.on_delivered
                 await tail.start()
             tail.users += 1
             return tail
@@ -283,6 +327,16 @@ class Connection:
     async def send(self, frame: Any) -> None:
         """Queue a frame; if the queue stays full past the send timeout, evict the peer."""
         await self.send_text(encode(frame).decode())
+
+    def try_put(self, data: str) -> bool:
+        """Queue a frame if there is room right now."""
+        if self.closed:
+            return False
+        try:
+            self.queue.put_nowait(data)
+        except asyncio.QueueFull:
+            return False
+        return True
 
     async def send_text(self, data: str) -> None:
         """Queue an encoded frame (see :meth:`send`)."""
@@ -544,7 +598,15 @@ class Connection:
                             for data in self.hub.streams.states(key):
                                 self.offer(data)
                         events = None  # hold no events while idle
-                        await waiter.wait()
+                        if epoch is None:  # an empty stream: wait for its first event
+                            await waiter.wait()
+                            continue
+                        live = tail.go_live(self, seq, epoch)
+                        try:
+                            await live.wake.wait()  # the tail delivers until it cannot
+                        finally:
+                            tail.leave(live)
+                        seq = live.seq
                     continue
                 sent = 0
                 try:
@@ -604,6 +666,7 @@ class Hub:
         self.config = config
         self.metrics = Metrics()
         self.tails = Tails(store, config.tail_events)
+        self.tails.on_delivered = self.metrics.delivered.inc
         self.streams = Streams(self)
         self.connections: set[Connection] = set()
         #: session id -> connection id -> connection: who is on each session.
