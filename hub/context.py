@@ -25,7 +25,7 @@ import msgspec
 
 from protocol import ContextBlock, ContextError
 
-from .tokens import JS_WHITESPACE, estimate_string_tokens, utf16_len
+from .tokens import JS_WHITESPACE, estimate_string_tokens
 from .tools import Tool
 
 __all__ = [
@@ -652,7 +652,3 @@ class ContextBlocks:
             return "No results found." if result is None else result
 
         return Tool("search_context", description, schema, run)
-
-
-# Keep utf16_len importable from here for callers that slice by JS lengths.
-_ = utf16_len

@@ -14,7 +14,7 @@ import asyncio
 import itertools
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from protocol import frames as f
 from protocol.errors import SummarizerError
@@ -95,6 +95,3 @@ class WorkerSummarizer:
 
     def __repr__(self) -> str:
         return f"WorkerSummarizer(timeout={self.timeout})"
-
-
-_ = Any

@@ -209,7 +209,3 @@ class ClientConnection:
             return Streamed(frame)
         self.positions.pop(frame.session_id, None)
         return Reset(frame.session_id, frame)
-
-
-# Re-exported for the server and client wrappers.
-_ = (FrameError,)
