@@ -159,14 +159,74 @@ class Metrics:
 # -- stream tails --------------------------------------------------------------------------
 
 
-@dataclass
+class Outbox:
+    """One connection's bounded FIFO of outgoing frames.
+
+    ``asyncio.Queue`` allocates three deques and an event up front (about 2.5 KiB); this
+    allocates its deque when a frame is queued, drops it when drained, and waits on plain
+    futures, so an idle subscriber costs less (docs/benchmarks.md). Same semantics for what
+    the hub uses: ``put_nowait`` raises ``asyncio.QueueFull``, ``put`` waits for room."""
+
+    __slots__ = ("_getter", "_items", "_putters", "maxsize")
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self._items: collections.deque[str | None] | None = None
+        self._getter: asyncio.Future[None] | None = None
+        self._putters: list[asyncio.Future[None]] | None = None
+
+    def qsize(self) -> int:
+        return 0 if self._items is None else len(self._items)
+
+    def put_nowait(self, item: str | None) -> None:
+        if self.qsize() >= self.maxsize:
+            raise asyncio.QueueFull
+        if self._items is None:
+            self._items = collections.deque()
+        self._items.append(item)
+        getter = self._getter
+        if getter is not None and not getter.done():
+            getter.set_result(None)
+
+    async def put(self, item: str | None) -> None:
+        while self.qsize() >= self.maxsize:
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            if self._putters is None:
+                self._putters = []
+            self._putters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if self._putters is not None and waiter in self._putters:
+                    self._putters.remove(waiter)
+        self.put_nowait(item)
+
+    async def get(self) -> str | None:
+        while not self._items:
+            self._getter = asyncio.get_running_loop().create_future()
+            try:
+                await self._getter
+            finally:
+                self._getter = None
+        item = self._items.popleft()
+        if not self._items:
+            self._items = None
+        if self._putters:
+            for waiter in self._putters:
+                if not waiter.done():
+                    waiter.set_result(None)
+                    break
+        return item
+
+
+@dataclass(slots=True)
 class _Live:
     """A caught-up subscriber the tail pushes to directly."""
 
     connection: Connection
     seq: int
     epoch: str
-    wake: asyncio.Event
+    wake: asyncio.Future[None]
 
 
 class Tail:
@@ -227,7 +287,8 @@ class Tail:
                     continue
                 if event.epoch != live.epoch or not live.connection.try_put(data):
                     del self.live[key]
-                    live.wake.set()
+                    if not live.wake.done():
+                        live.wake.set_result(None)
                     break
                 live.seq = event.seq
                 delivered += 1
@@ -236,7 +297,7 @@ class Tail:
 
     def go_live(self, connection: Connection, seq: int, epoch: str) -> _Live:
         """Register a subscriber that holds everything up to ``seq`` (== ``last_seq``)."""
-        live = _Live(connection, seq, epoch, asyncio.Event())
+        live = _Live(connection, seq, epoch, asyncio.get_running_loop().create_future())
         self.live[id(live)] = live
         return live
 
@@ -302,13 +363,32 @@ class Evicted(Exception):
 class Connection:
     """One client socket: a bounded outgoing queue drained by one writer task."""
 
+    # Slots: a hub holds thousands of these; an attribute dict would cost ~1 KiB each.
+    __slots__ = (
+        "announced",
+        "closed",
+        "connection_id",
+        "grant",
+        "hub",
+        "name",
+        "presence_watch",
+        "protocol",
+        "queue",
+        "requests",
+        "role",
+        "serve_task",
+        "subscriptions",
+        "summarizer",
+        "websocket",
+    )
+
     def __init__(self, hub: Hub, websocket: WebSocket) -> None:
         self.hub = hub
         self.websocket = websocket
         self.protocol = ServerConnection(
             max_frame_bytes=hub.config.max_frame_bytes, max_subscriptions=hub.config.max_subscriptions
         )
-        self.queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=hub.config.queue_frames)
+        self.queue = Outbox(hub.config.queue_frames)
         self.requests: set[asyncio.Task[None]] = set()
         self.subscriptions: dict[StreamKey, asyncio.Task[None]] = {}
         self.closed = False
@@ -603,7 +683,7 @@ class Connection:
                             continue
                         live = tail.go_live(self, seq, epoch)
                         try:
-                            await live.wake.wait()  # the tail delivers until it cannot
+                            await live.wake  # the tail delivers until it cannot
                         finally:
                             tail.leave(live)
                         seq = live.seq

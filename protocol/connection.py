@@ -48,6 +48,8 @@ StreamKey = str | None
 class ServerConnection:
     """One client connection, server side."""
 
+    __slots__ = ("max_frame_bytes", "max_subscriptions", "subscriptions")
+
     def __init__(self, *, max_frame_bytes: int = 1 << 20, max_subscriptions: int = 64) -> None:
         self.max_frame_bytes = max_frame_bytes
         self.max_subscriptions = max_subscriptions
