@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import itertools
 import logging
 import time
@@ -221,12 +222,15 @@ class Outbox:
 
 @dataclass(slots=True)
 class _Live:
-    """A caught-up subscriber the tail pushes to directly."""
+    """A caught-up subscriber the tail pushes to directly. It has no task of its own while
+    live (an idle subscriber costs memory, not a task); ``resume`` starts one when the
+    subscriber must continue on its own."""
 
     connection: Connection
+    tail: Tail
     seq: int
     epoch: str
-    wake: asyncio.Future[None]
+    resume: Callable[[_Live], None]
 
 
 class Tail:
@@ -287,17 +291,16 @@ class Tail:
                     continue
                 if event.epoch != live.epoch or not live.connection.try_put(data):
                     del self.live[key]
-                    if not live.wake.done():
-                        live.wake.set_result(None)
+                    live.resume(live)
                     break
                 live.seq = event.seq
                 delivered += 1
         if delivered:
             self.on_delivered(delivered)
 
-    def go_live(self, connection: Connection, seq: int, epoch: str) -> _Live:
+    def go_live(self, connection: Connection, seq: int, epoch: str, resume: Callable[[_Live], None]) -> _Live:
         """Register a subscriber that holds everything up to ``seq`` (== ``last_seq``)."""
-        live = _Live(connection, seq, epoch, asyncio.get_running_loop().create_future())
+        live = _Live(connection, self, seq, epoch, resume)
         self.live[id(live)] = live
         return live
 
@@ -371,6 +374,7 @@ class Connection:
         "grant",
         "hub",
         "name",
+        "parked",
         "presence_watch",
         "protocol",
         "queue",
@@ -391,6 +395,7 @@ class Connection:
         self.queue = Outbox(hub.config.queue_frames)
         self.requests: set[asyncio.Task[None]] = set()
         self.subscriptions: dict[StreamKey, asyncio.Task[None]] = {}
+        self.parked: dict[StreamKey, _Live] = {}  # live subscriptions, whose task has ended
         self.closed = False
         self.serve_task: asyncio.Task[Any] | None = None
         self.grant: Grant | None = None
@@ -508,14 +513,9 @@ class Connection:
             key = parsed.session_id
             if parsed.presence and key is not None:
                 self.presence_watch.add(key)
-            follow = asyncio.get_running_loop().create_task(self._follow(parsed))
-            self.subscriptions[key] = follow
+            self._unpark(key)  # a stale live registration (resubscribed) goes
             self.hub.metrics.subscriptions.inc()
-
-            def done(_task: asyncio.Task[None], key: StreamKey = key) -> None:
-                self._subscription_done(key)
-
-            follow.add_done_callback(done)
+            self._register(key, asyncio.get_running_loop().create_task(self._follow(parsed)))
             return
         if isinstance(parsed, f.Hello):
             self._spawn(self._hello(parsed))
@@ -538,6 +538,8 @@ class Connection:
             stopped = self.subscriptions.pop(parsed.session_id, None)
             if stopped is not None:
                 stopped.cancel()
+            if self._unpark(parsed.session_id):
+                self._subscription_done(parsed.session_id)
             self._spawn(self.send(f.ReplyFrame(id=parsed.id, result=None)))
             return
         self._spawn(self._run(parsed))
@@ -565,12 +567,40 @@ class Connection:
         self.requests.add(task)
         task.add_done_callback(self.requests.discard)
 
+    def _unpark(self, key: StreamKey) -> bool:
+        """End a live subscription that has no task; True if there was one."""
+        live = self.parked.pop(key, None)
+        if live is None:
+            return False
+        live.tail.leave(live)
+        self.hub.tails.release(live.tail)
+        return True
+
+    def unpark_all(self) -> None:
+        for key in list(self.parked):
+            self._unpark(key)
+            self.hub.metrics.subscriptions.dec()
+
+    def _register(self, key: StreamKey, task: asyncio.Task[None]) -> None:
+        self.subscriptions[key] = task
+
+        def done(_task: asyncio.Task[None], key: StreamKey = key) -> None:
+            self._subscription_done(key)
+
+        task.add_done_callback(done)
+
+    def follows(self, key: StreamKey) -> bool:
+        """Whether this connection is subscribed to ``key`` (with a task, or live)."""
+        return key in self.subscriptions or key in self.parked
+
     def _subscription_done(self, key: StreamKey) -> None:
-        self.hub.metrics.subscriptions.dec()
         current = self.subscriptions.get(key)
         if current is not None and current.done():
-            del self.subscriptions[key]
-        if key not in self.subscriptions:
+            del self.subscriptions[key]  # a live subscription keeps no finished task
+        if key in self.parked:  # its task ended because it went live: still subscribed
+            return
+        self.hub.metrics.subscriptions.dec()
+        if not self.follows(key):
             self.protocol.subscription_ended(key)
             if key is not None:
                 self.presence_watch.discard(key)
@@ -583,7 +613,7 @@ class Connection:
         before = set(self.announced)
         self.announced = set(request.sessions)
         for sid in before - self.announced:
-            if sid not in self.subscriptions:
+            if not self.follows(sid):
                 self.hub.leave(self, sid)
         for sid in self.hub.present_on(self):
             self.hub.announce(self, sid)  # name or role may have changed: join again
@@ -641,6 +671,7 @@ class Connection:
         except SessionHubError as exc:
             await self.send(f.ErrorFrame(id=request.id, code=_code(exc), message=str(exc)))
             return
+        handed_over = False  # from here on, _pump owns the tail (and releases it)
         try:
             position = await store.stream_position(stream)
             asked = request.epoch
@@ -659,7 +690,35 @@ class Connection:
             )
             if key is not None:
                 self.hub.join(self, key)
-            caught_up = False
+            handed_over = True
+        except Evicted:
+            return
+        finally:
+            if not handed_over:
+                self.hub.tails.release(tail)
+        await self._pump(key, stream, tail, seq, epoch, caught_up=False)
+
+    def _resume(self, key: StreamKey, stream: str, live: _Live) -> None:
+        """The tail could not deliver to this live subscriber (full queue, new epoch): it
+        continues with a task of its own, with backpressure, from what it has."""
+        if self.parked.get(key) is not live:
+            return
+        del self.parked[key]
+        if self.closed:
+            self.hub.tails.release(live.tail)
+            self.hub.metrics.subscriptions.dec()
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._pump(key, stream, live.tail, live.seq, live.epoch, caught_up=True)
+        )
+        self._register(key, task)
+
+    async def _pump(
+        self, key: StreamKey, stream: str, tail: Tail, seq: int, epoch: str | None, *, caught_up: bool
+    ) -> None:
+        store = self.hub.store
+        parked = False
+        try:
             while True:
                 waiter = tail.changed
                 events = tail.after(seq)
@@ -681,12 +740,13 @@ class Connection:
                         if epoch is None:  # an empty stream: wait for its first event
                             await waiter.wait()
                             continue
-                        live = tail.go_live(self, seq, epoch)
-                        try:
-                            await live.wake  # the tail delivers until it cannot
-                        finally:
-                            tail.leave(live)
-                        seq = live.seq
+                        # Go live and end this task: the tail delivers from now on, and
+                        # starts a new task only if this subscriber falls behind.
+                        self.parked[key] = tail.go_live(
+                            self, seq, epoch, functools.partial(self._resume, key, stream)
+                        )
+                        parked = True
+                        return
                     continue
                 sent = 0
                 try:
@@ -705,7 +765,8 @@ class Connection:
         except Evicted:
             return
         finally:
-            self.hub.tails.release(tail)
+            if not parked:
+                self.hub.tails.release(tail)
 
     async def _reset(self, key: StreamKey, seq: int, epoch: str, first: int, last: int) -> None:
         await self.send(
@@ -838,6 +899,7 @@ class Hub:
             connection.closed = True
             for task in connection.subscriptions.values():
                 task.cancel()
+            connection.unpark_all()
             writer.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await writer

@@ -94,7 +94,7 @@ class Streams:
     def _broadcast(self, session_id: str, frame: f.StreamFrame) -> None:
         data = encode(frame).decode()  # once, for every subscriber
         for connection in self.hub.connections:
-            if session_id in connection.subscriptions and not connection.closed:
+            if connection.follows(session_id) and not connection.closed:
                 connection.offer(data)
 
     def _get(self, connection: Connection, session_id: str, message_id: str) -> LiveStream:

@@ -85,7 +85,7 @@ async def drop_subscribers(app: Starlette) -> int:
     """Close, from the server side, every connection that has a subscription."""
     closed = 0
     for connection in list(hub_of(app).connections):
-        if connection.subscriptions and not connection.closed:
+        if (connection.subscriptions or connection.parked) and not connection.closed:
             await connection.close(1011, "test")
             closed += 1
     return closed
@@ -458,7 +458,7 @@ async def test_several_subscriptions_on_one_client(app: Starlette, client: HubCl
     for s in [*streams, registry]:
         await s.aclose()
     async with asyncio.timeout(2):
-        while any(c.subscriptions for c in hub_of(app).connections):
+        while any(c.subscriptions or c.parked for c in hub_of(app).connections):
             await asyncio.sleep(0.01)
     # After closing, the stream can be followed again, with no stale event.
     again = client.subscribe(a.id, after_seq=1)
@@ -472,7 +472,7 @@ async def test_break_unsubscribes(app: Starlette, client: HubClient) -> None:
         assert event.seq == 1
         break
     async with asyncio.timeout(2):
-        while any(c.subscriptions for c in hub_of(app).connections):
+        while any(c.subscriptions or c.parked for c in hub_of(app).connections):
             await asyncio.sleep(0.01)
     async for event in client.subscribe(info.id):  # the stream is free again
         assert event.seq == 1
@@ -525,7 +525,9 @@ async def test_drop_mid_stream_every_seq_once(app: Starlette, client: HubClient)
             await asyncio.sleep(0.001)
             if i in (60, 140):
                 # Once the client follows the stream again, cut its socket mid-stream.
-                while not any(c.subscriptions and not c.closed for c in hub_of(app).connections):
+                while not any(
+                    (c.subscriptions or c.parked) and not c.closed for c in hub_of(app).connections
+                ):
                     await asyncio.sleep(0.005)
                 assert await drop_subscribers(app) == 1
 

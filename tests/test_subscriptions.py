@@ -489,10 +489,10 @@ async def test_forced_drops_during_a_stream_lose_nothing(store: SqliteStore) -> 
             for at in (75, 150, 225):
                 while written < at:
                     await asyncio.sleep(0.001)
-                live = [c for c in h.hub.connections if not c.closed and c.subscriptions]
+                live = [c for c in h.hub.connections if not c.closed and c.follows(sid)]
                 while not live:
                     await asyncio.sleep(0.001)
-                    live = [c for c in h.hub.connections if not c.closed and c.subscriptions]
+                    live = [c for c in h.hub.connections if not c.closed and c.follows(sid)]
                 for conn in live:
                     await conn.close(1011, "test drop")
 
