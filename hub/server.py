@@ -393,7 +393,9 @@ class Connection:
             max_frame_bytes=hub.config.max_frame_bytes, max_subscriptions=hub.config.max_subscriptions
         )
         self.queue = Outbox(hub.config.queue_frames)
-        self.requests: set[asyncio.Task[None]] = set()
+        # Empty sets cost ~200 bytes each; thousands of idle connections have none of these
+        # in use, so they start as the shared empty frozenset and become sets when needed.
+        self.requests: set[asyncio.Task[None]] | frozenset[asyncio.Task[None]] = frozenset()
         self.subscriptions: dict[StreamKey, asyncio.Task[None]] = {}
         self.parked: dict[StreamKey, _Live] = {}  # live subscriptions, whose task has ended
         self.closed = False
@@ -402,9 +404,9 @@ class Connection:
         self.connection_id = uuid.uuid4().hex[:12]
         self.name: str | None = None
         self.role: str | None = None
-        self.announced: set[str] = set()  # sessions declared with hello
+        self.announced: frozenset[str] = frozenset()  # sessions declared with hello
         self.summarizer = False  # declared with hello: this peer writes summaries
-        self.presence_watch: set[str] = set()  # subscriptions that asked for join/leave frames
+        self.presence_watch: frozenset[str] = frozenset()  # subscriptions asking for join/leave
 
     def entry(self) -> dict[str, Any]:
         return {"connection_id": self.connection_id, "name": self.name, "role": self.role}
@@ -512,7 +514,7 @@ class Connection:
         if isinstance(parsed, f.Subscribe):
             key = parsed.session_id
             if parsed.presence and key is not None:
-                self.presence_watch.add(key)
+                self.presence_watch = self.presence_watch | {key}
             self._unpark(key)  # a stale live registration (resubscribed) goes
             self.hub.metrics.subscriptions.inc()
             self._register(key, asyncio.get_running_loop().create_task(self._follow(parsed)))
@@ -564,8 +566,11 @@ class Connection:
                 await coro
 
         task = asyncio.get_running_loop().create_task(guarded())
-        self.requests.add(task)
-        task.add_done_callback(self.requests.discard)
+        if not isinstance(self.requests, set):
+            self.requests = set()
+        requests = self.requests
+        requests.add(task)
+        task.add_done_callback(requests.discard)
 
     def _unpark(self, key: StreamKey) -> bool:
         """End a live subscription that has no task; True if there was one."""
@@ -603,15 +608,15 @@ class Connection:
         if not self.follows(key):
             self.protocol.subscription_ended(key)
             if key is not None:
-                self.presence_watch.discard(key)
+                self.presence_watch = self.presence_watch - {key}
             if key is not None and key not in self.announced:
                 self.hub.leave(self, key)
 
     async def _hello(self, request: f.Hello) -> None:
         self.name, self.role = request.name, request.role
         self.summarizer = request.summarizer
-        before = set(self.announced)
-        self.announced = set(request.sessions)
+        before = self.announced
+        self.announced = frozenset(request.sessions)
         for sid in before - self.announced:
             if not self.follows(sid):
                 self.hub.leave(self, sid)
