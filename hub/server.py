@@ -1,8 +1,8 @@
 """The hub: the engine served over a WebSocket (``/ws``), plus ``/healthz`` and ``/metrics``.
 
 One connection runs a reader (frames in, via the sans-I/O :class:`protocol.connection.
-ServerConnection`), one task per request, one task per subscription, and one writer that
-drains a bounded outgoing queue into the socket. Nothing ever waits on a slow peer but that
+ServerConnection`), one task per request, one task per subscription that is catching up,
+and a drainer that empties a bounded outgoing queue into the socket while frames wait. Nothing ever waits on a slow peer but that
 peer's own tasks: a subscriber whose queue stays full past ``send_timeout`` is closed
 (code 4008) and resumes from its last seq elsewhere.
 
@@ -164,16 +164,16 @@ class Outbox:
     """One connection's bounded FIFO of outgoing frames.
 
     ``asyncio.Queue`` allocates three deques and an event up front (about 2.5 KiB); this
-    allocates its deque when a frame is queued, drops it when drained, and waits on plain
-    futures, so an idle subscriber costs less (docs/benchmarks.md). Same semantics for what
-    the hub uses: ``put_nowait`` raises ``asyncio.QueueFull``, ``put`` waits for room."""
+    allocates its deque when a frame is queued and drops it when drained, so an idle
+    subscriber costs less (docs/benchmarks.md). What the hub uses: ``put_nowait`` raises
+    ``asyncio.QueueFull``, ``put`` waits for room, ``get_nowait`` raises
+    ``asyncio.QueueEmpty``."""
 
-    __slots__ = ("_getter", "_items", "_putters", "maxsize")
+    __slots__ = ("_items", "_putters", "maxsize")
 
     def __init__(self, maxsize: int) -> None:
         self.maxsize = maxsize
         self._items: collections.deque[str | None] | None = None
-        self._getter: asyncio.Future[None] | None = None
         self._putters: list[asyncio.Future[None]] | None = None
 
     def qsize(self) -> int:
@@ -185,9 +185,6 @@ class Outbox:
         if self._items is None:
             self._items = collections.deque()
         self._items.append(item)
-        getter = self._getter
-        if getter is not None and not getter.done():
-            getter.set_result(None)
 
     async def put(self, item: str | None) -> None:
         while self.qsize() >= self.maxsize:
@@ -202,13 +199,9 @@ class Outbox:
                     self._putters.remove(waiter)
         self.put_nowait(item)
 
-    async def get(self) -> str | None:
-        while not self._items:
-            self._getter = asyncio.get_running_loop().create_future()
-            try:
-                await self._getter
-            finally:
-                self._getter = None
+    def get_nowait(self) -> str | None:
+        if not self._items:
+            raise asyncio.QueueEmpty
         item = self._items.popleft()
         if not self._items:
             self._items = None
@@ -364,13 +357,16 @@ class Evicted(Exception):
 
 
 class Connection:
-    """One client socket: a bounded outgoing queue drained by one writer task."""
+    """One client socket: a bounded outgoing queue, drained by a task that runs only while
+    frames wait (an idle connection keeps no writer task)."""
 
     # Slots: a hub holds thousands of these; an attribute dict would cost ~1 KiB each.
     __slots__ = (
         "announced",
         "closed",
+        "closing_output",
         "connection_id",
+        "drainer",
         "grant",
         "hub",
         "name",
@@ -400,6 +396,8 @@ class Connection:
         self.parked: dict[StreamKey, _Live] = {}  # live subscriptions, whose task has ended
         self.closed = False
         self.serve_task: asyncio.Task[Any] | None = None
+        self.drainer: asyncio.Task[None] | None = None
+        self.closing_output = False
         self.grant: Grant | None = None
         self.connection_id = uuid.uuid4().hex[:12]
         self.name: str | None = None
@@ -423,6 +421,7 @@ class Connection:
             self.queue.put_nowait(data)
         except asyncio.QueueFull:
             return False
+        self._kick()
         return True
 
     async def send_text(self, data: str) -> None:
@@ -431,11 +430,13 @@ class Connection:
             raise Evicted
         try:
             self.queue.put_nowait(data)
+            self._kick()
             return
         except asyncio.QueueFull:
             pass
         try:
             await asyncio.wait_for(self.queue.put(data), self.hub.config.send_timeout)
+            self._kick()
         except TimeoutError:
             self.hub.metrics.evictions.inc()
             await self.close(
@@ -452,12 +453,14 @@ class Connection:
             return
         try:
             self.queue.put_nowait(data)
+            self._kick()
         except asyncio.QueueFull:
             self._spawn(self._send_encoded(data))
 
     async def _send_encoded(self, data: str) -> None:
         try:
             await asyncio.wait_for(self.queue.put(data), self.hub.config.send_timeout)
+            self._kick()
         except TimeoutError:
             self.hub.metrics.evictions.inc()
             await self.close(
@@ -466,11 +469,23 @@ class Connection:
                 "resume from your last seq",
             )
 
-    async def writer(self) -> None:
+    def _kick(self) -> None:
+        """Make sure a drainer runs. It exists only while frames wait, so an idle
+        connection keeps no writer task (measured: a task and its frame per idle subscriber)."""
+        if self.drainer is None or self.drainer.done():
+            self.drainer = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
         while True:
-            data = await self.queue.get()
-            if data is None:
+            try:
+                data = self.queue.get_nowait()
+            except asyncio.QueueEmpty:
                 return
+            if data is None:  # the hub is closing this socket: nothing after this
+                self.closing_output = True
+                return
+            if self.closing_output:
+                continue
             await self.websocket.send_text(data)
 
     async def close(self, code: int, reason: str) -> None:
@@ -867,6 +882,7 @@ class Hub:
             # Let queued replies go out before the close frame.
             with contextlib.suppress(asyncio.QueueFull):
                 connection.queue.put_nowait(None)
+                connection._kick()
         await asyncio.sleep(0)
         for connection in list(self.connections):
             await connection.close(CLOSE_GOING_AWAY, "server shutting down; resume elsewhere")
@@ -883,7 +899,6 @@ class Hub:
         connection.serve_task = asyncio.current_task()
         self.connections.add(connection)
         self.metrics.connections.inc()
-        writer = asyncio.get_running_loop().create_task(connection.writer())
         try:
             while not connection.closed:
                 message = await websocket.receive()
@@ -905,9 +920,11 @@ class Hub:
             for task in connection.subscriptions.values():
                 task.cancel()
             connection.unpark_all()
-            writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await writer
+            drainer = connection.drainer
+            if drainer is not None and not drainer.done():
+                drainer.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await drainer
             self.connections.discard(connection)
             if self.worker_summarizer is not None:
                 self.worker_summarizer.connection_lost(connection)
