@@ -2,9 +2,9 @@
 
 One connection runs a reader (frames in, via the sans-I/O :class:`protocol.connection.
 ServerConnection`), one task per request, one task per subscription that is catching up,
-and a drainer that empties a bounded outgoing queue into the socket while frames wait. Nothing ever waits on a slow peer but that
-peer's own tasks: a subscriber whose queue stays full past ``send_timeout`` is closed
-(code 4008) and resumes from its last seq elsewhere.
+and a drainer that empties a bounded outgoing queue into the socket while frames wait.
+Nothing ever waits on a slow peer but that peer's own tasks: a subscriber whose queue stays
+full past ``send_timeout`` is closed (code 4008) and resumes from its last seq elsewhere.
 
 Subscriptions are served from the event log. Each followed stream has one *tail*: a task
 that reads each new event once from the store (woken by the store's bus) and keeps the
