@@ -192,6 +192,18 @@ def _parent_fields(parent_id: object) -> dict[str, Any]:
     return {"parent_id": parent_id}
 
 
+async def _notify(callback: Callable[[Any], Any] | None, frame: Any) -> None:
+    """Call a user's frame callback (sync or async); its failure is logged, not raised."""
+    if callback is None:
+        return
+    try:
+        outcome = callback(frame)
+        if inspect.isawaitable(outcome):
+            await outcome
+    except Exception:
+        log.exception("%r failed on %s", callback, type(frame).__name__)
+
+
 def _convert(data: Any, kind: type[_T]) -> _T:
     return msgspec.convert(data, kind)
 
@@ -1078,21 +1090,9 @@ class HubClient:
             with contextlib.suppress(ConnectionClosed):
                 await socket.send(data, text=True)
         elif isinstance(effect, PresenceChanged):
-            if self.on_presence is not None:
-                try:
-                    outcome = self.on_presence(effect.frame)
-                    if inspect.isawaitable(outcome):
-                        await outcome
-                except Exception:
-                    log.exception("on_presence failed")
+            await _notify(self.on_presence, effect.frame)
         elif isinstance(effect, Streamed):
-            if self.on_stream is not None:
-                try:
-                    outcome = self.on_stream(effect.frame)
-                    if inspect.isawaitable(outcome):
-                        await outcome
-                except Exception:
-                    log.exception("on_stream failed")
+            await _notify(self.on_stream, effect.frame)
         elif isinstance(effect, SummaryWanted):
             task = asyncio.get_running_loop().create_task(self._write_summary(socket, effect.frame))
             self._background.add(task)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+import msgspec
+
 from protocol import Message
 
 from .context import call
@@ -418,14 +420,7 @@ def sanitize_tool_pairs(messages: Sequence[Message]) -> list[Message]:
 
 
 def _with_parts(message: Message, parts: list[dict[str, Any]]) -> Message:
-    return Message(
-        id=message.id,
-        role=message.role,
-        parts=parts,
-        created_at=message.created_at,
-        metadata=message.metadata,
-        extra=message.extra,
-    )
+    return msgspec.structs.replace(message, parts=parts)
 
 
 _TRUNCATED_FLAG = "__truncated"

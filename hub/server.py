@@ -431,20 +431,9 @@ class Connection:
         try:
             self.queue.put_nowait(data)
             self._kick()
-            return
         except asyncio.QueueFull:
-            pass
-        try:
-            await asyncio.wait_for(self.queue.put(data), self.hub.config.send_timeout)
-            self._kick()
-        except TimeoutError:
-            self.hub.metrics.evictions.inc()
-            await self.close(
-                CLOSE_SLOW_CONSUMER,
-                f"slow consumer: outgoing queue full for {self.hub.config.send_timeout:g}s; "
-                "resume from your last seq",
-            )
-            raise Evicted from None
+            if not await self._wait_to_send(data):
+                raise Evicted from None
 
     def offer(self, data: str) -> None:
         """Queue an already-encoded frame without waiting (fan-out): when the queue is full,
@@ -455,12 +444,13 @@ class Connection:
             self.queue.put_nowait(data)
             self._kick()
         except asyncio.QueueFull:
-            self._spawn(self._send_encoded(data))
+            self._spawn(self._wait_to_send(data))
 
-    async def _send_encoded(self, data: str) -> None:
+    async def _wait_to_send(self, data: str) -> bool:
+        """The queue is full: wait for room up to the send timeout, else evict the peer.
+        Returns whether the frame was queued."""
         try:
             await asyncio.wait_for(self.queue.put(data), self.hub.config.send_timeout)
-            self._kick()
         except TimeoutError:
             self.hub.metrics.evictions.inc()
             await self.close(
@@ -468,6 +458,9 @@ class Connection:
                 f"slow consumer: outgoing queue full for {self.hub.config.send_timeout:g}s; "
                 "resume from your last seq",
             )
+            return False
+        self._kick()
+        return True
 
     def _kick(self) -> None:
         """Make sure a drainer runs. It exists only while frames wait, so an idle
@@ -575,7 +568,7 @@ class Connection:
         registry = isinstance(request, f.Subscribe | f.Unsubscribe) and session_id is None
         return self.grant.allows(op, session_id if isinstance(session_id, str) else None, registry=registry)
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
+    def _spawn(self, coro: Awaitable[object]) -> None:
         async def guarded() -> None:
             with contextlib.suppress(Evicted):
                 await coro

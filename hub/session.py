@@ -8,6 +8,8 @@ import math
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Self
 
+import msgspec
+
 from protocol import (
     Compaction,
     Conflict,
@@ -506,16 +508,7 @@ class Session:
                     hit = True
                 parts.append(part)
             if hit:
-                await self.update_message(
-                    Message(
-                        id=message.id,
-                        role=message.role,
-                        parts=parts,
-                        created_at=message.created_at,
-                        metadata=message.metadata,
-                        extra=message.extra,
-                    )
-                )
+                await self.update_message(msgspec.structs.replace(message, parts=parts))
                 return
 
     # -- events --------------------------------------------------------------------------
