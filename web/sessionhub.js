@@ -1,0 +1,646 @@
+// sessionhub.js: the hub's wire protocol for browsers and Node, no dependencies.
+//
+// One WebSocket per client. Requests carry ids and resolve with their reply (or reject with
+// a HubError carrying the wire `code`). Subscriptions remember the (epoch, seq) of the last
+// event they delivered: after a dropped connection the client reconnects with exponential
+// backoff and resubscribes from there, so every event is delivered once, in order. A request
+// in flight when the socket drops rejects with ConnectionLost (it is not retried: it may have
+// been applied). Same guarantees as the Python client (clients/hub.py); the protocol state is
+// a port of protocol/connection.py's ClientConnection. See docs/js-client.md.
+
+/** Error frames become HubError (`code` is the wire code: invalid, not_found, forbidden...). */
+export class HubError extends Error {
+  constructor(code, message) {
+    super(message);
+    this.name = "HubError";
+    this.code = code;
+  }
+}
+
+/** The socket dropped before the reply came (or the client is closed). */
+export class ConnectionLost extends HubError {
+  constructor(message = "the connection to the hub was lost") {
+    super("connection_lost", message);
+    this.name = "ConnectionLost";
+  }
+}
+
+/** A subscription's position cannot be served (pruned, another epoch, beyond the end). */
+export class PositionLost extends HubError {
+  constructor(frame) {
+    super("reset", frame.message || "position lost");
+    this.name = "PositionLost";
+    this.frame = frame;
+    this.epoch = frame.epoch;
+    this.firstSeq = frame.first_seq;
+    this.lastSeq = frame.last_seq;
+  }
+}
+
+const REGISTRY = "\u0000registry"; // Map key for the registry stream (session_id null)
+const keyOf = (sessionId) => (sessionId === null || sessionId === undefined ? REGISTRY : sessionId);
+const idOf = (key) => (key === REGISTRY ? null : key);
+
+/**
+ * Sans-I/O client state: request ids, pending requests, each followed stream's position.
+ * Frames in, effects out; a port of protocol/connection.py's ClientConnection.
+ */
+export class ClientConnection {
+  constructor() {
+    this.nextId = 1;
+    this.pending = new Set();
+    this.positions = new Map(); // key -> {epoch, seq}
+    this.presence = new Set(); // keys followed with presence frames
+  }
+
+  request(op, fields = {}) {
+    const id = this.nextId++;
+    this.pending.add(id);
+    return [id, JSON.stringify({ op, id, ...fields })];
+  }
+
+  subscribe(sessionId, afterSeq = 0, epoch = null, presence = false) {
+    const key = keyOf(sessionId);
+    let position = this.positions.get(key);
+    if (!position) {
+      position = { epoch: epoch ?? null, seq: afterSeq };
+      this.positions.set(key, position);
+    }
+    if (presence) this.presence.add(key);
+    const fields = { session_id: idOf(key), after_seq: position.seq, epoch: position.epoch };
+    if (this.presence.has(key)) fields.presence = true;
+    return this.request("subscribe", fields);
+  }
+
+  unsubscribe(sessionId) {
+    const key = keyOf(sessionId);
+    this.positions.delete(key);
+    this.presence.delete(key);
+    return this.request("unsubscribe", { session_id: idOf(key) });
+  }
+
+  /** After a reconnect: one subscribe per followed stream, from its last seq. */
+  resubscribe() {
+    this.pending.clear();
+    return [...this.positions.keys()].map((key) => [key, ...this.subscribe(idOf(key))]);
+  }
+
+  /** One incoming text frame -> an effect {kind, ...}. */
+  receive(text) {
+    const frame = JSON.parse(text);
+    switch (frame.frame) {
+      case "reply":
+        if (!this.pending.has(frame.id)) return { kind: "ignored", reason: "reply to an unknown request" };
+        this.pending.delete(frame.id);
+        return { kind: "resolved", id: frame.id, result: frame.result };
+      case "error":
+        if (frame.id !== null && frame.id !== undefined) this.pending.delete(frame.id);
+        return { kind: "failed", id: frame.id ?? null, code: frame.code, message: frame.message };
+      case "event": {
+        const key = frame.stream === "registry" ? REGISTRY : frame.session_id;
+        const position = this.positions.get(key);
+        if (!position) return { kind: "ignored", reason: "event for a stream not followed" };
+        if (position.epoch === frame.epoch && frame.seq <= position.seq) {
+          return { kind: "ignored", reason: "already delivered" };
+        }
+        position.epoch = frame.epoch;
+        position.seq = frame.seq;
+        return { kind: "delivered", key, event: frame };
+      }
+      case "presence":
+        return { kind: "presence", frame };
+      case "stream":
+        return { kind: "stream", frame };
+      case "summarize":
+        return { kind: "summarize", frame };
+      case "reset": {
+        const key = keyOf(frame.session_id);
+        this.positions.delete(key);
+        return { kind: "reset", key, frame };
+      }
+      default:
+        return { kind: "ignored", reason: `unknown frame ${frame.frame}` };
+    }
+  }
+}
+
+/** Exponential backoff: 0, then first, doubling, capped (ms). */
+export function nextBackoff(previous, first, cap) {
+  return Math.min(cap, Math.max(first, previous * 2));
+}
+
+const STATES = ["connecting", "open", "reconnecting", "closed"];
+
+/**
+ * A subscription handle: `position` is {epoch, seq} of the last event delivered;
+ * `close()` unsubscribes. Handlers: onEvent(event), onReset(frame) (the subscription ends
+ * unless `reload`), onError(HubError) (the hub refused or ended it), onReady({epoch, last_seq}).
+ */
+class Subscription {
+  constructor(client, key, options) {
+    this.client = client;
+    this.key = key;
+    this.sessionId = idOf(key);
+    this.options = options;
+    this.requestId = null;
+    this.active = true;
+  }
+
+  get position() {
+    const p = this.client.protocol.positions.get(this.key);
+    return p ? { epoch: p.epoch, seq: p.seq } : null;
+  }
+
+  async close() {
+    if (!this.active) return;
+    this.active = false;
+    const client = this.client;
+    if (client.subscriptions.get(this.key) === this) client.subscriptions.delete(this.key);
+    if (this.requestId !== null) client.subscribeIds.delete(this.requestId);
+    if (client.protocol.positions.has(this.key) && client.socketOpen()) {
+      try {
+        await client._send(...client.protocol.unsubscribe(this.sessionId));
+      } catch {
+        // the connection dropped: nothing is followed on the next socket anyway
+      }
+    } else {
+      client.protocol.positions.delete(this.key);
+      client.protocol.presence.delete(this.key);
+    }
+  }
+}
+
+/**
+ * One hub connection across reconnects.
+ *
+ * new HubClient(url, {token, name, role, sessions, reconnect, maxBackoff, firstBackoff,
+ *                     stableAfter, openTimeout, WebSocket})
+ * Events (client.on(name, fn)): "state" ({state, attempt, delay, reason}), "stream" (stream
+ * frames), "presence" (presence frames), "reconnect" (after a new socket is up and the
+ * subscriptions were resent), "summarize" (summarize frames).
+ */
+export class HubClient {
+  constructor(url, options = {}) {
+    this.url = url;
+    this.token = options.token ?? null;
+    this.name = options.name ?? null;
+    this.role = options.role ?? null;
+    this.sessions = options.sessions ?? [];
+    this.reconnect = options.reconnect ?? true;
+    this.firstBackoff = options.firstBackoff ?? 50;
+    this.maxBackoff = options.maxBackoff ?? 5000;
+    this.stableAfter = options.stableAfter ?? 1000;
+    this.openTimeout = options.openTimeout ?? 10000;
+    this.WebSocket = options.WebSocket ?? globalThis.WebSocket;
+    this.random = options.random ?? Math.random;
+    this.timers = options.timers ?? { setTimeout: (f, ms) => setTimeout(f, ms), clearTimeout: (t) => clearTimeout(t) };
+    if (!this.WebSocket) throw new Error("no WebSocket: pass options.WebSocket");
+    this.protocol = new ClientConnection();
+    this.futures = new Map(); // request id -> {resolve, reject}
+    this.subscriptions = new Map(); // key -> Subscription
+    this.subscribeIds = new Map(); // subscribe request id -> Subscription
+    this.listeners = new Map();
+    this.socket = null;
+    this.state = "closed";
+    this.closed = false;
+    this.reconnects = 0;
+    this.attempt = 0;
+    this.backoff = 0;
+    this.openedAt = 0;
+    this.retryTimer = null;
+    this.waiters = []; // requests made while (re)connecting
+  }
+
+  // -- events -------------------------------------------------------------------------
+  on(name, fn) {
+    if (!this.listeners.has(name)) this.listeners.set(name, new Set());
+    this.listeners.get(name).add(fn);
+    return () => this.listeners.get(name).delete(fn);
+  }
+
+  _emit(name, value) {
+    for (const fn of this.listeners.get(name) ?? []) {
+      try {
+        fn(value);
+      } catch (err) {
+        queueMicrotask(() => {
+          throw err;
+        });
+      }
+    }
+  }
+
+  _setState(state, extra = {}) {
+    if (!STATES.includes(state)) throw new Error(state);
+    this.state = state;
+    this._emit("state", { state, ...extra });
+  }
+
+  socketOpen() {
+    return this.socket !== null && this.socket.readyState === 1 && this.state === "open";
+  }
+
+  // -- connecting ---------------------------------------------------------------------
+  /** Open the socket; resolves once it is open (rejects with ConnectionLost if it cannot). */
+  connect() {
+    this.closed = false;
+    this._setState("connecting");
+    return new Promise((resolve, reject) => {
+      this._open((ok, reason) => (ok ? resolve() : reject(new ConnectionLost(`cannot connect to the hub: ${reason}`))));
+    });
+  }
+
+  _open(done) {
+    let ws;
+    const protocols = this.token ? ["sessionhub", `bearer.${this.token}`] : undefined;
+    try {
+      ws = protocols ? new this.WebSocket(this.url, protocols) : new this.WebSocket(this.url);
+    } catch (err) {
+      done(false, String(err && err.message));
+      return;
+    }
+    this.socket = ws;
+    let opened = false;
+    ws.onopen = () => {
+      if (this.socket !== ws) return;
+      opened = true;
+      this.openedAt = Date.now();
+      this._hello(ws);
+      this._resume(ws);
+      done(true);
+    };
+    ws.onmessage = (msg) => {
+      if (this.socket !== ws) return;
+      this._receive(typeof msg.data === "string" ? msg.data : String(msg.data));
+    };
+    ws.onerror = () => {};
+    ws.onclose = (ev) => {
+      if (this.socket !== ws) return;
+      const reason = `${ev?.code ?? 1006}: ${ev?.reason || "connection closed"}`;
+      this._lost(reason);
+      if (!opened) done(false, reason);
+      this._scheduleReconnect(reason, opened);
+    };
+  }
+
+  _hello(ws) {
+    if (this.name === null && this.role === null && !this.sessions.length) return;
+    const hello = { op: "hello", id: "hello", name: this.name, role: this.role, sessions: this.sessions };
+    ws.send(JSON.stringify(hello));
+  }
+
+  _resume(ws) {
+    const frames = this.protocol.resubscribe();
+    this.subscribeIds.clear();
+    for (const [key, id] of frames) {
+      const sub = this.subscriptions.get(key);
+      if (sub) {
+        sub.requestId = id;
+        this.subscribeIds.set(id, sub);
+      }
+    }
+    const again = this.reconnects > 0 || this.state === "reconnecting";
+    this._setState("open");
+    for (const [, , data] of frames) ws.send(data);
+    const waiters = this.waiters;
+    this.waiters = [];
+    for (const w of waiters) w.resolve();
+    if (again) this._emit("reconnect", { reconnects: this.reconnects });
+  }
+
+  /** Fail every request in flight with ConnectionLost. */
+  _lost(reason) {
+    this.socket = null;
+    const futures = this.futures;
+    this.futures = new Map();
+    for (const f of futures.values()) f.reject(new ConnectionLost(`the connection to the hub was lost (${reason})`));
+    this.subscribeIds.clear();
+    this.protocol.pending.clear();
+  }
+
+  _scheduleReconnect(reason, wasOpen) {
+    if (this.closed) {
+      this._setState("closed", { reason });
+      return;
+    }
+    if (!this.reconnect) {
+      this.closed = true;
+      this._failWaiters(new ConnectionLost(`the connection to the hub was lost (${reason})`));
+      for (const sub of this.subscriptions.values()) sub.options.onError?.(new ConnectionLost(reason));
+      this.subscriptions.clear();
+      this.protocol.positions.clear();
+      this._setState("closed", { reason });
+      return;
+    }
+    const stable = wasOpen && Date.now() - this.openedAt >= this.stableAfter;
+    this.backoff = stable ? 0 : nextBackoff(this.backoff, this.firstBackoff, this.maxBackoff);
+    const delay = this.backoff ? this.backoff * (0.5 + this.random() * 0.5) : 0;
+    this.attempt += 1;
+    this._setState("reconnecting", { attempt: this.attempt, delay, reason });
+    this.retryTimer = this.timers.setTimeout(() => {
+      this.retryTimer = null;
+      if (this.closed) return;
+      this._open((ok) => {
+        if (ok) {
+          this.reconnects += 1;
+          this.attempt = 0;
+        }
+      });
+    }, delay);
+  }
+
+  _failWaiters(error) {
+    const waiters = this.waiters;
+    this.waiters = [];
+    for (const w of waiters) w.reject(error);
+  }
+
+  /** Close the socket; requests in flight fail with ConnectionLost; no reconnect. */
+  close() {
+    this.closed = true;
+    if (this.retryTimer !== null) this.timers.clearTimeout(this.retryTimer);
+    this.retryTimer = null;
+    const ws = this.socket;
+    this._lost("the client was closed");
+    this._failWaiters(new ConnectionLost("the client is closed"));
+    this._setState("closed", { reason: "closed by the client" });
+    if (ws) {
+      try {
+        ws.close(1000, "bye");
+      } catch {
+        // already closing
+      }
+    }
+  }
+
+  /** Wait for an open socket (requests made while reconnecting wait, up to openTimeout). */
+  _ready() {
+    if (this.closed) return Promise.reject(new ConnectionLost("the client is closed"));
+    if (this.socketOpen()) return Promise.resolve();
+    return new Promise((resolve, reject) => {
+      const waiter = { resolve: () => (done(), resolve()), reject: (e) => (done(), reject(e)) };
+      const timer = this.timers.setTimeout(() => {
+        this.waiters = this.waiters.filter((w) => w !== waiter);
+        reject(new ConnectionLost(`no connection to the hub within ${this.openTimeout} ms`));
+      }, this.openTimeout);
+      const done = () => this.timers.clearTimeout(timer);
+      this.waiters.push(waiter);
+    });
+  }
+
+  _send(id, data) {
+    return new Promise((resolve, reject) => {
+      this.futures.set(id, { resolve, reject });
+      try {
+        this.socket.send(data);
+      } catch (err) {
+        this.futures.delete(id);
+        reject(new ConnectionLost(String(err && err.message)));
+      }
+    });
+  }
+
+  // -- requests -----------------------------------------------------------------------
+  /** Send one request; resolves with its result, rejects with HubError / ConnectionLost. */
+  async request(op, fields = {}) {
+    await this._ready();
+    return this._send(...this.protocol.request(op, fields));
+  }
+
+  ping() {
+    return this.request("ping");
+  }
+
+  presence(sessionId) {
+    return this.request("presence", { session_id: sessionId });
+  }
+
+  /**
+   * Follow a session's events (sessionId null: the registry) after `afterSeq`, across
+   * reconnects. options: {afterSeq, epoch, presence, reload, onEvent, onReset, onError,
+   * onReady}. With `reload`, a reset calls onReset(frame) and continues from the reset's
+   * last_seq by itself (reload your snapshot in onReset); without, the subscription ends.
+   */
+  subscribe(sessionId, options = {}) {
+    const key = keyOf(sessionId);
+    if (this.subscriptions.has(key)) {
+      throw new HubError("invalid", `already subscribed to ${key === REGISTRY ? "the registry" : key}`);
+    }
+    const sub = new Subscription(this, key, options);
+    this.subscriptions.set(key, sub);
+    const [id, data] = this.protocol.subscribe(idOf(key), options.afterSeq ?? 0, options.epoch ?? null, !!options.presence);
+    if (this.socketOpen()) {
+      sub.requestId = id;
+      this.subscribeIds.set(id, sub);
+      this.socket.send(data);
+    } else {
+      // Registered: the next (re)connect resubscribes from the position.
+      this.protocol.pending.delete(id);
+      if (this.state === "closed" && !this.closed) this.connect().catch(() => {});
+    }
+    return sub;
+  }
+
+  // -- streamed messages ----------------------------------------------------------------
+  /**
+   * Stream a message into a session: resolves to a writer with text(), reasoning(),
+   * toolPart() (sent without waiting) and end(status) (waits for every delta's reply).
+   */
+  async streamMessage(sessionId, messageId, { role = "assistant", parentId, metadata } = {}) {
+    const fields = { session_id: sessionId, message_id: messageId, role };
+    if (parentId !== undefined) fields.parent_id = parentId;
+    if (metadata !== undefined) fields.metadata = metadata;
+    await this.request("stream_start", fields);
+    const inflight = new Set();
+    let failure = null;
+    const delta = (extra) => {
+      if (failure) throw failure;
+      const p = this.request("stream_delta", { session_id: sessionId, message_id: messageId, ...extra });
+      inflight.add(p);
+      p.catch((err) => (failure = failure ?? err)).finally(() => inflight.delete(p));
+      return p;
+    };
+    return {
+      text: (text) => delta({ kind: "text", text }),
+      reasoning: (text) => delta({ kind: "reasoning", text }),
+      toolPart: (part) => delta({ kind: "tool", part }),
+      end: async (status = "finished") => {
+        await Promise.allSettled([...inflight]);
+        if (failure) status = "aborted";
+        await this.request("stream_end", { session_id: sessionId, message_id: messageId, status });
+        if (failure) throw failure;
+      },
+    };
+  }
+
+  // -- frames in ----------------------------------------------------------------------
+  _receive(text) {
+    let effect;
+    try {
+      effect = this.protocol.receive(text);
+    } catch {
+      return; // unreadable frame: ignored, as the Python client does
+    }
+    switch (effect.kind) {
+      case "delivered": {
+        const sub = this.subscriptions.get(effect.key);
+        sub?.options.onEvent?.(effect.event);
+        break;
+      }
+      case "resolved": {
+        const sub = this.subscribeIds.get(effect.id);
+        if (sub) {
+          this.subscribeIds.delete(effect.id);
+          sub.requestId = null;
+          const position = this.protocol.positions.get(sub.key);
+          if (position && position.epoch === null && effect.result && typeof effect.result.epoch === "string") {
+            position.epoch = effect.result.epoch;
+          }
+          sub.options.onReady?.(effect.result);
+          return;
+        }
+        const f = this.futures.get(effect.id);
+        if (f) {
+          this.futures.delete(effect.id);
+          f.resolve(effect.result);
+        }
+        break;
+      }
+      case "failed": {
+        if (effect.id === null) return;
+        const error = new HubError(effect.code, effect.message);
+        const sub = this.subscribeIds.get(effect.id);
+        if (sub) {
+          // The hub ended (or refused) the subscription: so does the client.
+          this.subscribeIds.delete(effect.id);
+          this.protocol.positions.delete(sub.key);
+          this.protocol.presence.delete(sub.key);
+          if (this.subscriptions.get(sub.key) === sub) this.subscriptions.delete(sub.key);
+          sub.active = false;
+          sub.options.onError?.(error);
+          return;
+        }
+        const f = this.futures.get(effect.id);
+        if (f) {
+          this.futures.delete(effect.id);
+          f.reject(error);
+        }
+        break;
+      }
+      case "reset": {
+        const sub = this.subscriptions.get(effect.key);
+        if (!sub) return;
+        if (sub.requestId !== null) {
+          this.subscribeIds.delete(sub.requestId);
+          this.protocol.pending.delete(sub.requestId);
+          sub.requestId = null;
+        }
+        if (!sub.options.reload) {
+          this.subscriptions.delete(sub.key);
+          sub.active = false;
+          if (sub.options.onReset) sub.options.onReset(effect.frame);
+          else sub.options.onError?.(new PositionLost(effect.frame));
+          return;
+        }
+        const [id, data] = this.protocol.subscribe(sub.sessionId, effect.frame.last_seq, effect.frame.epoch);
+        sub.requestId = id;
+        this.subscribeIds.set(id, sub);
+        sub.options.onReset?.(effect.frame);
+        if (this.socketOpen()) this.socket.send(data);
+        break;
+      }
+      case "presence":
+        this._emit("presence", effect.frame);
+        break;
+      case "stream":
+        this._emit("stream", effect.frame);
+        break;
+      case "summarize":
+        this._emit("summarize", effect.frame);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+/**
+ * Messages being streamed, as a reader sees them: feed every stream frame to apply(); it
+ * returns the message as it stands. Deltas apply once each, in index order; a delta that
+ * arrives before the state it follows waits for it. applyEvent() takes the logged
+ * message.updated / stream.ended events (a stream that ended while the client was away).
+ */
+export class LiveMessages {
+  constructor() {
+    this.messages = new Map();
+    this.index = new Map();
+    this.status = new Map();
+    this.early = new Map();
+  }
+
+  apply(frame) {
+    const mid = frame.message_id;
+    if (["start", "state", "end"].includes(frame.action) && frame.message) {
+      if (!(frame.action === "state" && (this.index.get(mid) ?? -1) >= frame.index)) {
+        this.messages.set(mid, { ...frame.message, parts: (frame.message.parts ?? []).map((p) => ({ ...p })) });
+        this.index.set(mid, frame.index);
+        if (frame.status) this.status.set(mid, frame.status);
+        else if (frame.action !== "end") this.status.set(mid, "streaming");
+      }
+    } else if (frame.action === "delta") {
+      if (!this.early.has(mid)) this.early.set(mid, new Map());
+      for (const d of frame.deltas ?? []) this.early.get(mid).set(Number(d.index), d);
+    }
+    const early = this.early.get(mid) ?? new Map();
+    while (this.index.has(mid) && early.has(this.index.get(mid) + 1)) {
+      const next = this.index.get(mid) + 1;
+      LiveMessages.applyDelta(this.messages.get(mid), early.get(next));
+      early.delete(next);
+      this.index.set(mid, next);
+    }
+    for (const i of [...early.keys()]) if (i <= (this.index.get(mid) ?? -1)) early.delete(i);
+    return this.messages.get(mid) ?? null;
+  }
+
+  applyEvent(event) {
+    if (event.type === "message.updated") {
+      const m = event.data?.message;
+      if (m && this.index.has(m.id)) {
+        this.messages.set(m.id, { ...m, parts: (m.parts ?? []).map((p) => ({ ...p })) });
+        return this.messages.get(m.id);
+      }
+    } else if (event.type === "stream.ended") {
+      const mid = String(event.data?.message_id);
+      if (this.index.has(mid)) {
+        this.status.set(mid, String(event.data.status));
+        this.index.set(mid, Math.max(this.index.get(mid), Number(event.data.deltas ?? 0)));
+        this.early.delete(mid);
+        return this.messages.get(mid);
+      }
+    }
+    return null;
+  }
+
+  static applyDelta(message, delta) {
+    const parts = (message.parts ??= []);
+    const { kind, text, part } = delta;
+    if ((kind === "text" || kind === "reasoning") && typeof text === "string") {
+      const last = parts[parts.length - 1];
+      if (last && last.type === kind) last.text = (last.text ?? "") + text;
+      else parts.push({ type: kind, text });
+    } else if (part && typeof part === "object") {
+      const i = part.toolCallId === undefined ? -1 : parts.findIndex((p) => p.toolCallId === part.toolCallId);
+      if (i >= 0) parts[i] = { ...part };
+      else parts.push({ ...part });
+    }
+  }
+}
+
+/** The hub's WebSocket URL for a page served by the hub (http -> ws, https -> wss). */
+export function hubUrlFor(location) {
+  const url = new URL("/ws", location.href);
+  url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
+  url.hash = "";
+  url.search = "";
+  return url.toString();
+}

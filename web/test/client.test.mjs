@@ -1,0 +1,278 @@
+// Unit tests of the JS client's protocol state and resume logic, with a fake WebSocket.
+// Run: node --test web/test/
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { ClientConnection, ConnectionLost, HubClient, HubError, LiveMessages, nextBackoff } from "../sessionhub.js";
+
+/** A fake WebSocket: records what the client sends; the test plays the hub. */
+class FakeSocket {
+  static all = [];
+  constructor(url, protocols) {
+    this.url = url;
+    this.protocols = protocols;
+    this.sent = [];
+    this.readyState = 0;
+    FakeSocket.all.push(this);
+  }
+  send(data) {
+    if (this.readyState !== 1) throw new Error("not open");
+    this.sent.push(JSON.parse(data));
+  }
+  close(code = 1000, reason = "") {
+    this.drop(code, reason);
+  }
+  // -- the hub's side --
+  open() {
+    this.readyState = 1;
+    this.onopen?.({});
+  }
+  frame(obj) {
+    this.onmessage?.({ data: JSON.stringify(obj) });
+  }
+  drop(code = 1006, reason = "") {
+    if (this.readyState === 3) return;
+    this.readyState = 3;
+    this.onclose?.({ code, reason });
+  }
+  last(op) {
+    return [...this.sent].reverse().find((f) => f.op === op);
+  }
+}
+
+/** Timers the test fires by hand, recording each delay. */
+function manualTimers() {
+  const pending = [];
+  return {
+    pending,
+    setTimeout(fn, ms) {
+      const t = { fn, ms, done: false };
+      pending.push(t);
+      return t;
+    },
+    clearTimeout(t) {
+      if (t) t.done = true;
+    },
+    fireNext() {
+      const t = pending.find((x) => !x.done);
+      assert.ok(t, "a timer is pending");
+      t.done = true;
+      t.fn();
+      return t.ms;
+    },
+  };
+}
+
+function event(sessionId, seq, type = "message.appended", epoch = "e1") {
+  return { frame: "event", stream: "session", session_id: sessionId, seq, epoch, type, data: { seq }, created_at: "" };
+}
+
+async function connected(options = {}) {
+  FakeSocket.all = [];
+  const timers = manualTimers();
+  const client = new HubClient("ws://hub/ws", { WebSocket: FakeSocket, timers, random: () => 1, ...options });
+  const opening = client.connect();
+  FakeSocket.all[0].open();
+  await opening;
+  return { client, timers, socket: FakeSocket.all[0] };
+}
+
+const tick = () => new Promise((r) => setImmediate(r));
+
+test("requests resolve by id, in any order, and errors reject with their code", async () => {
+  const { client, socket } = await connected();
+  const a = client.request("get", { session_id: "s1" });
+  const b = client.request("list");
+  await tick();
+  const [ra, rb] = socket.sent;
+  assert.equal(ra.op, "get");
+  assert.notEqual(ra.id, rb.id);
+  socket.frame({ frame: "reply", id: rb.id, result: [] });
+  socket.frame({ frame: "error", id: ra.id, code: "not_found", message: "no such session" });
+  assert.deepEqual(await b, []);
+  await assert.rejects(a, (err) => err instanceof HubError && err.code === "not_found");
+});
+
+test("a reconnect resubscribes from the last seq and drops duplicates", async () => {
+  const { client, timers, socket } = await connected();
+  const got = [];
+  client.subscribe("s1", { onEvent: (e) => got.push(e.seq) });
+  const sub = socket.last("subscribe");
+  assert.equal(sub.after_seq, 0);
+  socket.frame({ frame: "reply", id: sub.id, result: { epoch: "e1", last_seq: 2 } });
+  socket.frame(event("s1", 1));
+  socket.frame(event("s1", 2));
+  socket.drop(1006, "gone");
+  assert.equal(client.state, "reconnecting");
+  timers.fireNext();
+  const second = FakeSocket.all[1];
+  second.open();
+  const again = second.last("subscribe");
+  assert.equal(again.session_id, "s1");
+  assert.equal(again.after_seq, 2);
+  assert.equal(again.epoch, "e1");
+  second.frame({ frame: "reply", id: again.id, result: { epoch: "e1", last_seq: 3 } });
+  second.frame(event("s1", 2)); // a duplicate: already delivered
+  second.frame(event("s1", 3));
+  assert.deepEqual(got, [1, 2, 3]);
+});
+
+test("the subscribe reply's epoch is remembered before the first event", async () => {
+  const { client, timers, socket } = await connected();
+  client.subscribe(null, { onEvent: () => {} });
+  const sub = socket.last("subscribe");
+  assert.equal(sub.session_id, null);
+  socket.frame({ frame: "reply", id: sub.id, result: { epoch: "E", last_seq: 0 } });
+  socket.drop();
+  timers.fireNext();
+  FakeSocket.all[1].open();
+  assert.equal(FakeSocket.all[1].last("subscribe").epoch, "E");
+});
+
+test("an event from another epoch is delivered even with a lower seq", () => {
+  const c = new ClientConnection();
+  c.subscribe("s1", 5, "old");
+  const effect = c.receive(JSON.stringify(event("s1", 1, "message.appended", "new")));
+  assert.equal(effect.kind, "delivered");
+  assert.equal(c.receive(JSON.stringify(event("s1", 1, "x", "new"))).kind, "ignored");
+});
+
+test("a reset is surfaced and ends the subscription", async () => {
+  const { client, timers, socket } = await connected();
+  const resets = [];
+  client.subscribe("s1", { afterSeq: 99, onReset: (f) => resets.push(f) });
+  socket.frame({ frame: "reset", session_id: "s1", after_seq: 99, epoch: "e1", first_seq: 1, last_seq: 4, message: "beyond the end" });
+  assert.equal(resets.length, 1);
+  assert.equal(resets[0].last_seq, 4);
+  assert.equal(client.subscriptions.size, 0);
+  socket.drop();
+  timers.fireNext();
+  FakeSocket.all[1].open();
+  assert.equal(FakeSocket.all[1].last("subscribe"), undefined, "an ended subscription is not resumed");
+});
+
+test("with reload, a reset continues from its last_seq by itself", async () => {
+  const { client, socket } = await connected();
+  const resets = [];
+  const got = [];
+  client.subscribe("s1", { afterSeq: 99, reload: true, onReset: (f) => resets.push(f), onEvent: (e) => got.push(e.seq) });
+  socket.frame({ frame: "reset", session_id: "s1", after_seq: 99, epoch: "e2", first_seq: 1, last_seq: 4, message: "beyond" });
+  const again = socket.last("subscribe");
+  assert.equal(again.after_seq, 4);
+  assert.equal(again.epoch, "e2");
+  socket.frame(event("s1", 5, "x", "e2"));
+  assert.deepEqual(got, [5]);
+  assert.equal(resets.length, 1);
+});
+
+test("requests in flight fail with ConnectionLost when the socket drops", async () => {
+  const { client, timers, socket } = await connected();
+  const pending = client.request("get_history", { session_id: "s1" });
+  await tick();
+  socket.drop(1001, "server shutting down");
+  await assert.rejects(pending, (err) => err instanceof ConnectionLost && /1001/.test(err.message));
+  // A reply for it on the next socket is ignored (not resolved twice).
+  timers.fireNext();
+  FakeSocket.all[1].open();
+  FakeSocket.all[1].frame({ frame: "reply", id: socket.sent[0].id, result: [] });
+  // Requests made while reconnecting wait for the new socket.
+  socket.readyState = 3;
+  const later = client.request("ping");
+  await tick();
+  const ping = FakeSocket.all[1].last("ping");
+  FakeSocket.all[1].frame({ frame: "reply", id: ping.id, result: "pong" });
+  assert.equal(await later, "pong");
+});
+
+test("a request made while reconnecting waits for the socket", async () => {
+  const { client, timers, socket } = await connected();
+  socket.drop();
+  const waiting = client.request("ping");
+  timers.fireNext();
+  FakeSocket.all[1].open();
+  await tick();
+  const ping = FakeSocket.all[1].last("ping");
+  assert.ok(ping, "sent on the new socket");
+  FakeSocket.all[1].frame({ frame: "reply", id: ping.id, result: "pong" });
+  assert.equal(await waiting, "pong");
+});
+
+test("backoff doubles from the first step up to the cap, and resets after a stable connection", async () => {
+  assert.equal(nextBackoff(0, 50, 5000), 50);
+  assert.equal(nextBackoff(50, 50, 5000), 100);
+  assert.equal(nextBackoff(4000, 50, 5000), 5000);
+  const { client, timers, socket } = await connected({ firstBackoff: 100, maxBackoff: 800, stableAfter: 60_000 });
+  const states = [];
+  client.on("state", (s) => states.push(s));
+  socket.drop();
+  const delays = [];
+  for (let i = 0; i < 5; i++) {
+    delays.push(timers.fireNext());
+    FakeSocket.all.at(-1).drop(); // the hub is still down
+  }
+  assert.deepEqual(delays, [100, 200, 400, 800, 800]);
+  assert.ok(states.every((s) => s.state === "reconnecting"));
+  assert.equal(states.at(-1).attempt, 6);
+  // A connection that stays up past stableAfter reconnects at once after the next drop.
+  client.stableAfter = 0;
+  timers.fireNext();
+  FakeSocket.all.at(-1).open();
+  assert.equal(client.state, "open");
+  FakeSocket.all.at(-1).drop();
+  assert.equal(timers.fireNext(), 0);
+});
+
+test("the token travels as subprotocols, never in the URL", async () => {
+  const { socket } = await connected({ token: "SECRET" });
+  assert.deepEqual(socket.protocols, ["sessionhub", "bearer.SECRET"]);
+  assert.ok(!socket.url.includes("SECRET"));
+});
+
+test("hello is sent on every (re)connect when a name is given", async () => {
+  const { timers, socket } = await connected({ name: "ui", role: "observer" });
+  assert.equal(socket.sent[0].op, "hello");
+  assert.equal(socket.sent[0].name, "ui");
+  socket.drop();
+  timers.fireNext();
+  FakeSocket.all[1].open();
+  assert.equal(FakeSocket.all[1].sent[0].op, "hello");
+});
+
+test("a refused subscription calls onError and is not resumed", async () => {
+  const { client, timers, socket } = await connected();
+  const errors = [];
+  client.subscribe(null, { onError: (e) => errors.push(e) });
+  const sub = socket.last("subscribe");
+  socket.frame({ frame: "error", id: sub.id, code: "forbidden", message: "forbidden" });
+  assert.equal(errors[0].code, "forbidden");
+  socket.drop();
+  timers.fireNext();
+  FakeSocket.all[1].open();
+  assert.equal(FakeSocket.all[1].last("subscribe"), undefined);
+});
+
+test("close() stops reconnecting and fails requests", async () => {
+  const { client, timers, socket } = await connected();
+  const pending = client.request("ping");
+  await tick();
+  client.close();
+  await assert.rejects(pending, ConnectionLost);
+  await assert.rejects(client.request("ping"), ConnectionLost);
+  assert.equal(client.state, "closed");
+  assert.equal(timers.pending.filter((t) => !t.done).length, 0);
+  assert.equal(socket.readyState, 3);
+});
+
+test("LiveMessages applies each delta once, in order, after the state it follows", () => {
+  const live = new LiveMessages();
+  const m = { id: "m", role: "assistant", parts: [] };
+  live.apply({ message_id: "m", action: "delta", index: 3, deltas: [{ index: 3, kind: "text", text: "c" }] });
+  live.apply({ message_id: "m", action: "state", index: 1, message: { ...m, parts: [{ type: "text", text: "a" }] } });
+  live.apply({ message_id: "m", action: "delta", index: 2, deltas: [{ index: 1, kind: "text", text: "a" }, { index: 2, kind: "text", text: "b" }] });
+  assert.equal(live.messages.get("m").parts[0].text, "abc");
+  live.apply({ message_id: "m", action: "delta", index: 4, deltas: [{ index: 4, kind: "tool", part: { type: "tool-x", toolCallId: "c1", state: "input-available" } }] });
+  live.apply({ message_id: "m", action: "delta", index: 5, deltas: [{ index: 5, kind: "tool", part: { type: "tool-x", toolCallId: "c1", state: "output-available" } }] });
+  assert.equal(live.messages.get("m").parts.length, 2);
+  assert.equal(live.messages.get("m").parts[1].state, "output-available");
+  live.applyEvent({ type: "stream.ended", data: { message_id: "m", status: "finished", deltas: 5 } });
+  assert.equal(live.status.get("m"), "finished");
+});
