@@ -24,6 +24,7 @@ async def follow(
     bus = store.bus
     seq = after_seq
     while True:
+        generation = bus.generation
         events = await store.read_events(stream, seq, batch, epoch=epoch)
         for event in events:
             if epoch is None:
@@ -31,4 +32,4 @@ async def follow(
             yield event
             seq = event.seq
         if len(events) < batch:
-            await bus.wait(stream, seq)
+            await bus.wait(stream, seq, since=generation)

@@ -247,13 +247,16 @@ class Tail:
         self.on_delivered: Callable[[int], None] = lambda n: None
 
     async def start(self) -> None:
+        generation = self.store.bus.generation
         self.last_seq = (await self.store.stream_position(self.stream)).last_seq
-        self.task = asyncio.get_running_loop().create_task(self._run(), name=f"tail {self.stream}")
+        self.task = asyncio.get_running_loop().create_task(self._run(generation), name=f"tail {self.stream}")
 
-    async def _run(self) -> None:
+    async def _run(self, generation: int) -> None:
         bus = self.store.bus
         while True:
-            await bus.wait(self.stream, self.last_seq)
+            # ``since``: a bus that reconnected after our last read may have missed a doorbell.
+            await bus.wait(self.stream, self.last_seq, since=generation)
+            generation = bus.generation
             try:
                 events = await self.store.read_events(self.stream, self.last_seq, 1000)
             except PositionLost as exc:

@@ -1,18 +1,38 @@
 """Doorbells: "stream S has events up to seq N". They carry positions, never bodies;
-the event log is the truth, and a listener reads what it missed from it."""
+the event log is the truth, and a listener reads what it missed from it.
+
+One node needs only :class:`MemoryBus`. Several nodes on one database ring each other
+through :class:`PgListenBus` (Postgres LISTEN/NOTIFY) or :class:`RedisBus` (Redis
+pub/sub); both are :class:`RemoteBus`\\ es and must be started before use.
+"""
+
+from __future__ import annotations
 
 from typing import Protocol
 
 from .memory import MemoryBus
+from .postgres import PgListenBus
+from .redis import RedisBus
+from .remote import RemoteBus
 
-__all__ = ["Bus", "MemoryBus"]
+__all__ = ["Bus", "MemoryBus", "PgListenBus", "RedisBus", "RemoteBus"]
 
 
 class Bus(Protocol):
-    """What a store rings after each commit and what a follower waits on."""
+    """What a store rings after each commit and what a follower waits on.
+
+    A follower reads ``generation`` *before* each read of the log and passes it to the
+    next ``wait`` as ``since``; a bus that may have missed doorbells in between (a
+    reconnection) changes its generation, and ``wait`` then returns at once.
+    """
+
+    @property
+    def generation(self) -> int: ...
 
     def publish(self, stream: str, seq: int) -> None: ...
 
     def last_seq(self, stream: str) -> int: ...
 
-    async def wait(self, stream: str, after_seq: int, timeout: float | None = None) -> int: ...
+    async def wait(
+        self, stream: str, after_seq: int, timeout: float | None = None, *, since: int | None = None
+    ) -> int: ...

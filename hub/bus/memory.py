@@ -14,6 +14,9 @@ class MemoryBus:
     the log and then waits cannot miss an event committed in between.
     """
 
+    #: Never changes here: an in-process bus cannot miss a doorbell (see ``RemoteBus``).
+    generation = 0
+
     def __init__(self) -> None:
         self._last: dict[str, int] = {}
         self._waiters: dict[str, asyncio.Event] = {}
@@ -30,12 +33,29 @@ class MemoryBus:
         """The highest seq published here (0 when none was)."""
         return self._last.get(stream, 0)
 
-    async def wait(self, stream: str, after_seq: int, timeout: float | None = None) -> int:
+    def waiting(self) -> list[str]:
+        """The streams somebody waits on right now."""
+        return list(self._waiters)
+
+    def wake_all(self) -> None:
+        """Wake every waiter, whatever its stream (they re-read the log and wait again)."""
+        waiters, self._waiters = self._waiters, {}
+        for waiter in waiters.values():
+            waiter.set()
+
+    async def wait(
+        self, stream: str, after_seq: int, timeout: float | None = None, *, since: int | None = None
+    ) -> int:
         """Wait until a seq above ``after_seq`` is published; return the highest known.
 
-        On timeout the highest known seq is returned, which may still be ``<= after_seq``.
+        On timeout the highest known seq is returned, which may still be ``<= after_seq``;
+        so does a wake-up by :meth:`wake_all`. ``since`` is the :attr:`generation` the
+        caller read before it last read the log: when it differs, the caller may have
+        missed a doorbell, and the call returns at once.
         """
         while self._last.get(stream, 0) <= after_seq:
+            if since is not None and since != self.generation:
+                break
             waiter = self._waiters.get(stream)
             if waiter is None:
                 waiter = self._waiters[stream] = asyncio.Event()
@@ -43,4 +63,6 @@ class MemoryBus:
                 await asyncio.wait_for(waiter.wait(), timeout)
             except TimeoutError:
                 break
+            if self._last.get(stream, 0) <= after_seq:
+                break  # woken without a newer seq: wake_all
         return self._last.get(stream, 0)
