@@ -235,21 +235,13 @@ async def test_redis_doorbells_coalesce_per_stream(
     await eventually(lambda: b.last_seq("s:a") == 100)
 
 
-async def client_ids(client: aioredis.Redis, kind: str) -> list[str]:
-    listing = await client.execute_command("CLIENT", "LIST", "TYPE", kind)
-    text = listing.decode() if isinstance(listing, bytes) else str(listing)
-    return [
-        field.split("=")[1] for line in text.splitlines() for field in line.split() if field.startswith("id=")
-    ]
-
-
 async def test_redis_listener_killed_reconnects(
     redis_pair: tuple[RedisBus, RedisBus], raw_redis: aioredis.Redis, channel: str
 ) -> None:
     a, b = redis_pair
     waiter = asyncio.create_task(b.wait("s:a", 0, since=b.generation))
     await eventually(lambda: "s:a" in b.waiting())
-    killed = await raw_redis.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+    killed = await raw_redis.client_kill_filter(_type="pubsub")
     assert int(killed) >= 2  # both nodes' listeners
     assert await asyncio.wait_for(waiter, 5) == 0
     await eventually(lambda: a.reconnects >= 1 and b.reconnects >= 1 and a.connected and b.connected)
@@ -266,9 +258,9 @@ async def test_redis_doorbell_survives_a_killed_sender(
     await eventually(lambda: b.last_seq("s:a") == 1)
     # Kill every plain connection but ours: the senders' pooled connections die.
     mine = str(await raw_redis.client_id())
-    for cid in await client_ids(raw_redis, "normal"):
-        if cid != mine:
-            await raw_redis.execute_command("CLIENT", "KILL", "ID", cid)
+    for client in await raw_redis.client_list(_type="normal"):
+        if str(client["id"]) != mine:
+            await raw_redis.client_kill_filter(_id=client["id"])
     a.publish("s:a", 2)
     await eventually(lambda: b.last_seq("s:a") == 2)
 
