@@ -18,7 +18,16 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the hub")
-    serve.add_argument("--db", default="sessionhub.db", help="SQLite file (default: %(default)s)")
+    serve.add_argument(
+        "--db",
+        default=os.environ.get("SESSIONHUB_DB") or "sessionhub.db",
+        help="SQLite file or postgresql:// DSN (default: $SESSIONHUB_DB or %(default)s)",
+    )
+    serve.add_argument(
+        "--bus",
+        default=os.environ.get("SESSIONHUB_BUS") or None,
+        help="how nodes ring each other: memory, postgres (default with a Postgres --db) or redis://...",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     serve.add_argument("--port", type=int, default=8000, help="port (default: %(default)s; 0 picks one)")
     serve.add_argument(
@@ -83,6 +92,8 @@ _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from protocol.errors import InvalidInput
+
     from .server import HubConfig, create_app
 
     if (
@@ -103,7 +114,14 @@ def _serve(args: argparse.Namespace) -> int:
         auth_secret=args.auth_secret,
         allowed_origins=tuple(args.allowed_origin),
     )
-    app = create_app(db=args.db, config=config_)
+    from .backends import make_bus
+
+    try:
+        make_bus(args.db, args.bus)  # refuse a bad --bus before uvicorn starts
+    except InvalidInput as exc:
+        print(f"sessionhub: {exc}", file=sys.stderr)
+        return 2
+    app = create_app(db=args.db, bus=args.bus, config=config_)
 
     class HubServer(uvicorn.Server):
         """On SIGINT/SIGTERM: drain the hub first (finish in-flight ops, close sockets with

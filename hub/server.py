@@ -34,7 +34,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from protocol import Event, Forbidden, Message, PositionLost, SessionHubError, SessionNotFound
@@ -43,11 +44,12 @@ from protocol.codec import encode
 from protocol.connection import ServerConnection, StreamKey
 
 from .auth import Grant, verify_token
+from .backends import open_backend
+from .bus import Bus, RemoteBus
 from .compaction import CompactResult
 from .manager import SessionManager
 from .session import Session
 from .store.base import LATEST, REGISTRY, ParentArg, Store, session_stream
-from .store.sqlite import SqliteStore
 from .streams import Streams
 from .tools import Tool
 from .workers import WorkerSummarizer
@@ -1025,6 +1027,7 @@ def _operations(hub: Hub) -> dict[str, Callable[[Any], Awaitable[Any]]]:
 def create_app(
     *,
     db: str | Path = "sessionhub.db",
+    bus: str | Bus | None = None,
     store: Store | None = None,
     manager: SessionManager | None = None,
     config: HubConfig | None = None,
@@ -1033,28 +1036,29 @@ def create_app(
     """The hub as a Starlette app, mountable in your own.
 
     Pass ``manager`` (configured with context templates, compaction...) or ``store`` to
-    share ones you own (they are not closed on shutdown), or a ``db`` path to have the app
-    open and close a SQLite store. ``app.state.hub`` is the running :class:`Hub`.
+    share ones you own (they are not closed on shutdown), or ``db`` (a SQLite path or a
+    ``postgresql://`` DSN) and ``bus`` (``memory``, ``postgres``, a ``redis://`` URL or a
+    :class:`~hub.bus.Bus`; see :mod:`hub.backends`) to have the app open and close them.
+    ``app.state.hub`` is the running :class:`Hub`.
     """
     settings = config or HubConfig()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        owned: Store | None = None
-        if manager is not None:
-            active = manager
-        else:
-            if store is None:
-                owned = await SqliteStore.open(db)
-            active = SessionManager(store or owned)  # type: ignore[arg-type]
-        hub = Hub(active.store, active, settings, worker_summarizer)
-        app.state.hub = hub
-        try:
-            yield
-        finally:
-            await hub.drain()
-            if owned is not None:
-                await owned.close()
+        async with contextlib.AsyncExitStack() as stack:
+            if manager is not None:
+                active = manager
+            else:
+                opened = (
+                    store if store is not None else await stack.enter_async_context(open_backend(db, bus))
+                )
+                active = SessionManager(opened)
+            hub = Hub(active.store, active, settings, worker_summarizer)
+            app.state.hub = hub
+            try:
+                yield
+            finally:
+                await hub.drain()
 
     async def healthz(request: HttpRequest) -> JSONResponse:
         hub: Hub = request.app.state.hub
@@ -1062,6 +1066,13 @@ def create_app(
             return JSONResponse({"status": "shutting down"}, status_code=503)
         # A real read, so a broken database shows up here and not on the first user.
         await hub.store.get_session("")
+        ring = hub.store.bus
+        if isinstance(ring, RemoteBus) and not ring.connected:
+            # Still serving (followers poll the log meanwhile), but a balancer should know.
+            return JSONResponse(
+                {"status": "degraded", "bus": "reconnecting", "connections": len(hub.connections)},
+                status_code=503,
+            )
         return JSONResponse({"status": "ok", "connections": len(hub.connections)})
 
     async def metrics(request: HttpRequest) -> Response:
@@ -1081,7 +1092,14 @@ def create_app(
             return
         await hub.serve(websocket)
 
-    return Starlette(
-        routes=[Route("/healthz", healthz), Route("/metrics", metrics), WebSocketRoute("/ws", ws)],
-        lifespan=lifespan,
-    )
+    routes: list[BaseRoute] = [
+        Route("/healthz", healthz),
+        Route("/metrics", metrics),
+        WebSocketRoute("/ws", ws),
+    ]
+    # The browser inspector and the JS client (web/, see docs/inspector.md): static files,
+    # no build step, mounted last so that every other route wins.
+    web = Path(__file__).resolve().parent.parent / "web"
+    if web.is_dir():
+        routes.append(Mount("/", app=StaticFiles(directory=web, html=True), name="web"))
+    return Starlette(routes=routes, lifespan=lifespan)
