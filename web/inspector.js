@@ -632,7 +632,8 @@ function renderSession() {
 
 function renderLeaves(model, leaf) {
   const leaves = model.leaves().slice(0, 200);
-  $("leaf-count").textContent = `(${model.leaves().length} leaf${leaves.length === 1 ? "" : "s"})`;
+  const count = model.leaves().length;
+  $("leaf-count").textContent = `(${count} ${count === 1 ? "leaf" : "leaves"})`;
   const focused = document.activeElement?.closest?.("#leaves li")?.dataset.id;
   $("leaves").replaceChildren(
     ...leaves.map((n) => {
