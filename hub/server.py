@@ -1066,14 +1066,19 @@ def create_app(
             return JSONResponse({"status": "shutting down"}, status_code=503)
         # A real read, so a broken database shows up here and not on the first user.
         await hub.store.get_session("")
+        body: dict[str, Any] = {"status": "ok", "connections": len(hub.connections)}
         ring = hub.store.bus
-        if isinstance(ring, RemoteBus) and not ring.connected:
-            # Still serving (followers poll the log meanwhile), but a balancer should know.
-            return JSONResponse(
-                {"status": "degraded", "bus": "reconnecting", "connections": len(hub.connections)},
-                status_code=503,
-            )
-        return JSONResponse({"status": "ok", "connections": len(hub.connections)})
+        if isinstance(ring, RemoteBus):
+            body["bus"] = {
+                "kind": type(ring).__name__,
+                "connected": ring.connected,
+                "reconnects": ring.reconnects,
+            }
+            if not ring.connected:
+                # Still serving (followers poll the log meanwhile), but a balancer should know.
+                body["status"] = "degraded"
+                return JSONResponse(body, status_code=503)
+        return JSONResponse(body)
 
     async def metrics(request: HttpRequest) -> Response:
         hub: Hub = request.app.state.hub

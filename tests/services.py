@@ -1,9 +1,9 @@
 """The external services some tests need: Postgres and Redis, from the environment.
 
-``SESSIONHUB_TEST_POSTGRES`` and ``SESSIONHUB_TEST_REDIS`` name them (``.ci/run`` exports
-both); the defaults are this machine's. A test that needs one that does not answer is
-skipped with the reason, and ``.ci/run`` fails the build when anything was skipped for
-that reason (``SERVICE_SKIP`` is the marker it looks for).
+``SESSIONHUB_TEST_POSTGRES`` and ``SESSIONHUB_TEST_REDIS`` name them; the defaults are
+this machine's. A test that needs one that does not answer is skipped with the reason,
+unless ``SESSIONHUB_REQUIRE_SERVICES=1`` (``.ci/run`` sets it): then it fails, so CI can
+never pass with those tests silently skipped.
 """
 
 from __future__ import annotations
@@ -33,17 +33,23 @@ def _reachable(url: str, default_port: int) -> bool:
         return False
 
 
+def _unavailable(reason: str) -> None:
+    if os.environ.get("SESSIONHUB_REQUIRE_SERVICES") == "1":
+        pytest.fail(f"{reason}, and SESSIONHUB_REQUIRE_SERVICES=1 forbids skipping", pytrace=False)
+    pytest.skip(f"{SERVICE_SKIP}: {reason}")
+
+
 def postgres_dsn() -> str:
-    """The test Postgres DSN, or skip the calling test."""
+    """The test Postgres DSN, or skip (or fail, see above) the calling test."""
     dsn = os.environ.get("SESSIONHUB_TEST_POSTGRES", DEFAULT_POSTGRES)
     if not _reachable(dsn, 5432):
-        pytest.skip(f"{SERVICE_SKIP}: Postgres not reachable at {dsn} (set SESSIONHUB_TEST_POSTGRES)")
+        _unavailable(f"Postgres not reachable at {dsn} (set SESSIONHUB_TEST_POSTGRES)")
     return dsn
 
 
 def redis_url() -> str:
-    """The test Redis URL, or skip the calling test."""
+    """The test Redis URL, or skip (or fail, see above) the calling test."""
     url = os.environ.get("SESSIONHUB_TEST_REDIS", DEFAULT_REDIS)
     if not _reachable(url, 6379):
-        pytest.skip(f"{SERVICE_SKIP}: Redis not reachable at {url} (set SESSIONHUB_TEST_REDIS)")
+        _unavailable(f"Redis not reachable at {url} (set SESSIONHUB_TEST_REDIS)")
     return url

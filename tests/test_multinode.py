@@ -1,0 +1,135 @@
+"""Several hub nodes on one Postgres: writers on node A, subscribers on node B, B killed
+and restarted in the middle, and every subscriber still ends with every event exactly
+once, in order. Run over both backplanes (LISTEN/NOTIFY and Redis)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import AsyncIterator
+
+import asyncpg
+import httpx2
+import pytest
+
+from clients import HubClient
+from hub import PostgresStore
+from hub.store import session_stream
+from protocol import Event
+
+from .nodes import Node, scratch_database
+from .services import postgres_dsn, redis_url
+
+SESSIONS = 3
+APPENDS = 120
+SUBSCRIBERS = 3
+
+
+@pytest.fixture
+async def database() -> AsyncIterator[str]:
+    async with scratch_database(postgres_dsn()) as dsn:
+        yield dsn
+
+
+def bus_url(kind: str) -> str:
+    return redis_url() if kind == "redis" else "postgres"
+
+
+async def collect(client: HubClient, session_id: str, into: list[Event], done: asyncio.Event) -> None:
+    async for event in client.subscribe(session_id):
+        into.append(event)
+        if done.is_set():
+            return
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("bus", ["postgres", "redis"])
+async def test_subscribers_on_b_see_every_write_on_a_once_across_a_restart_of_b(
+    database: str, bus: str
+) -> None:
+    ring = bus_url(bus)
+    async with Node(database, ring) as a, Node(database, ring) as b:
+        writer = HubClient(a.ws_url, name="writer")
+        watchers = [HubClient(b.ws_url, name=f"watcher-{i}", max_backoff=0.3) for i in range(SUBSCRIBERS)]
+        async with writer:
+            ids = [(await writer.sessions.create(f"chat {n}")).id for n in range(SESSIONS)]
+            seen: dict[tuple[int, str], list[Event]] = {}
+            done = asyncio.Event()
+            tasks = []
+            for w, watcher in enumerate(watchers):
+                await watcher.__aenter__()
+                for sid in ids:
+                    seen[w, sid] = []
+                    tasks.append(asyncio.create_task(collect(watcher, sid, seen[w, sid], done)))
+            try:
+                for n in range(APPENDS):
+                    sid = ids[n % SESSIONS]
+                    await writer.sessions.append(sid, {"id": f"m{n}", "role": "user", "parts": []})
+                    if n == APPENDS // 3:
+                        assert await b.stop(signal.SIGKILL) == -signal.SIGKILL
+                    if n == APPENDS // 2:
+                        await b.start()
+                    await asyncio.sleep(0.005)
+                store = await PostgresStore.connect(database)
+                try:
+                    last = {sid: (await store.stream_position(session_stream(sid))).last_seq for sid in ids}
+                finally:
+                    await store.close()
+                assert all(seq >= APPENDS // SESSIONS for seq in last.values())
+
+                async with asyncio.timeout(30):
+                    while any(not got or got[-1].seq < last[sid] for (_, sid), got in seen.items()):
+                        await asyncio.sleep(0.02)
+                for (_, sid), got in seen.items():
+                    assert [e.seq for e in got] == list(range(1, last[sid] + 1)), sid
+                    assert len({e.epoch for e in got}) == 1
+                appended = [e.data["message"]["id"] for e in seen[0, ids[0]] if e.type == "message.appended"]
+                assert appended == [f"m{n}" for n in range(0, APPENDS, SESSIONS)]
+            finally:
+                done.set()
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                for watcher in watchers:
+                    await watcher.__aexit__(None, None, None)
+
+
+async def test_a_node_reports_a_lost_bus_and_recovers(database: str) -> None:
+    """Kill both nodes' LISTEN connections: a follower on A still gets the write made on B
+    meanwhile, and /healthz counts the reconnection."""
+    async with Node(database) as a, Node(database) as b:
+        admin = await asyncpg.connect(database)
+        try:
+            async with HubClient(a.ws_url) as reader, HubClient(b.ws_url) as writer:
+                sid = (await writer.sessions.create("chat")).id
+                got: list[Event] = []
+                done = asyncio.Event()
+                task = asyncio.create_task(collect(reader, sid, got, done))
+                await writer.sessions.append(sid, {"id": "m0", "role": "user", "parts": []})
+                async with asyncio.timeout(10):
+                    while not any(e.type == "message.appended" for e in got):
+                        await asyncio.sleep(0.01)
+                killed = await admin.fetchval(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE application_name = 'sessionhub-listen' AND datname = current_database()"
+                )
+                assert killed == 2
+                await writer.sessions.append(sid, {"id": "m1", "role": "user", "parts": []})
+                async with asyncio.timeout(10):
+                    while sum(e.type == "message.appended" for e in got) < 2:
+                        await asyncio.sleep(0.01)
+                async with httpx2.AsyncClient() as http, asyncio.timeout(15):
+                    while True:
+                        health = await http.get(f"http://127.0.0.1:{a.port}/healthz")
+                        if health.status_code == 200 and health.json()["bus"]["reconnects"] == 1:
+                            break
+                        await asyncio.sleep(0.05)
+                assert health.json()["bus"] == {"kind": "PgListenBus", "connected": True, "reconnects": 1}
+                assert [e.seq for e in got] == list(range(1, len(got) + 1))
+                appended = [e.data["message"]["id"] for e in got if e.type == "message.appended"]
+                assert appended == ["m0", "m1"]
+                done.set()
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        finally:
+            await admin.close()
