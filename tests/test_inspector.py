@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 import uvicorn
+from playwright.async_api import Browser, Page, async_playwright, expect
 
 from clients import HubClient
 from hub import SessionManager, SqliteStore
@@ -31,11 +32,6 @@ pytestmark = [
     pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium"),
     pytest.mark.asyncio(loop_scope="module"),
 ]
-
-if CHROMIUM.exists():
-    from playwright.async_api import Browser, Page, async_playwright, expect
-else:  # pragma: no cover - the module is skipped
-    Browser = Page = Any
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -99,7 +95,9 @@ async def open_session(page: Page, name: str) -> None:
 # -- scenarios -------------------------------------------------------------------------------
 
 
-async def test_a_session_created_by_a_client_appears_live(browser: Browser, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+async def test_a_session_created_by_a_client_appears_live(
+    browser: Browser, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     async with served(db=tmp_path / "hub.db") as h, page_of(browser, request) as page:
         await page.goto(h.url + "/")
         await expect(page.locator("#conn")).to_have_attribute("data-state", "open")
@@ -121,8 +119,14 @@ async def test_a_session_created_by_a_client_appears_live(browser: Browser, requ
             await expect(row).to_have_count(0)
 
 
-async def test_branches_and_picking_a_leaf(browser: Browser, request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    async with served(db=tmp_path / "hub.db") as h, page_of(browser, request) as page, python_client(h) as hub:
+async def test_branches_and_picking_a_leaf(
+    browser: Browser, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    async with (
+        served(db=tmp_path / "hub.db") as h,
+        page_of(browser, request) as page,
+        python_client(h) as hub,
+    ):
         info = await hub.sessions.create("branchy")
         s = hub.session(info.id)
         await s.append_message(text("root", "the question"), None)
@@ -176,38 +180,45 @@ async def test_branches_and_picking_a_leaf(browser: Browser, request: pytest.Fix
         assert await message_ids(page) == ["root", "b1", "b2"]
 
 
-async def test_context_prompt_presence_and_event_log(browser: Browser, request: pytest.FixtureRequest, db_path: Path) -> None:
+async def test_context_prompt_presence_and_event_log(
+    browser: Browser, request: pytest.FixtureRequest, db_path: Path
+) -> None:
     store = await SqliteStore.open(db_path)
     try:
         manager = SessionManager(store).with_context("memory", max_tokens=100).with_cached_prompt()
-        async with served(manager=manager) as h, page_of(browser, request) as page:
-            async with python_client(h) as hub:
-                info = await hub.sessions.create("with-context")
-                s = hub.session(info.id)
-                await s.replace_context_block("memory", "the user likes tea " * 5)
-                await s.freeze_system_prompt()
-                await s.append_message(text("m1", "hello"))
-                await page.goto(h.url + "/")
-                await open_session(page, "with-context")
-                block = page.locator('#context li[data-label="memory"]')
-                await expect(block).to_contain_text("/ 100 tokens")
-                meter = block.get_by_role("meter")
-                assert int(await meter.get_attribute("aria-valuenow") or 0) > 0
-                await expect(page.locator("#prompt-summary")).to_contain_text("Frozen")
-                await expect(page.locator("#prompt")).to_contain_text("the user likes tea", use_inner_text=False)
-                await expect(page.locator("#log li").last).to_contain_text("message.appended")
-                await expect(page.locator("#log li").last).to_have_attribute("data-seq", re.compile(r"\d+"))
-                async with python_client(h, name="worker-7", role="worker", sessions=[info.id]):
-                    await expect(page.locator("#presence")).to_contain_text("worker-7")
-                await expect(page.locator("#presence")).not_to_contain_text("worker-7")
-                await s.append_context_block("memory", " and biscuits")
-                await expect(block).to_contain_text("biscuits", use_inner_text=False)
+        async with served(manager=manager) as h, page_of(browser, request) as page, python_client(h) as hub:
+            info = await hub.sessions.create("with-context")
+            s = hub.session(info.id)
+            await s.replace_context_block("memory", "the user likes tea " * 5)
+            await s.freeze_system_prompt()
+            await s.append_message(text("m1", "hello"))
+            await page.goto(h.url + "/")
+            await open_session(page, "with-context")
+            block = page.locator('#context li[data-label="memory"]')
+            await expect(block).to_contain_text("/ 100 tokens")
+            meter = block.get_by_role("meter")
+            assert int(await meter.get_attribute("aria-valuenow") or 0) > 0
+            await expect(page.locator("#prompt-summary")).to_contain_text("Frozen")
+            await expect(page.locator("#prompt")).to_contain_text("the user likes tea", use_inner_text=False)
+            await expect(page.locator("#log li").last).to_contain_text("message.appended")
+            await expect(page.locator("#log li").last).to_have_attribute("data-seq", re.compile(r"\d+"))
+            async with python_client(h, name="worker-7", role="worker", sessions=[info.id]):
+                await expect(page.locator("#presence")).to_contain_text("worker-7")
+            await expect(page.locator("#presence")).not_to_contain_text("worker-7")
+            await s.append_context_block("memory", " and biscuits")
+            await expect(block).to_contain_text("biscuits", use_inner_text=False)
     finally:
         await store.close()
 
 
-async def test_a_streamed_message_grows_on_screen(browser: Browser, request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    async with served(db=tmp_path / "hub.db") as h, page_of(browser, request) as page, python_client(h) as hub:
+async def test_a_streamed_message_grows_on_screen(
+    browser: Browser, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    async with (
+        served(db=tmp_path / "hub.db") as h,
+        page_of(browser, request) as page,
+        python_client(h) as hub,
+    ):
         info = await hub.sessions.create("streaming")
         s = hub.session(info.id)
         await s.append_message(text("q", "tell me a story"))
@@ -231,7 +242,9 @@ async def test_a_streamed_message_grows_on_screen(browser: Browser, request: pyt
 async def hub_on(port: int, db: Path) -> AsyncIterator[uvicorn.Server]:
     """A hub on a given port (to restart one where the browser left it)."""
     server = uvicorn.Server(
-        uvicorn.Config(create_app(db=db), host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=3)
+        uvicorn.Config(
+            create_app(db=db), host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=3
+        )
     )
     task = asyncio.create_task(server.serve())
     try:
@@ -247,7 +260,9 @@ async def hub_on(port: int, db: Path) -> AsyncIterator[uvicorn.Server]:
             await task
 
 
-async def test_a_dropped_connection_recovers_and_catches_up(browser: Browser, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+async def test_a_dropped_connection_recovers_and_catches_up(
+    browser: Browser, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     db = tmp_path / "hub.db"
     async with page_of(browser, request) as page:
         async with served(db=db) as h, python_client(h) as hub:
@@ -285,8 +300,14 @@ async def test_a_dropped_connection_recovers_and_catches_up(browser: Browser, re
             assert seqs == sorted(set(seqs))
 
 
-async def test_a_search_hit_navigates_to_its_message(browser: Browser, request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    async with served(db=tmp_path / "hub.db") as h, page_of(browser, request) as page, python_client(h) as hub:
+async def test_a_search_hit_navigates_to_its_message(
+    browser: Browser, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    async with (
+        served(db=tmp_path / "hub.db") as h,
+        page_of(browser, request) as page,
+        python_client(h) as hub,
+    ):
         other = await hub.sessions.create("elsewhere")
         await hub.session(other.id).append_message(text("x1", "nothing to see"))
         target = await hub.sessions.create("long-one")
@@ -309,8 +330,14 @@ async def test_a_search_hit_navigates_to_its_message(browser: Browser, request: 
         await expect(found).to_have_class(re.compile("highlight"))
 
 
-async def test_a_10000_message_session_is_paged(browser: Browser, request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    async with served(db=tmp_path / "hub.db") as h, page_of(browser, request) as page, python_client(h) as hub:
+async def test_a_10000_message_session_is_paged(
+    browser: Browser, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    async with (
+        served(db=tmp_path / "hub.db") as h,
+        page_of(browser, request) as page,
+        python_client(h) as hub,
+    ):
         info = await hub.sessions.create("huge")
         for chunk in range(10):
             await hub.sessions.append_all(
@@ -336,7 +363,9 @@ async def test_a_10000_message_session_is_paged(browser: Browser, request: pytes
 # -- auth --------------------------------------------------------------------------------------
 
 
-async def test_auth_token_from_the_fragment(browser: Browser, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+async def test_auth_token_from_the_fragment(
+    browser: Browser, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     config = HubConfig(auth_secret=SECRET)
     admin = issue_token(SECRET, {"*": "admin"})
     async with served(db=tmp_path / "hub.db", config=config) as h, page_of(browser, request) as page:
@@ -349,7 +378,9 @@ async def test_auth_token_from_the_fragment(browser: Browser, request: pytest.Fi
         assert stored == admin
 
 
-async def test_auth_prompt_and_missing_scope(browser: Browser, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+async def test_auth_prompt_and_missing_scope(
+    browser: Browser, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     config = HubConfig(auth_secret=SECRET)
     admin = issue_token(SECRET, {"*": "admin"})
     async with served(db=tmp_path / "hub.db", config=config) as h, page_of(browser, request) as page:
@@ -373,8 +404,14 @@ async def test_auth_prompt_and_missing_scope(browser: Browser, request: pytest.F
         assert reader not in page.url
 
 
-async def test_the_chat_example_loads_and_talks_to_the_hub(browser: Browser, request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    async with served(db=tmp_path / "hub.db") as h, page_of(browser, request) as page, python_client(h) as hub:
+async def test_the_chat_example_loads_and_talks_to_the_hub(
+    browser: Browser, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    async with (
+        served(db=tmp_path / "hub.db") as h,
+        page_of(browser, request) as page,
+        python_client(h) as hub,
+    ):
         info = await hub.sessions.create("chat")
         await page.goto(f"{h.url}/examples/chat.html#session={info.id}")
         await page.get_by_label("Message").fill("hello from the browser")
