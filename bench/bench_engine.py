@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from hub import SqliteStore
+    from hub import Store
 
 HERE = Path(__file__).resolve().parent
 PEER_VENV = HERE / ".venv-peer"
@@ -235,7 +235,7 @@ def _version(dist: str) -> str | None:
 # ---------------------------------------------------------------------------------------
 
 
-async def append_chain(store: SqliteStore, session_id: str, texts: Sequence[str]) -> dict[str, Any]:
+async def append_chain(store: Store, session_id: str, texts: Sequence[str]) -> dict[str, Any]:
     """Section 1: one awaited ``append_message`` per message, default parent (LATEST)."""
     from hub import Session
 
@@ -266,19 +266,76 @@ async def append_chain(store: SqliteStore, session_id: str, texts: Sequence[str]
     }
 
 
+class Stores:
+    """Opens the named stores the sections use: SQLite files in the temp dir, or, with
+    ``--store postgres``, one scratch database per name on ``--dsn`` (dropped at the end)."""
+
+    def __init__(self, args: argparse.Namespace, tmp: Path) -> None:
+        self.kind: str = args.store
+        self.dsn: str = args.dsn
+        self.tmp = tmp
+        self.prefix = f"sessionhub_bench_{os.getpid()}"
+        self.databases: list[str] = []
+
+    def describe(self) -> str:
+        if self.kind == "postgres":
+            return f"PostgresStore (a scratch database per section on {self.dsn})"
+        return "file-backed SqliteStore (files in a temp dir)"
+
+    def _dsn(self, name: str) -> str:
+        from urllib.parse import urlsplit, urlunsplit
+
+        return urlunsplit(urlsplit(self.dsn)._replace(path=f"/{self.prefix}_{name}"))
+
+    async def open(self, name: str, **sqlite_options: Any) -> Store:
+        from hub import PostgresStore, SqliteStore
+
+        if self.kind == "sqlite":
+            return await SqliteStore.open(self.tmp / f"{name}.db", **sqlite_options)
+        if name not in self.databases:
+            import asyncpg
+
+            admin = await asyncpg.connect(self.dsn)
+            try:
+                await admin.execute(f'CREATE DATABASE "{self.prefix}_{name}"')
+            finally:
+                await admin.close()
+            self.databases.append(name)
+        return await PostgresStore.connect(self._dsn(name), notify=False)
+
+    async def drop_all(self) -> None:
+        if not self.databases:
+            return
+        import asyncpg
+
+        admin = await asyncpg.connect(self.dsn)
+        try:
+            for name in self.databases:
+                await admin.execute(f'DROP DATABASE IF EXISTS "{self.prefix}_{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+
+
 async def bench_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    from hub import Session, SessionManager, SqliteStore
+    stores = Stores(args, tmp)
+    try:
+        return await _bench_engine(args, stores)
+    finally:
+        await stores.drop_all()
+
+
+async def _bench_engine(args: argparse.Namespace, stores: Stores) -> dict[str, Any]:
+    from hub import Session, SessionManager
 
     n: int = args.n
     reps: int = args.reps
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"store": stores.kind}
     texts = build_texts(n)
-    path = tmp / "engine.db"
 
-    say(f"== sessionhub engine: file-backed SqliteStore ({path.name} in a temp dir), N={n:,}")
+    say(f"== sessionhub engine: {stores.describe()}, N={n:,}")
 
     # 1. Append a chain, one awaited call per message.
-    store = await SqliteStore.open(path)
+    store = await stores.open("engine")
     chain = await append_chain(store, "chain", texts)
     out["append_chain"] = chain
     say(
@@ -294,17 +351,19 @@ async def bench_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     )
 
     # 1b. The same with synchronous=FULL (fsync per commit), the Python peer's default.
-    full_store = await SqliteStore.open(tmp / "engine-full.db", synchronous="FULL")
-    try:
-        full = await append_chain(full_store, "chain", texts)
-    finally:
-        await full_store.close()
-    out["append_chain_sync_full"] = full
-    say(
-        f"1b. same, synchronous=FULL: {full['total_s']:.2f} s total, {full['per_op_us']:.1f} µs/op "
-        f"(first {full['first_window_us']:.1f} / last {full['last_window_us']:.1f} µs, "
-        f"ratio {full['ratio_last_first']:.2f})"
-    )
+    # Postgres commits are already durable by default (synchronous_commit = on).
+    if stores.kind == "sqlite":
+        full_store = await stores.open("engine-full", synchronous="FULL")
+        try:
+            full = await append_chain(full_store, "chain", texts)
+        finally:
+            await full_store.close()
+        out["append_chain_sync_full"] = full
+        say(
+            f"1b. same, synchronous=FULL: {full['total_s']:.2f} s total, {full['per_op_us']:.1f} µs/op "
+            f"(first {full['first_window_us']:.1f} / last {full['last_window_us']:.1f} µs, "
+            f"ratio {full['ratio_last_first']:.2f})"
+        )
 
     # 2. append_all of N messages into a fresh registered session, one call.
     manager = SessionManager(store)
@@ -340,7 +399,7 @@ async def bench_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     open_ms: list[float] = []
     for _ in range(3):
         t0 = perf()
-        fresh = await SqliteStore.open(path)
+        fresh = await stores.open("engine")
         open_ms.append((perf() - t0) * 1000.0)
         try:
             ms, history = await timed(Session(fresh, session_id="chain").get_history)
@@ -361,7 +420,7 @@ async def bench_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     )
 
     # 4. get_branches of a message with BRANCHES extra children.
-    store = await SqliteStore.open(path)
+    store = await stores.open("engine")
     try:
         session = Session(store, session_id="chain")
         parent = f"m{n // 2}"
@@ -390,16 +449,16 @@ async def bench_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     out["search"] = {}
     sizes = sorted({n, args.search_n})
     for size in sizes:
-        out["search"][str(size)] = await bench_search(args, tmp / f"search-{size}.db", size)
+        out["search"][str(size)] = await bench_search(args, stores, size)
     return out
 
 
-async def bench_search(args: argparse.Namespace, path: Path, size: int) -> dict[str, Any]:
-    from hub import SessionManager, SqliteStore
+async def bench_search(args: argparse.Namespace, stores: Stores, size: int) -> dict[str, Any]:
+    from hub import SessionManager
 
     calls: int = args.search_calls
     texts = build_texts(size)
-    store = await SqliteStore.open(path)
+    store = await stores.open(f"search-{size}")
     try:
         manager = SessionManager(store)
         info = await manager.create(f"search-{size}")
@@ -602,7 +661,7 @@ def comparison_rows(
         ),
         (
             "  same, synchronous=FULL, µs/op",
-            _fmt(engine["append_chain_sync_full"]["per_op_us"], ".1f"),
+            _fmt(_get(engine, "append_chain_sync_full", "per_op_us"), ".1f"),
             _fmt(_get(peer, "append_chain", "per_op_us"), ".1f") + " (its default)" if peer else peer_missing,
             "",
         ),
@@ -680,6 +739,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="print one JSON line at the end")
     p.add_argument("--skip-peer", action="store_true", help="do not run the openai-agents peer")
     p.add_argument(
+        "--store", choices=["sqlite", "postgres"], default="sqlite", help="the backend (default sqlite)"
+    )
+    p.add_argument(
+        "--dsn",
+        default=os.environ.get("SESSIONHUB_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres"),
+        help="Postgres server for --store postgres (scratch databases are created and dropped there)",
+    )
+    p.add_argument(
         "--pin-cpu",
         type=int,
         default=None,
@@ -724,6 +791,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"running on CPUs {machine['cpu_affinity']}"
             )
             result["engine"] = asyncio.run(bench_engine(args, tmp))
+            # The peer is SQLite-only: it has no row to stand beside a Postgres run.
+            args.skip_peer = args.skip_peer or args.store == "postgres"
             result["peer"] = None if args.skip_peer else run_peer_subprocess(args)
             if args.skip_peer:
                 say("6. peer skipped (--skip-peer)")
