@@ -21,7 +21,7 @@ from .manager import SessionManager
 from .providers import ReadonlyText, StoreContextProvider, StoreSearchProvider
 from .session import Session
 from .skills import FileSkillProvider
-from .store import LATEST, REGISTRY, SqliteStore, Store, session_stream
+from .store import LATEST, REGISTRY, PostgresStore, SqliteStore, Store, session_stream
 from .tools import Tool
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "Message",
     "NotFound",
     "PositionLost",
+    "PostgresStore",
     "ReadonlyText",
     "SearchResult",
     "Session",

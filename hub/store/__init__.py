@@ -10,6 +10,7 @@ from .base import (
     StreamPosition,
     session_stream,
 )
+from .postgres import PostgresStore
 from .sqlite import SqliteStore
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "LogEntry",
     "Parent",
     "ParentArg",
+    "PostgresStore",
     "SqliteStore",
     "Store",
     "StreamPosition",
