@@ -4,6 +4,7 @@ from .base import (
     LATEST,
     REGISTRY,
     AppendResult,
+    LogEntry,
     Parent,
     ParentArg,
     Store,
