@@ -170,17 +170,11 @@ test("requests in flight fail with ConnectionLost when the socket drops", async 
   await tick();
   socket.drop(1001, "server shutting down");
   await assert.rejects(pending, (err) => err instanceof ConnectionLost && /1001/.test(err.message));
-  // A reply for it on the next socket is ignored (not resolved twice).
+  // A late reply for it on the next socket is ignored: it is not resolved twice.
   timers.fireNext();
   FakeSocket.all[1].open();
   FakeSocket.all[1].frame({ frame: "reply", id: socket.sent[0].id, result: [] });
-  // Requests made while reconnecting wait for the new socket.
-  socket.readyState = 3;
-  const later = client.request("ping");
-  await tick();
-  const ping = FakeSocket.all[1].last("ping");
-  FakeSocket.all[1].frame({ frame: "reply", id: ping.id, result: "pong" });
-  assert.equal(await later, "pong");
+  assert.equal(client.futures.size, 0);
 });
 
 test("a request made while reconnecting waits for the socket", async () => {
