@@ -257,6 +257,12 @@ function start() {
     el.textContent =
       s === "open" ? "Connected" : s === "reconnecting" ? `Disconnected: reconnecting${attempt > 1 ? ` (attempt ${attempt})` : ""}…` : s === "connecting" ? "Connecting…" : "Disconnected";
   });
+  client.on("state", ({ state: s }) => {
+    if (s === "reconnecting" && state.presence.size) {
+      state.presence.clear(); // unknown while away; asked again on reconnect
+      renderPresence();
+    }
+  });
   client.on("reconnect", () => {
     if (state.current) {
       refreshPresence();
