@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ from protocol import Conflict, InvalidInput, Message
 from protocol import frames as f
 from protocol.codec import encode
 
+from .bus import RemoteBus
 from .store.base import LATEST, LogEntry
 
 if TYPE_CHECKING:
@@ -32,6 +34,44 @@ if TYPE_CHECKING:
 __all__ = ["LiveStream", "Streams"]
 
 log = logging.getLogger("sessionhub.streams")
+
+_decode_frame = msgspec.json.Decoder(f.StreamFrame).decode
+
+
+def apply_delta(parts: list[dict[str, Any]], kind: str, text: Any, part: Any) -> None:
+    """Grow ``parts`` by one delta: text and reasoning extend the last part of their kind;
+    a tool part replaces the part with its ``toolCallId`` (or is added)."""
+    if kind in ("text", "reasoning"):
+        if not isinstance(text, str):
+            raise InvalidInput(f"a {kind} delta needs `text`")
+        if parts and parts[-1].get("type") == kind and isinstance(parts[-1].get("text"), str):
+            parts[-1]["text"] += text
+        else:
+            parts.append({"type": kind, "text": text})
+        return
+    tool = part.get("type") if isinstance(part, dict) else None
+    if (
+        not isinstance(part, dict)
+        or not isinstance(tool, str)
+        or not (tool.startswith("tool-") or tool == "dynamic-tool")
+    ):
+        raise InvalidInput("a tool delta needs a `part` of type `tool-<name>` or `dynamic-tool`")
+    call_id = part.get("toolCallId")
+    for i, existing in enumerate(parts):
+        if call_id is not None and existing.get("toolCallId") == call_id:
+            parts[i] = dict(part)
+            return
+    parts.append(dict(part))
+
+
+@dataclass
+class Mirror:
+    """Another node's running stream, rebuilt here from its relayed frames so that a
+    subscriber catching up on this node gets its ``state`` too."""
+
+    message: dict[str, Any]
+    index: int
+    seen: float
 
 
 @dataclass
@@ -47,30 +87,7 @@ class LiveStream:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def apply(self, request: f.StreamDelta) -> None:
-        parts = self.message.parts
-        if request.kind in ("text", "reasoning"):
-            if not isinstance(request.text, str):
-                raise InvalidInput(f"a {request.kind} delta needs `text`")
-            if parts and parts[-1].get("type") == request.kind and isinstance(parts[-1].get("text"), str):
-                parts[-1]["text"] += request.text
-            else:
-                parts.append({"type": request.kind, "text": request.text})
-        else:
-            part = request.part
-            kind = part.get("type") if isinstance(part, dict) else None
-            if (
-                part is None
-                or not isinstance(kind, str)
-                or not (kind.startswith("tool-") or kind == "dynamic-tool")
-            ):
-                raise InvalidInput("a tool delta needs a `part` of type `tool-<name>` or `dynamic-tool`")
-            call_id = part.get("toolCallId")
-            for i, existing in enumerate(parts):
-                if call_id is not None and existing.get("toolCallId") == call_id:
-                    parts[i] = dict(part)
-                    break
-            else:
-                parts.append(dict(part))
+        apply_delta(self.message.parts, request.kind, request.text, request.part)
         self.index += 1
 
     def snapshot(self) -> Message:
@@ -83,19 +100,68 @@ class LiveStream:
 
 
 class Streams:
-    """The hub's running streams."""
+    """The hub's running streams, and (with a cross-node bus) the other nodes' ones.
+
+    Frames go to this node's subscribers and, through the bus's relay, to the other
+    nodes', which deliver them to theirs. A relayed frame lost (a bus outage) leaves a
+    subscriber elsewhere with a gap in ``index``; the stream's logged end still brings the
+    whole message everywhere.
+    """
+
+    #: A mirrored stream with no frame for this long is forgotten (its node died).
+    mirror_ttl = 600.0
 
     def __init__(self, hub: Hub, save_every: float = 0.1, coalesce: float = 0.005) -> None:
         self.hub = hub
         self.save_every = save_every
         self.coalesce = coalesce
         self.active: dict[tuple[str, str], LiveStream] = {}
+        self.mirrors: dict[tuple[str, str], Mirror] = {}
+        bus = hub.store.bus
+        self._relay = bus.relay if isinstance(bus, RemoteBus) else None
+        if isinstance(bus, RemoteBus):
+            bus.on_relay = self.relayed
 
     def _broadcast(self, session_id: str, frame: f.StreamFrame) -> None:
         data = encode(frame).decode()  # once, for every subscriber
+        self._deliver(session_id, data)
+        if self._relay is not None:
+            self._relay(data)
+
+    def _deliver(self, session_id: str, data: str) -> None:
         for connection in self.hub.connections:
             if connection.follows(session_id) and not connection.closed:
                 connection.offer(data)
+
+    def relayed(self, data: str) -> None:
+        """A stream frame from another node: keep its mirror, hand it to our subscribers."""
+        try:
+            frame = _decode_frame(data)
+        except msgspec.DecodeError:  # ValidationError included
+            log.warning("ignoring a malformed relayed stream frame")
+            return
+        key = (frame.session_id, frame.message_id)
+        now = time.monotonic()
+        if frame.action == "start" and frame.message is not None:
+            self.mirrors[key] = Mirror(dict(frame.message, parts=[]), 0, now)
+        elif frame.action == "delta" and key in self.mirrors:
+            mirror = self.mirrors[key]
+            mirror.seen = now
+            for delta in frame.deltas or ():
+                if delta.get("index") == mirror.index + 1:
+                    with contextlib.suppress(InvalidInput):
+                        apply_delta(
+                            mirror.message["parts"],
+                            delta.get("kind", ""),
+                            delta.get("text"),
+                            delta.get("part"),
+                        )
+                    mirror.index += 1
+        elif frame.action == "end":
+            self.mirrors.pop(key, None)
+        for stale in [k for k, m in self.mirrors.items() if now - m.seen > self.mirror_ttl]:
+            del self.mirrors[stale]
+        self._deliver(frame.session_id, data)
 
     def _get(self, connection: Connection, session_id: str, message_id: str) -> LiveStream:
         stream = self.active.get((session_id, message_id))
@@ -229,5 +295,17 @@ class Streams:
                 )
             ).decode()
             for (sid, _), stream in self.active.items()
+            if sid == session_id
+        ] + [
+            encode(
+                f.StreamFrame(
+                    session_id=session_id,
+                    message_id=message_id,
+                    action="state",
+                    index=mirror.index,
+                    message=mirror.message,
+                )
+            ).decode()
+            for (sid, message_id), mirror in self.mirrors.items()
             if sid == session_id
         ]

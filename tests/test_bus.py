@@ -268,3 +268,66 @@ async def test_redis_doorbell_survives_a_killed_sender(
 def test_remote_buses_share_the_gap_rules() -> None:
     assert issubclass(PgListenBus, RemoteBus)
     assert issubclass(RedisBus, RemoteBus)
+
+
+# -- relaying (what has no log: streamed deltas) ------------------------------------------
+async def relay_pair(kind: str, channel: str) -> tuple[RemoteBus, RemoteBus]:
+    buses: list[RemoteBus] = []
+    for _ in range(2):
+        bus: RemoteBus = (
+            PgListenBus(postgres_dsn(), channel=channel, ping_interval=0.2)
+            if kind == "postgres"
+            else RedisBus(redis_url(), channel=channel, health_interval=0.2)
+        )
+        await bus.start()
+        buses.append(bus)
+    return buses[0], buses[1]
+
+
+@pytest.mark.parametrize("kind", ["postgres", "redis"])
+async def test_relay_reaches_the_other_node_in_order_and_not_its_sender(kind: str, channel: str) -> None:
+    a, b = await relay_pair(kind, channel)
+    try:
+        got_a: list[str] = []
+        got_b: list[str] = []
+        a.on_relay, b.on_relay = got_a.append, got_b.append
+        big = "é🙂x" * 5000  # 40 KB of mixed-width UTF-8: several NOTIFY pieces
+        sent = [f"frame {i}" for i in range(200)] + [big, "after"]
+        for data in sent:
+            a.relay(data)
+        await eventually(lambda: len(got_b) == len(sent))
+        assert got_b == sent
+        await asyncio.sleep(0.1)
+        assert got_a == []
+        assert a.relay_dropped == 0
+    finally:
+        await a.close()
+        await b.close()
+
+
+def test_relay_pieces_reassemble_and_a_missing_piece_drops_the_message() -> None:
+    sender = PgListenBus("postgresql://unused")
+    receiver = PgListenBus("postgresql://unused")
+    got: list[str] = []
+    receiver.on_relay = got.append
+    data = "ü" * 10_000
+    pieces = sender._pieces(data)
+    assert len(pieces) > 1
+    assert all(len(p.encode()) < 8000 for p in pieces)
+    for piece in pieces:
+        receiver.relayed(piece)
+    assert got == [data]
+    broken = sender._pieces(data)
+    for piece in broken[:1] + broken[2:]:
+        receiver.relayed(piece)
+    receiver.relayed(sender._pieces("next")[0])
+    assert got == [data, "next"]
+
+
+def test_relay_backlog_is_bounded() -> None:
+    bus = RedisBus("redis://127.0.0.1:1")
+    bus.relay_backlog = 3
+    for i in range(5):
+        bus.relay(str(i))
+    assert list(bus._relay_out) == ["2", "3", "4"]
+    assert bus.relay_dropped == 2

@@ -19,6 +19,7 @@ from protocol import Event
 
 from .nodes import Node, scratch_database
 from .services import postgres_dsn, redis_url
+from .test_streams import Reader, text_of
 
 SESSIONS = 3
 APPENDS = 120
@@ -133,3 +134,48 @@ async def test_a_node_reports_a_lost_bus_and_recovers(database: str) -> None:
                 await asyncio.gather(task, return_exceptions=True)
         finally:
             await admin.close()
+
+
+@pytest.mark.parametrize("bus", ["postgres", "redis"])
+async def test_a_stream_written_on_a_grows_on_b(database: str, bus: str) -> None:
+    """Streamed deltas have no log: they cross nodes through the bus's relay. A watcher on B
+    sees the message grow delta by delta; one joining on B mid-stream gets the state first."""
+    ring = bus_url(bus)
+    watcher, late = Reader(), Reader()
+    async with (
+        Node(database, ring) as a,
+        Node(database, ring) as b,
+        HubClient(a.ws_url, name="worker", role="worker") as worker,
+        HubClient(b.ws_url, on_stream=watcher) as ui,
+        HubClient(b.ws_url, on_stream=late) as joiner,
+    ):
+        sid = (await worker.sessions.create("chat")).id
+        tasks = [asyncio.create_task(collect(ui, sid, [], asyncio.Event()))]
+        await asyncio.sleep(0.3)
+        st = await worker.session(sid).start_stream("a1")
+        big = "é" * 9000  # one delta larger than a NOTIFY payload
+        for i in range(60):
+            await st.text(f"{i},")
+        await st.text(big)
+        async with asyncio.timeout(10):
+            while "a1" not in watcher.live.messages or watcher.live.index.get("a1", 0) < 61:
+                await asyncio.sleep(0.01)
+        assert text_of(watcher.live.messages["a1"]) == "".join(f"{i}," for i in range(60)) + big
+        tasks.append(asyncio.create_task(collect(joiner, sid, [], asyncio.Event())))
+        async with asyncio.timeout(10):
+            while not any(f.action == "state" for f in late.frames):
+                await asyncio.sleep(0.01)
+        for i in range(60, 100):
+            await st.text(f"{i},")
+        await st.__aexit__(None, None, None)
+        expected = "".join(f"{i}," for i in range(60)) + big + "".join(f"{i}," for i in range(60, 100))
+        async with asyncio.timeout(10):
+            while watcher.live.status.get("a1") != "finished" or late.live.status.get("a1") != "finished":
+                await asyncio.sleep(0.01)
+        for reader in (watcher, late):
+            assert text_of(reader.live.messages["a1"]) == expected
+        indexes = [d["index"] for f in watcher.frames if f.action == "delta" for d in f.deltas or []]
+        assert indexes == list(range(1, 102))
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -44,7 +44,9 @@ class PgListenBus(RemoteBus):
         self.channel = channel
         self.ping_interval = ping_interval
         self.ping_timeout = ping_timeout
+        self.relay_channel = channel + "_relay"
         self._conn: asyncpg.Connection | None = None
+        self._sender: asyncpg.Connection | None = None
         self._lost: asyncio.Event = asyncio.Event()
 
     @property
@@ -58,6 +60,7 @@ class PgListenBus(RemoteBus):
         self._conn = conn
         conn.add_termination_listener(lambda c: self._lost.set())
         await conn.add_listener(self.channel, self._on_notify)
+        await conn.add_listener(self.relay_channel, self._on_relay_notify)
 
     def _on_notify(self, conn: object, pid: int, channel: str, payload: object) -> None:
         try:
@@ -66,6 +69,30 @@ class PgListenBus(RemoteBus):
             log.warning("ignoring a foreign payload on channel %s", channel)
             return
         self.heard(stream, seq)
+
+    def _on_relay_notify(self, conn: object, pid: int, channel: str, payload: object) -> None:
+        self.relayed(str(payload))
+
+    #: NOTIFY payloads must be shorter than 8,000 bytes.
+    relay_chunk = doorbell.MAX_PAYLOAD
+
+    async def _send_relay(self, payloads: list[str]) -> None:
+        # Its own connection: the listener's must stay free for its pings, and a sender
+        # failure must not look like a lost listener.
+        if self._sender is None or self._sender.is_closed():
+            self._sender = await asyncpg.connect(
+                self.dsn, server_settings={"application_name": "sessionhub-relay"}
+            )
+        try:
+            await self._sender.execute(
+                "SELECT pg_notify($1, p) FROM unnest($2::text[]) WITH ORDINALITY AS t(p, i) ORDER BY i",
+                self.relay_channel,
+                payloads,
+            )
+        except BaseException:
+            sender, self._sender = self._sender, None
+            sender.terminate()
+            raise
 
     async def _listen(self) -> None:
         conn = self._conn
@@ -79,6 +106,15 @@ class PgListenBus(RemoteBus):
                 await asyncio.wait_for(conn.fetchval("SELECT 1"), self.ping_timeout)
             except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 raise ConnectionError(f"ping failed: {exc!r}") from exc
+
+    async def close(self) -> None:
+        await super().close()
+        sender, self._sender = self._sender, None
+        if sender is not None:
+            try:
+                await asyncio.wait_for(sender.close(), 2.0)
+            except Exception:
+                sender.terminate()
 
     async def _disconnect(self) -> None:
         conn, self._conn = self._conn, None

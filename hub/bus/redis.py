@@ -43,6 +43,7 @@ class RedisBus(RemoteBus):
         super().__init__(poll_interval=poll_interval)
         self.url = url
         self.channel = channel
+        self.relay_channel = channel + "_relay"
         self.health_interval = health_interval
         self._client: aioredis.Redis | None = None
         self._pubsub: Any = None
@@ -52,6 +53,7 @@ class RedisBus(RemoteBus):
         self._flushed.set()
         self._sender: asyncio.Task[None] | None = None
         self._send_client: aioredis.Redis | None = None
+        self._relay_client: aioredis.Redis | None = None
 
     def _new_client(self) -> aioredis.Redis:
         return aioredis.Redis.from_url(
@@ -82,6 +84,23 @@ class RedisBus(RemoteBus):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sender
         await super().close()
+        if self._relay_client is not None:
+            await self._relay_client.aclose()
+            self._relay_client = None
+
+    async def _send_relay(self, payloads: list[str]) -> None:
+        if self._relay_client is None:
+            self._relay_client = self._new_client()
+        pipe = self._relay_client.pipeline(transaction=False)
+        for payload in payloads:
+            pipe.publish(self.relay_channel, payload)
+        try:
+            await pipe.execute()
+        except BaseException:
+            client, self._relay_client = self._relay_client, None
+            with contextlib.suppress(Exception):
+                await client.aclose()
+            raise
 
     async def _drain(self) -> None:
         await self._flushed.wait()
@@ -128,14 +147,15 @@ class RedisBus(RemoteBus):
         self._client = client
         pubsub = client.pubsub()
         self._pubsub = pubsub
-        await pubsub.subscribe(self.channel)
-        # subscribe() only sends; wait for the confirmation so "started" means "listening".
-        while True:
+        await pubsub.subscribe(self.channel, self.relay_channel)
+        # subscribe() only sends; wait for the confirmations so "started" means "listening".
+        confirmed = 0
+        while confirmed < 2:
             message = await pubsub.get_message(ignore_subscribe_messages=False, timeout=5.0)
             if message is None:
                 raise ConnectionError("no subscribe confirmation from Redis")
             if message["type"] == "subscribe":
-                return
+                confirmed += 1
 
     async def _listen(self) -> None:
         pubsub = self._pubsub
@@ -149,6 +169,10 @@ class RedisBus(RemoteBus):
             if message["type"] != "message":
                 continue
             data = message["data"]
+            channel = message["channel"]
+            if (channel.decode() if isinstance(channel, bytes) else channel) == self.relay_channel:
+                self.relayed(data.decode() if isinstance(data, bytes) else str(data))
+                continue
             try:
                 stream, seq = doorbell.decode(data.decode() if isinstance(data, bytes) else str(data))
             except ValueError:

@@ -13,15 +13,22 @@ rules cover it:
 - A follower that read the log *before* the reconnection but reaches :meth:`wait` only
   after it passes the ``generation`` it saw before that read; the mismatch makes ``wait``
   return at once, and it reads again.
+
+Besides doorbells, a remote bus *relays* what lives only in memory (a streamed message's
+deltas) to the other nodes: best effort and in order, with no log behind it. What a relay
+loses the log still ends right (the stream's end is a logged event).
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
+import collections
 import contextlib
 import logging
 import random
+import uuid
+from collections.abc import Callable
 
 from .doorbell import stream_hash
 from .memory import MemoryBus
@@ -45,6 +52,17 @@ class RemoteBus(MemoryBus, abc.ABC):
         self._connected = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        #: This process, so that it can skip its own relayed messages.
+        self.node_id = uuid.uuid4().hex[:16]
+        #: Called with each message another node relays (see :meth:`relay`).
+        self.on_relay: Callable[[str], None] | None = None
+        #: Relayed messages dropped: sending failed, or the backlog overflowed.
+        self.relay_dropped = 0
+        self._relay_out: collections.deque[str] = collections.deque()
+        self._relay_ready = asyncio.Event()
+        self._relay_task: asyncio.Task[None] | None = None
+        self._relay_count = 0
+        self._partial: dict[str, tuple[int, list[str]]] = {}
 
     @property
     def connected(self) -> bool:
@@ -58,14 +76,17 @@ class RemoteBus(MemoryBus, abc.ABC):
             await self._disconnect()
             raise
         self._connected.set()
-        self._task = asyncio.get_running_loop().create_task(self._supervise(), name=type(self).__name__)
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._supervise(), name=type(self).__name__)
+        self._relay_task = loop.create_task(self._send_relayed(), name=f"{type(self).__name__} relay")
 
     async def close(self) -> None:
         self._closing = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._relay_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         self._connected.clear()
         await self._disconnect()
         self.wake_all()
@@ -121,6 +142,83 @@ class RemoteBus(MemoryBus, abc.ABC):
             self._connected.set()
             self.wake_all()
             log.info("%s listening again (generation %d)", type(self).__name__, self.generation)
+
+    # -- relaying ------------------------------------------------------------------------
+    #: Largest relayed message piece in bytes (Postgres NOTIFY: under 8,000 with the header).
+    relay_chunk = 1 << 24
+    #: Messages kept while sending lags; older ones are dropped beyond this.
+    relay_backlog = 10_000
+
+    def relay(self, data: str) -> None:
+        """Send ``data`` to every other node's :attr:`on_relay`: best effort, in order."""
+        if len(self._relay_out) >= self.relay_backlog:
+            self._relay_out.popleft()
+            self.relay_dropped += 1
+        self._relay_out.append(data)
+        self._relay_ready.set()
+
+    def _pieces(self, data: str) -> list[str]:
+        """``data`` as wire payloads: ``"<node> <number> <i> <count> <piece>"``."""
+        self._relay_count += 1
+        raw = data.encode()
+        room = self.relay_chunk - 64
+        chunks: list[str] = []
+        start = 0
+        while start < len(raw) or not chunks:
+            cut = min(len(raw), start + room)
+            while cut < len(raw) and (raw[cut] & 0xC0) == 0x80:
+                cut -= 1  # never split a UTF-8 sequence
+            chunks.append(raw[start:cut].decode())
+            start = cut
+        n = self._relay_count
+        return [f"{self.node_id} {n} {i} {len(chunks)} {chunk}" for i, chunk in enumerate(chunks)]
+
+    def relayed(self, payload: str) -> None:
+        """A relayed piece from the wire: deliver whole messages from other nodes."""
+        try:
+            node, n, i, count, piece = payload.split(" ", 4)
+            number, index, total = int(n), int(i), int(count)
+        except ValueError:
+            log.warning("ignoring a foreign relay payload")
+            return
+        if node == self.node_id or self.on_relay is None:
+            return
+        if total == 1:
+            self.on_relay(piece)
+            return
+        current = self._partial.get(node)
+        if index == 0 or current is None or current[0] != number or len(current[1]) != index:
+            # A piece went missing (or this is the first): start over from piece 0.
+            current = (number, []) if index == 0 else None
+        if current is None:
+            self._partial.pop(node, None)
+            return
+        current[1].append(piece)
+        if len(current[1]) == total:
+            self._partial.pop(node, None)
+            self.on_relay("".join(current[1]))
+        else:
+            self._partial[node] = current
+
+    async def _send_relayed(self) -> None:
+        while True:
+            await self._relay_ready.wait()
+            self._relay_ready.clear()
+            batch = list(self._relay_out)
+            self._relay_out.clear()
+            payloads = [piece for data in batch for piece in self._pieces(data)]
+            try:
+                await self._send_relay(payloads)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.relay_dropped += len(batch)
+                log.warning("%s: relaying %d messages failed (%s)", type(self).__name__, len(batch), exc)
+                await asyncio.sleep(0.05)
+
+    @abc.abstractmethod
+    async def _send_relay(self, payloads: list[str]) -> None:
+        """Send relay payloads, in order."""
 
     @abc.abstractmethod
     async def _connect(self) -> None:
