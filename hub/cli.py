@@ -54,6 +54,12 @@ def _parser() -> argparse.ArgumentParser:
         help="a browser origin allowed to connect (repeatable; default: the hub's own origin)",
     )
     serve.add_argument(
+        "--presence-ttl",
+        type=float,
+        default=30.0,
+        help="several nodes: drop a silent node's connections from presence after N s (default: 30)",
+    )
+    serve.add_argument(
         "--insecure", action="store_true", help="allow a non-loopback address without --auth-secret"
     )
 
@@ -113,6 +119,8 @@ def _serve(args: argparse.Namespace) -> int:
         max_frame_bytes=args.max_frame_bytes,
         auth_secret=args.auth_secret,
         allowed_origins=tuple(args.allowed_origin),
+        presence_ttl=args.presence_ttl,
+        presence_heartbeat=min(10.0, args.presence_ttl / 3),
     )
     from .backends import make_bus
 

@@ -48,6 +48,7 @@ from .backends import open_backend
 from .bus import Bus, RemoteBus
 from .compaction import CompactResult
 from .manager import SessionManager
+from .relay import Relay
 from .session import Session
 from .store.base import LATEST, REGISTRY, ParentArg, Store, session_stream
 from .streams import Streams
@@ -80,6 +81,10 @@ class HubConfig:
     tail_events: int = 1024
     backlog_batch: int = 500
     shutdown_grace: float = 10.0
+    #: With several nodes: how often each relays its presence table, and how long a silent
+    #: node's connections stay listed.
+    presence_heartbeat: float = 10.0
+    presence_ttl: float = 30.0
 
 
 # -- wire conversion -----------------------------------------------------------------------
@@ -655,8 +660,7 @@ class Connection:
         await self.send(frame)
 
     async def _presence(self, request: f.Presence) -> None:
-        entries = [c.entry() for c in self.hub.presence.get(request.session_id, {}).values()]
-        await self.send(f.ReplyFrame(id=request.id, result=entries))
+        await self.send(f.ReplyFrame(id=request.id, result=self.hub.present(request.session_id)))
 
     async def _run(self, request: f.Request) -> None:
         op = str(type(request).__struct_config__.tag)
@@ -830,6 +834,11 @@ class Hub:
         self.connections: set[Connection] = set()
         #: session id -> connection id -> connection: who is on each session.
         self.presence: dict[str, dict[str, Connection]] = {}
+        #: With a cross-node bus: stream frames and presence to and from the other nodes.
+        self.relay: Relay | None = None
+        if isinstance(store.bus, RemoteBus):
+            self.relay = Relay(self, store.bus, config.presence_heartbeat, config.presence_ttl)
+            self.relay.start()
         self.closing = False
         self.ops: dict[str, Callable[[Any], Awaitable[Any]]] = _operations(self)
 
@@ -837,13 +846,26 @@ class Hub:
         return [sid for sid, present in self.presence.items() if connection.connection_id in present]
 
     def _tell(self, session_id: str, action: Literal["join", "leave"], connection: Connection) -> None:
-        watchers = [c for c in self.connections if session_id in c.presence_watch and not c.closed]
+        frame = f.PresenceFrame(session_id=session_id, action=action, entry=connection.entry())
+        self.tell_watchers(frame)
+        if self.relay is not None:
+            self.relay.send(frame)
+
+    def tell_watchers(self, frame: f.PresenceFrame) -> None:
+        """Send a join or leave to this node's connections watching the session's presence."""
+        watchers = [c for c in self.connections if frame.session_id in c.presence_watch and not c.closed]
         if not watchers:
             return
-        frame = f.PresenceFrame(session_id=session_id, action=action, entry=connection.entry())
         data = encode(frame).decode()
         for other in watchers:
             other.offer(data)
+
+    def present(self, session_id: str) -> list[dict[str, Any]]:
+        """Who is on the session: this node's connections, then the other nodes'."""
+        entries = [c.entry() for c in self.presence.get(session_id, {}).values()]
+        if self.relay is not None:
+            entries += self.relay.presence.entries(session_id)
+        return entries
 
     def join(self, connection: Connection, session_id: str) -> None:
         present = self.presence.setdefault(session_id, {})
@@ -885,6 +907,8 @@ class Hub:
         for connection in list(self.connections):
             await connection.close(CLOSE_GOING_AWAY, "server shutting down; resume elsewhere")
         await self.tails.close()
+        if self.relay is not None:
+            await self.relay.close()
 
     async def serve(self, websocket: WebSocket) -> None:
         token, subprotocol = _token_of(websocket)

@@ -35,8 +35,6 @@ __all__ = ["LiveStream", "Streams"]
 
 log = logging.getLogger("sessionhub.streams")
 
-_decode_frame = msgspec.json.Decoder(f.StreamFrame).decode
-
 
 def apply_delta(parts: list[dict[str, Any]], kind: str, text: Any, part: Any) -> None:
     """Grow ``parts`` by one delta: text and reasoning extend the last part of their kind;
@@ -119,8 +117,6 @@ class Streams:
         self.mirrors: dict[tuple[str, str], Mirror] = {}
         bus = hub.store.bus
         self._relay = bus.relay if isinstance(bus, RemoteBus) else None
-        if isinstance(bus, RemoteBus):
-            bus.on_relay = self.relayed
 
     def _broadcast(self, session_id: str, frame: f.StreamFrame) -> None:
         data = encode(frame).decode()  # once, for every subscriber
@@ -133,13 +129,8 @@ class Streams:
             if connection.follows(session_id) and not connection.closed:
                 connection.offer(data)
 
-    def relayed(self, data: str) -> None:
+    def relayed(self, frame: f.StreamFrame, data: str) -> None:
         """A stream frame from another node: keep its mirror, hand it to our subscribers."""
-        try:
-            frame = _decode_frame(data)
-        except msgspec.DecodeError:  # ValidationError included
-            log.warning("ignoring a malformed relayed stream frame")
-            return
         key = (frame.session_id, frame.message_id)
         now = time.monotonic()
         if frame.action == "start" and frame.message is not None:

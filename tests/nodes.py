@@ -45,9 +45,10 @@ class Node:
     """One ``sessionhub serve`` process on a fixed port (so a restart comes back at the
     same address, as behind a load balancer)."""
 
-    def __init__(self, db: str, bus: str | None = None, port: int | None = None) -> None:
+    def __init__(self, db: str, bus: str | None = None, port: int | None = None, *extra: str) -> None:
         self.db = db
         self.bus = bus
+        self.extra = list(extra)
         self.port = port or free_port()
         self.proc: asyncio.subprocess.Process | None = None
         self.log: list[str] = []
@@ -61,6 +62,7 @@ class Node:
         args = [sys.executable, "-m", "hub.cli", "serve", "--db", self.db, "--port", str(self.port)]
         if self.bus:
             args += ["--bus", self.bus]
+        args += self.extra
         self.proc = await asyncio.create_subprocess_exec(
             *args,
             stderr=asyncio.subprocess.PIPE,

@@ -5,6 +5,7 @@ once, in order. Run over both backplanes (LISTEN/NOTIFY and Redis)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from collections.abc import AsyncIterator
 
@@ -16,6 +17,7 @@ from clients import HubClient
 from hub import PostgresStore
 from hub.store import session_stream
 from protocol import Event
+from protocol.frames import PresenceFrame
 
 from .nodes import Node, scratch_database
 from .services import postgres_dsn, redis_url
@@ -179,3 +181,47 @@ async def test_a_stream_written_on_a_grows_on_b(database: str, bus: str) -> None
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@pytest.mark.parametrize("bus", ["postgres", "redis"])
+async def test_presence_spans_nodes_and_a_dead_node_leaves(database: str, bus: str) -> None:
+    ring = bus_url(bus)
+    seen: list[PresenceFrame] = []
+    async with (
+        Node(database, ring, None, "--presence-ttl", "1.5") as a,
+        Node(database, ring, None, "--presence-ttl", "1.5") as b,
+        HubClient(b.ws_url, name="dash", role="observer", on_presence=seen.append) as dash,
+    ):
+        sid = (await dash.sessions.create("chat")).id
+        watching = asyncio.create_task(collect(dash, sid, [], asyncio.Event()))
+
+        async def names() -> set[str]:
+            return {e["name"] for e in await dash.presence(sid)}
+
+        async with HubClient(a.ws_url, name="worker", role="worker", sessions=[sid]):
+            async with asyncio.timeout(10):
+                while "worker" not in await names():
+                    await asyncio.sleep(0.02)
+                while not any(p.action == "join" and p.entry["name"] == "worker" for p in seen):
+                    await asyncio.sleep(0.02)
+        # The worker closed its client on A: B's watcher is told, and B's list drops it.
+        async with asyncio.timeout(10):
+            while not any(p.action == "leave" and p.entry["name"] == "worker" for p in seen):
+                await asyncio.sleep(0.02)
+        assert await names() == {"dash"}
+
+        # A node that dies cannot say goodbye: its connections leave after --presence-ttl.
+        ghost = HubClient(a.ws_url, name="ghost", sessions=[sid], reconnect=False)
+        await ghost.__aenter__()
+        async with asyncio.timeout(10):
+            while "ghost" not in await names():
+                await asyncio.sleep(0.02)
+        await a.stop(signal.SIGKILL)
+        async with asyncio.timeout(10):
+            while "ghost" in await names():
+                await asyncio.sleep(0.05)
+        assert any(p.action == "leave" and p.entry["name"] == "ghost" for p in seen)
+        with contextlib.suppress(Exception):
+            await ghost.__aexit__(None, None, None)
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)

@@ -54,12 +54,14 @@ class RemoteBus(MemoryBus, abc.ABC):
         self._closing = False
         #: This process, so that it can skip its own relayed messages.
         self.node_id = uuid.uuid4().hex[:16]
-        #: Called with each message another node relays (see :meth:`relay`).
-        self.on_relay: Callable[[str], None] | None = None
+        #: Called with ``(node_id, message)`` for each message another node relays.
+        self.on_relay: Callable[[str, str], None] | None = None
         #: Relayed messages dropped: sending failed, or the backlog overflowed.
         self.relay_dropped = 0
         self._relay_out: collections.deque[str] = collections.deque()
         self._relay_ready = asyncio.Event()
+        self._relay_idle = asyncio.Event()
+        self._relay_idle.set()
         self._relay_task: asyncio.Task[None] | None = None
         self._relay_count = 0
         self._partial: dict[str, tuple[int, list[str]]] = {}
@@ -81,6 +83,10 @@ class RemoteBus(MemoryBus, abc.ABC):
         self._relay_task = loop.create_task(self._send_relayed(), name=f"{type(self).__name__} relay")
 
     async def close(self) -> None:
+        if self._relay_task is not None:
+            # What was relayed last (a node's goodbye) should still leave.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._relay_idle.wait(), 1.0)
         self._closing = True
         for task in (self._task, self._relay_task):
             if task is not None:
@@ -156,6 +162,7 @@ class RemoteBus(MemoryBus, abc.ABC):
             self.relay_dropped += 1
         self._relay_out.append(data)
         self._relay_ready.set()
+        self._relay_idle.clear()
 
     def _pieces(self, data: str) -> list[str]:
         """``data`` as wire payloads: ``"<node> <number> <i> <count> <piece>"``."""
@@ -184,7 +191,7 @@ class RemoteBus(MemoryBus, abc.ABC):
         if node == self.node_id or self.on_relay is None:
             return
         if total == 1:
-            self.on_relay(piece)
+            self.on_relay(node, piece)
             return
         current = self._partial.get(node)
         if index == 0 or current is None or current[0] != number or len(current[1]) != index:
@@ -196,7 +203,7 @@ class RemoteBus(MemoryBus, abc.ABC):
         current[1].append(piece)
         if len(current[1]) == total:
             self._partial.pop(node, None)
-            self.on_relay("".join(current[1]))
+            self.on_relay(node, "".join(current[1]))
         else:
             self._partial[node] = current
 
@@ -215,6 +222,8 @@ class RemoteBus(MemoryBus, abc.ABC):
                 self.relay_dropped += len(batch)
                 log.warning("%s: relaying %d messages failed (%s)", type(self).__name__, len(batch), exc)
                 await asyncio.sleep(0.05)
+            if not self._relay_out:
+                self._relay_idle.set()
 
     @abc.abstractmethod
     async def _send_relay(self, payloads: list[str]) -> None:
