@@ -289,14 +289,15 @@ async def test_relay_reaches_the_other_node_in_order_and_not_its_sender(kind: st
     a, b = await relay_pair(kind, channel)
     try:
         got_a: list[str] = []
-        got_b: list[str] = []
-        a.on_relay, b.on_relay = got_a.append, got_b.append
+        got_b: list[tuple[str, str]] = []
+        a.on_relay = lambda node, data: got_a.append(data)
+        b.on_relay = lambda node, data: got_b.append((node, data))
         big = "é🙂x" * 5000  # 40 KB of mixed-width UTF-8: several NOTIFY pieces
         sent = [f"frame {i}" for i in range(200)] + [big, "after"]
         for data in sent:
             a.relay(data)
         await eventually(lambda: len(got_b) == len(sent))
-        assert got_b == sent
+        assert got_b == [(a.node_id, data) for data in sent]
         await asyncio.sleep(0.1)
         assert got_a == []
         assert a.relay_dropped == 0
@@ -309,7 +310,7 @@ def test_relay_pieces_reassemble_and_a_missing_piece_drops_the_message() -> None
     sender = PgListenBus("postgresql://unused")
     receiver = PgListenBus("postgresql://unused")
     got: list[str] = []
-    receiver.on_relay = got.append
+    receiver.on_relay = lambda node, data: got.append(data)
     data = "ü" * 10_000
     pieces = sender._pieces(data)
     assert len(pieces) > 1
