@@ -8,7 +8,8 @@ or are marked ``sqlite_only``; they run on SQLite alone.
 Postgres: one database per test run (``sessionhub_test_<pid>``, created and migrated once,
 dropped at the end) on the server named by ``SESSIONHUB_TEST_POSTGRES``; each test gets it
 with every table emptied (a few ``DELETE``s: ~0.2 ms, against ~40 ms for a fresh schema
-and ~15 ms for ``TRUNCATE``). When the server is unreachable the ``[postgres]`` runs skip.
+and ~15 ms for ``TRUNCATE``). When the server is unreachable the ``[postgres]`` runs skip
+(or fail, under ``SESSIONHUB_REQUIRE_SERVICES=1``: see ``tests/services.py``).
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ import pytest
 
 from hub import PostgresStore, SqliteStore, Store
 
+from .services import postgres_dsn, unavailable
+
 T = TypeVar("T")
 
-PG_ENV = "SESSIONHUB_TEST_POSTGRES"
-PG_DEFAULT = "postgresql://postgres@127.0.0.1:5432/postgres"
 BACKENDS = ("sqlite", "postgres")
 
 #: Every table of the Postgres schema, emptied before each test.
@@ -78,7 +79,7 @@ def with_database(dsn: str, database: str) -> str:
 
 
 def pg_server() -> str:
-    return os.environ.get(PG_ENV, PG_DEFAULT)
+    return postgres_dsn()
 
 
 @pytest.fixture(scope="session")
@@ -92,7 +93,7 @@ def pg_dsn() -> Iterator[str]:
         try:
             conn = await asyncpg.connect(server, timeout=5)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
-            return f"Postgres not reachable at {server} ({PG_ENV}): {exc}"
+            return f"Postgres not reachable at {server} (SESSIONHUB_TEST_POSTGRES): {exc}"
         try:
             await conn.execute(f'DROP DATABASE IF EXISTS "{database}"')
             await conn.execute(f'CREATE DATABASE "{database}"')
@@ -111,7 +112,7 @@ def pg_dsn() -> Iterator[str]:
 
     problem = run_sync(create())
     if problem is not None:
-        pytest.skip(problem)
+        unavailable(problem)
     try:
         yield with_database(server, database)
     finally:

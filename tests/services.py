@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-__all__ = ["SERVICE_SKIP", "postgres_dsn", "redis_url"]
+__all__ = ["SERVICE_SKIP", "postgres_dsn", "redis_url", "unavailable"]
 
 SERVICE_SKIP = "service unavailable"
 
@@ -33,7 +33,8 @@ def _reachable(url: str, default_port: int) -> bool:
         return False
 
 
-def _unavailable(reason: str) -> None:
+def unavailable(reason: str) -> None:
+    """Skip the calling test for ``reason`` (fail it under SESSIONHUB_REQUIRE_SERVICES=1)."""
     if os.environ.get("SESSIONHUB_REQUIRE_SERVICES") == "1":
         pytest.fail(f"{reason}, and SESSIONHUB_REQUIRE_SERVICES=1 forbids skipping", pytrace=False)
     pytest.skip(f"{SERVICE_SKIP}: {reason}")
@@ -43,7 +44,7 @@ def postgres_dsn() -> str:
     """The test Postgres DSN, or skip (or fail, see above) the calling test."""
     dsn = os.environ.get("SESSIONHUB_TEST_POSTGRES", DEFAULT_POSTGRES)
     if not _reachable(dsn, 5432):
-        _unavailable(f"Postgres not reachable at {dsn} (set SESSIONHUB_TEST_POSTGRES)")
+        unavailable(f"Postgres not reachable at {dsn} (set SESSIONHUB_TEST_POSTGRES)")
     return dsn
 
 
@@ -51,5 +52,5 @@ def redis_url() -> str:
     """The test Redis URL, or skip (or fail, see above) the calling test."""
     url = os.environ.get("SESSIONHUB_TEST_REDIS", DEFAULT_REDIS)
     if not _reachable(url, 6379):
-        _unavailable(f"Redis not reachable at {url} (set SESSIONHUB_TEST_REDIS)")
+        unavailable(f"Redis not reachable at {url} (set SESSIONHUB_TEST_REDIS)")
     return url
