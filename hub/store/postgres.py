@@ -33,7 +33,6 @@ import time
 import unicodedata
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -53,7 +52,6 @@ from protocol import (
     StoreClosed,
     StoreError,
 )
-from protocol.message import message_from_stored
 
 from ..bus import Bus, MemoryBus
 from ..bus.doorbell import CHANNEL
@@ -69,6 +67,16 @@ from .base import (
     Store,
     StreamPosition,
     session_stream,
+)
+from .rows import (
+    SESSION_COLS,
+    appended_json,
+    compaction,
+    decode_message,
+    message_json,
+    new_epoch,
+    session_info,
+    ts,
 )
 
 __all__ = ["MIGRATIONS", "SCHEMA_SQL", "PostgresStore"]
@@ -107,29 +115,6 @@ def _key(name: str) -> int:
 _MIGRATION_LOCK = _key("sessionhub.schema_migrations")
 
 
-def _ts(value: float) -> datetime:
-    return datetime.fromtimestamp(value, UTC)
-
-
-def _new_epoch() -> str:
-    return uuid.uuid4().hex[:16]
-
-
-def _decode_message(content: str | bytes) -> Message | None:
-    try:
-        message = message_from_stored(_decode(content))
-    except msgspec.DecodeError as exc:
-        log.warning("skipping a stored message that is not JSON: %s", exc)
-        return None
-    if message is None:
-        log.warning("skipping a stored row that is not a message")
-    return message
-
-
-def _message_json(message: Message) -> str:
-    return _encode(message.to_dict()).decode()
-
-
 def _body(message: Message) -> str | None:
     # Postgres text cannot hold NUL; the indexed copy drops it (the JSON escapes it).
     text = message.text()
@@ -160,38 +145,6 @@ def fts_text(text: str | None) -> str:
     if not text.isascii():
         text = unicodedata.normalize("NFC", _MARKS.sub("", unicodedata.normalize("NFD", text)))
     return " ".join(_word(t) for t in _TOKEN.findall(text))
-
-
-def _appended_json(content: str, parent_id: str | None) -> str:
-    return f'{{"message":{content},"parent_id":{_encode(parent_id).decode()}}}'
-
-
-_SESSION_COLS = (
-    "id, name, parent_session_id, model, source, input_tokens, output_tokens, "
-    "estimated_cost, end_reason, created_at, updated_at"
-)
-
-
-def _info(row: Row) -> SessionInfo:
-    return SessionInfo(
-        id=row[0],
-        name=row[1],
-        parent_session_id=row[2],
-        model=row[3],
-        source=row[4],
-        input_tokens=row[5],
-        output_tokens=row[6],
-        estimated_cost=row[7],
-        end_reason=row[8],
-        created_at=row[9],
-        updated_at=row[10],
-    )
-
-
-def _compaction(row: Row) -> Compaction:
-    return Compaction(
-        id=row[0], summary=row[1], from_message_id=row[2], to_message_id=row[3], created_at=row[4]
-    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -366,7 +319,7 @@ class _Tx:
     def __init__(self, conn: Conn) -> None:
         self.conn = conn
         self.now = time.time()
-        self.when = _ts(self.now)
+        self.when = ts(self.now)
         self.notes: list[tuple[str, int]] = []
 
     async def emit_many(self, stream: str, session_id: str, events: Sequence[tuple[str, str]]) -> int:
@@ -377,7 +330,7 @@ class _Tx:
         last = await self.conn.fetchval(
             _EMIT,
             stream,
-            _new_epoch(),
+            new_epoch(),
             n,
             session_id,
             [t for t, _ in events],
@@ -410,10 +363,10 @@ class _Tx:
 
 
 async def _session_row(conn: Conn, session_id: str) -> SessionInfo:
-    row = await conn.fetchrow(f"SELECT {_SESSION_COLS} FROM sessions WHERE id = $1", session_id)
+    row = await conn.fetchrow(f"SELECT {SESSION_COLS} FROM sessions WHERE id = $1", session_id)
     if row is None:
         raise SessionNotFound(session_id)
-    return _info(row)
+    return session_info(row)
 
 
 async def _pk_of(conn: Conn, session_id: str, message_id: str) -> int | None:
@@ -428,11 +381,11 @@ async def _path(conn: Conn, session_id: str, leaf_id: str | None) -> list[Messag
         rows = await conn.fetch(_PATH_LATEST, session_id)
     else:
         rows = await conn.fetch(_PATH_ID, session_id, leaf_id)
-    return [m for (c,) in rows if (m := _decode_message(c)) is not None]
+    return [m for (c,) in rows if (m := decode_message(c)) is not None]
 
 
 async def _compactions(conn: Conn, session_id: str) -> list[Compaction]:
-    return [_compaction(r) for r in await conn.fetch(_COMPACTIONS, session_id)]
+    return [compaction(r) for r in await conn.fetch(_COMPACTIONS, session_id)]
 
 
 async def _insert_messages(
@@ -456,7 +409,7 @@ async def _insert_messages(
     stream = session_stream(session_id)
     if len(messages) == 1:
         message = messages[0]
-        content = _message_json(message)
+        content = message_json(message)
         body = _body(message)
         pk = await conn.fetchval(
             _INSERT_ONE,
@@ -472,7 +425,7 @@ async def _insert_messages(
         if pk is None:  # already stored: first content wins, nothing is written
             return AppendResult(inserted=[], last_id=message.id, last_seq=0)
         seq = await tx.emit_many(
-            stream, session_id, [("message.appended", _appended_json(content, parent_id))]
+            stream, session_id, [("message.appended", appended_json(content, parent_id))]
         )
         return AppendResult(inserted=[message.id], last_id=message.id, last_seq=seq)
     # Which ids are stored already (first content wins; they still continue the chain),
@@ -502,13 +455,13 @@ async def _insert_messages(
         pk = known.get(message.id)
         if pk is None:
             pk = known[message.id] = next(pk_iter)
-            content = _message_json(message)
+            content = message_json(message)
             body = _body(message)
             for col, value in zip(
                 cols, (pk, message.id, parent_pk, message.role, content, body, fts_text(body)), strict=True
             ):
                 col.append(value)
-            events.append(("message.appended", _appended_json(content, parent_id)))
+            events.append(("message.appended", appended_json(content, parent_id)))
             inserted.append(message.id)
         parent_pk, parent_id = pk, message.id
     if inserted:
@@ -526,7 +479,7 @@ async def _update_message(tx: _Tx, session_id: str, message: Message, *, emit: b
         "WHERE session_id = $1 AND id = $2",
         session_id,
         message.id,
-        _message_json(message),
+        message_json(message),
         message.role,
         body,
         fts_text(body),
@@ -567,7 +520,7 @@ async def _create_session(
     sid = session_id if session_id is not None else str(uuid.uuid4())
     row = await tx.conn.fetchrow(
         "INSERT INTO sessions (id, name, parent_session_id, model, source, created_at, updated_at) "
-        f"VALUES ($1, $2, $3, $4, $5, $6, $6) ON CONFLICT (id) DO NOTHING RETURNING {_SESSION_COLS}",
+        f"VALUES ($1, $2, $3, $4, $5, $6, $6) ON CONFLICT (id) DO NOTHING RETURNING {SESSION_COLS}",
         sid,
         name,
         parent_session_id,
@@ -577,7 +530,7 @@ async def _create_session(
     )
     if row is None:
         raise InvalidInput(f"session {sid!r} already exists")
-    info = _info(row)
+    info = session_info(row)
     data = {"session": msgspec.to_builtins(info), **(event_extra or {})}
     await tx.emit_session(sid, event, data)
     await tx.emit(REGISTRY, sid, event, data)
@@ -817,7 +770,7 @@ class PostgresStore(Store):
             content = await conn.fetchval(
                 "SELECT content FROM messages WHERE session_id = $1 AND id = $2", session_id, message_id
             )
-            return None if content is None else _decode_message(content)
+            return None if content is None else decode_message(content)
 
         return await self._read(fn)
 
@@ -831,7 +784,7 @@ class PostgresStore(Store):
             overlays: list[Compaction] = []
             for kind, _n, a, b, c, d, t in rows:
                 if kind == 0:
-                    if (m := _decode_message(a)) is not None:
+                    if (m := decode_message(a)) is not None:
                         path.append(m)
                 else:
                     overlays.append(
@@ -851,7 +804,7 @@ class PostgresStore(Store):
             content = await conn.fetchval(
                 "SELECT content FROM messages WHERE session_id = $1 ORDER BY pk DESC LIMIT 1", session_id
             )
-            return None if content is None else _decode_message(content)
+            return None if content is None else decode_message(content)
 
         return await self._read(fn)
 
@@ -873,7 +826,7 @@ class PostgresStore(Store):
                 session_id,
                 message_id,
             )
-            return [m for (c,) in rows if (m := _decode_message(c)) is not None]
+            return [m for (c,) in rows if (m := decode_message(c)) is not None]
 
         return await self._read(fn)
 
@@ -996,15 +949,15 @@ class PostgresStore(Store):
 
     async def get_session(self, session_id: str) -> SessionInfo | None:
         async def fn(conn: Conn) -> SessionInfo | None:
-            row = await conn.fetchrow(f"SELECT {_SESSION_COLS} FROM sessions WHERE id = $1", session_id)
-            return None if row is None else _info(row)
+            row = await conn.fetchrow(f"SELECT {SESSION_COLS} FROM sessions WHERE id = $1", session_id)
+            return None if row is None else session_info(row)
 
         return await self._read(fn)
 
     async def list_sessions(self) -> list[SessionInfo]:
         async def fn(conn: Conn) -> list[SessionInfo]:
-            rows = await conn.fetch(f"SELECT {_SESSION_COLS} FROM sessions ORDER BY updated_at DESC, pk DESC")
-            return [_info(r) for r in rows]
+            rows = await conn.fetch(f"SELECT {SESSION_COLS} FROM sessions ORDER BY updated_at DESC, pk DESC")
+            return [session_info(r) for r in rows]
 
         return await self._read(fn)
 
@@ -1014,14 +967,14 @@ class PostgresStore(Store):
 
         async def fn(tx: _Tx) -> SessionInfo:
             row = await tx.conn.fetchrow(
-                f"UPDATE sessions SET name = $2, updated_at = $3 WHERE id = $1 RETURNING {_SESSION_COLS}",
+                f"UPDATE sessions SET name = $2, updated_at = $3 WHERE id = $1 RETURNING {SESSION_COLS}",
                 session_id,
                 name,
                 tx.when,
             )
             if row is None:
                 raise SessionNotFound(session_id)
-            info = _info(row)
+            info = session_info(row)
             await tx.registry_change(info, "session.renamed")
             return info
 
@@ -1068,7 +1021,7 @@ class PostgresStore(Store):
             row = await tx.conn.fetchrow(
                 "UPDATE sessions SET input_tokens = input_tokens + $2, "
                 "output_tokens = output_tokens + $3, estimated_cost = estimated_cost + $4, "
-                f"updated_at = $5 WHERE id = $1 RETURNING {_SESSION_COLS}",
+                f"updated_at = $5 WHERE id = $1 RETURNING {SESSION_COLS}",
                 session_id,
                 int(input_tokens),
                 int(output_tokens),
@@ -1077,7 +1030,7 @@ class PostgresStore(Store):
             )
             if row is None:
                 raise SessionNotFound(session_id)
-            info = _info(row)
+            info = session_info(row)
             delta = {
                 "input_tokens": int(input_tokens),
                 "output_tokens": int(output_tokens),
@@ -1121,13 +1074,13 @@ class PostgresStore(Store):
         async def fn(tx: _Tx) -> SessionInfo:
             row = await tx.conn.fetchrow(
                 "UPDATE sessions SET end_reason = 'compaction', updated_at = $2 WHERE id = $1 "
-                f"RETURNING {_SESSION_COLS}",
+                f"RETURNING {SESSION_COLS}",
                 session_id,
                 tx.when,
             )
             if row is None:
                 raise SessionNotFound(session_id)
-            ended = _info(row)
+            ended = session_info(row)
             await tx.registry_change(ended, "session.ended")
             info = await _create_session(
                 tx,

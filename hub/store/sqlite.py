@@ -26,7 +26,6 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
@@ -46,7 +45,6 @@ from protocol import (
     StoreClosed,
     StoreError,
 )
-from protocol.message import message_from_stored
 
 from ..bus import Bus, MemoryBus
 from ..fts import phrase_query, words_query
@@ -60,6 +58,16 @@ from .base import (
     Store,
     StreamPosition,
     session_stream,
+)
+from .rows import (
+    SESSION_COLS,
+    appended_json,
+    compaction,
+    decode_message,
+    message_json,
+    new_epoch,
+    session_info,
+    ts,
 )
 
 __all__ = ["SqliteStore"]
@@ -174,65 +182,10 @@ SEARCH_WINDOW = 250
 SMALL_SESSION = 20_000
 
 
-def _ts(value: float) -> datetime:
-    return datetime.fromtimestamp(value, UTC)
-
-
 def _sid_token(session_id: str) -> str:
     # One alphanumeric token per session for the FTS column filter; the join on
     # session_id keeps results exact even if two ids ever hashed alike.
     return "s" + hashlib.blake2b(session_id.encode(), digest_size=10).hexdigest()
-
-
-def _new_epoch() -> str:
-    return uuid.uuid4().hex[:16]
-
-
-def _decode_message(content: str | bytes) -> Message | None:
-    try:
-        message = message_from_stored(_decode(content))
-    except msgspec.DecodeError as exc:
-        log.warning("skipping a stored message that is not JSON: %s", exc)
-        return None
-    if message is None:
-        log.warning("skipping a stored row that is not a message")
-    return message
-
-
-def _message_json(message: Message) -> str:
-    return _encode(message.to_dict()).decode()
-
-
-def _info(row: Sequence[Any]) -> SessionInfo:
-    return SessionInfo(
-        id=row[0],
-        name=row[1],
-        parent_session_id=row[2],
-        model=row[3],
-        source=row[4],
-        input_tokens=row[5],
-        output_tokens=row[6],
-        estimated_cost=row[7],
-        end_reason=row[8],
-        created_at=_ts(row[9]),
-        updated_at=_ts(row[10]),
-    )
-
-
-_SESSION_COLS = (
-    "id, name, parent_session_id, model, source, input_tokens, output_tokens, "
-    "estimated_cost, end_reason, created_at, updated_at"
-)
-
-
-def _compaction(row: Sequence[Any]) -> Compaction:
-    return Compaction(
-        id=row[0],
-        summary=row[1],
-        from_message_id=row[2],
-        to_message_id=row[3],
-        created_at=_ts(row[4]),
-    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -245,7 +198,7 @@ def _emit(conn: Conn, notes: Notes, stream: str, session_id: str, type_: str, da
         "UPDATE streams SET last_seq = last_seq + 1 WHERE stream = ? RETURNING last_seq", (stream,)
     ).fetchone()
     if row is None:
-        conn.execute("INSERT INTO streams VALUES (?, ?, 1, 1)", (stream, _new_epoch()))
+        conn.execute("INSERT INTO streams VALUES (?, ?, 1, 1)", (stream, new_epoch()))
         seq = 1
     else:
         seq = row[0]
@@ -267,10 +220,10 @@ def _touch(conn: Conn, session_id: str, now: float) -> None:
 
 
 def _session_row(conn: Conn, session_id: str) -> SessionInfo:
-    row = conn.execute(f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    row = conn.execute(f"SELECT {SESSION_COLS} FROM sessions WHERE id = ?", (session_id,)).fetchone()
     if row is None:
         raise SessionNotFound(session_id)
-    return _info(row)
+    return session_info(row, ts)
 
 
 def _latest(conn: Conn, session_id: str) -> tuple[int, str] | None:
@@ -307,7 +260,7 @@ def _emit_many(
         "UPDATE streams SET last_seq = last_seq + ? WHERE stream = ? RETURNING last_seq", (n, stream)
     ).fetchone()
     if row is None:
-        conn.execute("INSERT INTO streams VALUES (?, ?, 1, ?)", (stream, _new_epoch(), n))
+        conn.execute("INSERT INTO streams VALUES (?, ?, 1, ?)", (stream, new_epoch(), n))
         last = n
     else:
         last = int(row[0])
@@ -329,11 +282,6 @@ def _count_messages(conn: Conn, session_id: str, delta: int) -> None:
         )
 
 
-def _appended_json(content: str, parent_id: str | None) -> str:
-    # The event carries the stored JSON verbatim: no second encode of the message.
-    return f'{{"message":{content},"parent_id":{_encode(parent_id).decode()}}}'
-
-
 def _insert_one(
     conn: Conn,
     notes: Notes,
@@ -344,7 +292,7 @@ def _insert_one(
     now: float,
 ) -> AppendResult:
     """The common case, in as few statements as possible (the write path of every turn)."""
-    content = _message_json(message)
+    content = message_json(message)
     row = conn.execute(
         "INSERT INTO messages (session_id, id, parent_pk, role, content, created_at) "
         "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_id, id) DO NOTHING RETURNING pk",
@@ -364,7 +312,7 @@ def _insert_one(
         notes,
         session_stream(session_id),
         session_id,
-        [("message.appended", _appended_json(content, parent_id))],
+        [("message.appended", appended_json(content, parent_id))],
         now,
     )
     return AppendResult(inserted=[message.id], last_id=message.id, last_seq=seq)
@@ -412,12 +360,12 @@ def _insert_messages(
         if pk is None:
             next_pk += 1
             pk = known[message.id] = next_pk
-            content = _message_json(message)
+            content = message_json(message)
             rows.append((pk, session_id, message.id, parent_pk, message.role, content, now))
             text = message.text()
             if text:
                 texts.append((pk, sid, text))
-            events.append(("message.appended", _appended_json(content, parent_id)))
+            events.append(("message.appended", appended_json(content, parent_id)))
             inserted.append(message.id)
         parent_pk, parent_id = pk, message.id
     conn.executemany(
@@ -438,7 +386,7 @@ def _update_message(
 ) -> bool:
     row = conn.execute(
         "UPDATE messages SET content = ?, role = ? WHERE session_id = ? AND id = ? RETURNING pk",
-        (_message_json(message), message.role, session_id, message.id),
+        (message_json(message), message.role, session_id, message.id),
     ).fetchone()
     if row is None:
         return False
@@ -485,7 +433,7 @@ def _path(conn: Conn, session_id: str, leaf_id: str | None) -> list[Message]:
         return []
     out = []
     for _pk, _id, content in _path_rows(conn, leaf):
-        message = _decode_message(content)
+        message = decode_message(content)
         if message is not None:
             out.append(message)
     return out
@@ -518,7 +466,7 @@ def _compactions(conn: Conn, session_id: str) -> list[Compaction]:
         "WHERE session_id = ? ORDER BY pk",
         (session_id,),
     ).fetchall()
-    return [_compaction(r) for r in rows]
+    return [compaction(r, ts) for r in rows]
 
 
 def _insert_compaction(
@@ -917,7 +865,7 @@ class SqliteStore(Store):
                 "SELECT content FROM messages WHERE session_id = ? AND id = ?",
                 (session_id, message_id),
             ).fetchone()
-            return None if row is None else _decode_message(row[0])
+            return None if row is None else decode_message(row[0])
 
         return await self._read(fn)
 
@@ -939,7 +887,7 @@ class SqliteStore(Store):
                 "SELECT content FROM messages WHERE session_id = ? ORDER BY pk DESC LIMIT 1",
                 (session_id,),
             ).fetchone()
-            return None if row is None else _decode_message(row[0])
+            return None if row is None else decode_message(row[0])
 
         return await self._read(fn)
 
@@ -972,7 +920,7 @@ class SqliteStore(Store):
             rows = conn.execute(
                 "SELECT content FROM messages WHERE parent_pk = ? ORDER BY pk", (pk,)
             ).fetchall()
-            return [m for (c,) in rows if (m := _decode_message(c)) is not None]
+            return [m for (c,) in rows if (m := decode_message(c)) is not None]
 
         return await self._read(fn)
 
@@ -1034,7 +982,7 @@ class SqliteStore(Store):
                 log.debug("fts query %r matched nothing: %s", expr, exc)
                 return []
             return [
-                SearchResult(id=r[0], role=r[1], content=r[2], session_id=r[3], created_at=_ts(r[4]))
+                SearchResult(id=r[0], role=r[1], content=r[2], session_id=r[3], created_at=ts(r[4]))
                 for r in rows
             ]
 
@@ -1081,7 +1029,7 @@ class SqliteStore(Store):
                 summary=summary,
                 from_message_id=from_id,
                 to_message_id=to_id,
-                created_at=_ts(now),
+                created_at=ts(now),
             )
             _insert_compaction(conn, notes, session_id, c, now)
             return c
@@ -1120,17 +1068,17 @@ class SqliteStore(Store):
 
     async def get_session(self, session_id: str) -> SessionInfo | None:
         def fn(conn: Conn) -> SessionInfo | None:
-            row = conn.execute(f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", (session_id,)).fetchone()
-            return None if row is None else _info(row)
+            row = conn.execute(f"SELECT {SESSION_COLS} FROM sessions WHERE id = ?", (session_id,)).fetchone()
+            return None if row is None else session_info(row, ts)
 
         return await self._read(fn)
 
     async def list_sessions(self) -> list[SessionInfo]:
         def fn(conn: Conn) -> list[SessionInfo]:
             rows = conn.execute(
-                f"SELECT {_SESSION_COLS} FROM sessions ORDER BY updated_at DESC, rowid DESC"
+                f"SELECT {SESSION_COLS} FROM sessions ORDER BY updated_at DESC, rowid DESC"
             ).fetchall()
-            return [_info(r) for r in rows]
+            return [session_info(r, ts) for r in rows]
 
         return await self._read(fn)
 
@@ -1369,7 +1317,7 @@ class SqliteStore(Store):
                     epoch=pos.epoch,
                     type=r[2],
                     data=_decode(r[3]),
-                    created_at=_ts(r[4]),
+                    created_at=ts(r[4]),
                     stream=kind,
                 )
                 for r in rows

@@ -1,0 +1,103 @@
+"""What both stores do alike between a row and a record: the JSON a message is stored as,
+the ``message.appended`` event body, session and overlay rows, epochs and timestamps."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import msgspec
+
+from protocol import Compaction, Message, SessionInfo
+from protocol.message import message_from_stored
+
+__all__ = [
+    "SESSION_COLS",
+    "Row",
+    "appended_json",
+    "compaction",
+    "decode_message",
+    "message_json",
+    "new_epoch",
+    "session_info",
+    "ts",
+]
+
+log = logging.getLogger("sessionhub.store")
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
+
+
+class Row(Protocol):
+    """A result row of either driver (a tuple, sqlite3.Row or an asyncpg Record)."""
+
+    def __getitem__(self, index: int) -> Any: ...
+
+
+#: The sessions table's columns, in the order :func:`session_info` reads them.
+SESSION_COLS = (
+    "id, name, parent_session_id, model, source, input_tokens, output_tokens, "
+    "estimated_cost, end_reason, created_at, updated_at"
+)
+
+
+def ts(value: float) -> datetime:
+    """A stored epoch-seconds float as an aware UTC datetime."""
+    return datetime.fromtimestamp(value, UTC)
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def new_epoch() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def decode_message(content: str | bytes) -> Message | None:
+    """A stored message, or None (logged) for a row that is not one."""
+    try:
+        message = message_from_stored(_decode(content))
+    except msgspec.DecodeError as exc:
+        log.warning("skipping a stored message that is not JSON: %s", exc)
+        return None
+    if message is None:
+        log.warning("skipping a stored row that is not a message")
+    return message
+
+
+def message_json(message: Message) -> str:
+    return _encode(message.to_dict()).decode()
+
+
+def appended_json(content: str, parent_id: str | None) -> str:
+    """The ``message.appended`` event body: the stored JSON verbatim, no second encode."""
+    return f'{{"message":{content},"parent_id":{_encode(parent_id).decode()}}}'
+
+
+def session_info(row: Row, when: Callable[[Any], datetime] = _same) -> SessionInfo:
+    """A :data:`SESSION_COLS` row; ``when`` turns the stored timestamps into datetimes."""
+    return SessionInfo(
+        id=row[0],
+        name=row[1],
+        parent_session_id=row[2],
+        model=row[3],
+        source=row[4],
+        input_tokens=row[5],
+        output_tokens=row[6],
+        estimated_cost=row[7],
+        end_reason=row[8],
+        created_at=when(row[9]),
+        updated_at=when(row[10]),
+    )
+
+
+def compaction(row: Row, when: Callable[[Any], datetime] = _same) -> Compaction:
+    """An ``id, summary, from_message_id, to_message_id, created_at`` row."""
+    return Compaction(
+        id=row[0], summary=row[1], from_message_id=row[2], to_message_id=row[3], created_at=when(row[4])
+    )
