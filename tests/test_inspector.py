@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import re
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,25 @@ async def open_session(page: Page, name: str) -> None:
     await expect(page.locator("#session-view")).to_have_attribute("data-caught-up", "true")
 
 
+@dataclass
+class Scene:
+    """A hub, a page of the inspector and a Python client writing to the hub."""
+
+    served: Served
+    page: Page
+    hub: HubClient
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def scene(browser: Browser, request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Scene]:
+    async with (
+        served(db=tmp_path / "hub.db") as h,
+        page_of(browser, request) as page,
+        python_client(h) as hub,
+    ):
+        yield Scene(h, page, hub)
+
+
 # -- scenarios -------------------------------------------------------------------------------
 
 
@@ -119,65 +139,59 @@ async def test_a_session_created_by_a_client_appears_live(
             await expect(row).to_have_count(0)
 
 
-async def test_branches_and_picking_a_leaf(
-    browser: Browser, request: pytest.FixtureRequest, tmp_path: Path
-) -> None:
-    async with (
-        served(db=tmp_path / "hub.db") as h,
-        page_of(browser, request) as page,
-        python_client(h) as hub,
-    ):
-        info = await hub.sessions.create("branchy")
-        s = hub.session(info.id)
-        await s.append_message(text("root", "the question"), None)
-        await s.append_message(text("a1", "first answer", "assistant"), "root")
-        await page.goto(h.url + "/")
-        await open_session(page, "branchy")
-        assert await message_ids(page) == ["root", "a1"]
-        # A second branch from the root, written while the page watches.
-        await s.append_message(text("b1", "second answer", "assistant"), "root")
-        await s.append_message(
-            {
-                "id": "b2",
-                "role": "assistant",
-                "parts": [
-                    {"type": "reasoning", "text": "thinking about tools"},
-                    {
-                        "type": "tool-weather",
-                        "toolCallId": "c1",
-                        "state": "output-available",
-                        "input": {"city": "Paris"},
-                        "output": {"temp": 21},
-                    },
-                    {"type": "file", "mediaType": "text/plain", "filename": "notes.txt", "url": "data:,hi"},
-                ],
-            },
-            "b1",
-        )
-        await expect(page.locator("#leaves li")).to_have_count(2)
-        await expect(page.locator("#messages article.message")).to_have_count(3)
-        assert await message_ids(page) == ["root", "b1", "b2"]
-        b2 = page.locator('article[data-id="b2"]')
-        await expect(b2.locator(".part.tool")).to_contain_text("Tool call: weather")
-        await expect(b2.locator(".part.tool")).to_contain_text('"city": "Paris"')
-        await expect(b2.locator(".part.reasoning")).to_contain_text("thinking about tools")
-        await expect(b2.locator(".part.file")).to_contain_text("notes.txt")
-        await expect(page.locator('article[data-id="b1"] .m-branch')).to_contain_text("branch 2 of 2")
-        # Pick the other leaf: its history replaces the view.
-        await page.locator('#leaves li[data-id="a1"]').click()
-        await expect(page.locator("#messages article.message")).to_have_count(2)
-        assert await message_ids(page) == ["root", "a1"]
-        # And back with the keyboard, through the branch switcher.
-        await page.locator('article[data-id="a1"] button[aria-label="Next branch"]').click()
-        await expect(page.locator('article[data-id="b2"]')).to_be_visible()
-        # A compaction overlay lies over its range and expands to the originals.
-        await s.add_compaction("summary of the question and b1", "root", "b1")
-        overlay = page.locator("section.overlay")
-        await expect(overlay).to_contain_text("summary of the question and b1")
-        assert await message_ids(page) == ["b2"]
-        await overlay.get_by_role("button", name="Show originals").click()
-        await expect(page.locator("article.message.in-overlay")).to_have_count(2)
-        assert await message_ids(page) == ["root", "b1", "b2"]
+async def test_branches_and_picking_a_leaf(scene: Scene) -> None:
+    h, page, hub = scene.served, scene.page, scene.hub
+    info = await hub.sessions.create("branchy")
+    s = hub.session(info.id)
+    await s.append_message(text("root", "the question"), None)
+    await s.append_message(text("a1", "first answer", "assistant"), "root")
+    await page.goto(h.url + "/")
+    await open_session(page, "branchy")
+    assert await message_ids(page) == ["root", "a1"]
+    # A second branch from the root, written while the page watches.
+    await s.append_message(text("b1", "second answer", "assistant"), "root")
+    await s.append_message(
+        {
+            "id": "b2",
+            "role": "assistant",
+            "parts": [
+                {"type": "reasoning", "text": "thinking about tools"},
+                {
+                    "type": "tool-weather",
+                    "toolCallId": "c1",
+                    "state": "output-available",
+                    "input": {"city": "Paris"},
+                    "output": {"temp": 21},
+                },
+                {"type": "file", "mediaType": "text/plain", "filename": "notes.txt", "url": "data:,hi"},
+            ],
+        },
+        "b1",
+    )
+    await expect(page.locator("#leaves li")).to_have_count(2)
+    await expect(page.locator("#messages article.message")).to_have_count(3)
+    assert await message_ids(page) == ["root", "b1", "b2"]
+    b2 = page.locator('article[data-id="b2"]')
+    await expect(b2.locator(".part.tool")).to_contain_text("Tool call: weather")
+    await expect(b2.locator(".part.tool")).to_contain_text('"city": "Paris"')
+    await expect(b2.locator(".part.reasoning")).to_contain_text("thinking about tools")
+    await expect(b2.locator(".part.file")).to_contain_text("notes.txt")
+    await expect(page.locator('article[data-id="b1"] .m-branch')).to_contain_text("branch 2 of 2")
+    # Pick the other leaf: its history replaces the view.
+    await page.locator('#leaves li[data-id="a1"]').click()
+    await expect(page.locator("#messages article.message")).to_have_count(2)
+    assert await message_ids(page) == ["root", "a1"]
+    # And back with the keyboard, through the branch switcher.
+    await page.locator('article[data-id="a1"] button[aria-label="Next branch"]').click()
+    await expect(page.locator('article[data-id="b2"]')).to_be_visible()
+    # A compaction overlay lies over its range and expands to the originals.
+    await s.add_compaction("summary of the question and b1", "root", "b1")
+    overlay = page.locator("section.overlay")
+    await expect(overlay).to_contain_text("summary of the question and b1")
+    assert await message_ids(page) == ["b2"]
+    await overlay.get_by_role("button", name="Show originals").click()
+    await expect(page.locator("article.message.in-overlay")).to_have_count(2)
+    assert await message_ids(page) == ["root", "b1", "b2"]
 
 
 async def test_context_prompt_presence_and_event_log(
@@ -211,31 +225,25 @@ async def test_context_prompt_presence_and_event_log(
         await store.close()
 
 
-async def test_a_streamed_message_grows_on_screen(
-    browser: Browser, request: pytest.FixtureRequest, tmp_path: Path
-) -> None:
-    async with (
-        served(db=tmp_path / "hub.db") as h,
-        page_of(browser, request) as page,
-        python_client(h) as hub,
-    ):
-        info = await hub.sessions.create("streaming")
-        s = hub.session(info.id)
-        await s.append_message(text("q", "tell me a story"))
-        await page.goto(h.url + "/")
-        await open_session(page, "streaming")
-        article = page.locator('article[data-id="m9"]')
-        async with s.stream_message("m9", role="assistant") as st:
-            await st.reasoning("Plotting…")
-            await st.text("Once upon")
-            await expect(article.locator(".part.text")).to_have_text("Once upon")
-            await expect(article).to_have_attribute("aria-busy", "true")
-            await st.text(" a time")
-            await expect(article.locator(".part.text")).to_have_text("Once upon a time")
-            await st.text(", the end.")
-        await expect(article.locator(".part.text")).to_have_text("Once upon a time, the end.")
-        await expect(article.locator(".part.reasoning")).to_contain_text("Plotting…")
-        await expect(article.locator(".badge")).to_have_text("finished")
+async def test_a_streamed_message_grows_on_screen(scene: Scene) -> None:
+    h, page, hub = scene.served, scene.page, scene.hub
+    info = await hub.sessions.create("streaming")
+    s = hub.session(info.id)
+    await s.append_message(text("q", "tell me a story"))
+    await page.goto(h.url + "/")
+    await open_session(page, "streaming")
+    article = page.locator('article[data-id="m9"]')
+    async with s.stream_message("m9", role="assistant") as st:
+        await st.reasoning("Plotting…")
+        await st.text("Once upon")
+        await expect(article.locator(".part.text")).to_have_text("Once upon")
+        await expect(article).to_have_attribute("aria-busy", "true")
+        await st.text(" a time")
+        await expect(article.locator(".part.text")).to_have_text("Once upon a time")
+        await st.text(", the end.")
+    await expect(article.locator(".part.text")).to_have_text("Once upon a time, the end.")
+    await expect(article.locator(".part.reasoning")).to_contain_text("Plotting…")
+    await expect(article.locator(".badge")).to_have_text("finished")
 
 
 @contextlib.asynccontextmanager
@@ -300,64 +308,52 @@ async def test_a_dropped_connection_recovers_and_catches_up(
             assert seqs == sorted(set(seqs))
 
 
-async def test_a_search_hit_navigates_to_its_message(
-    browser: Browser, request: pytest.FixtureRequest, tmp_path: Path
-) -> None:
-    async with (
-        served(db=tmp_path / "hub.db") as h,
-        page_of(browser, request) as page,
-        python_client(h) as hub,
-    ):
-        other = await hub.sessions.create("elsewhere")
-        await hub.session(other.id).append_message(text("x1", "nothing to see"))
-        target = await hub.sessions.create("long-one")
-        messages = [text(f"m{i}", f"filler message {i}") for i in range(300)]
-        messages[10] = text("m10", "the zebrafish appears here")
-        await hub.sessions.append_all(target.id, messages)
-        await page.goto(h.url + "/")
-        await open_session(page, "elsewhere")
-        await page.get_by_label("Search all sessions").fill("zebrafish")
-        await page.get_by_label("Search all sessions").press("Enter")
-        hit = page.locator("#search-results button.hit")
-        await expect(hit).to_have_count(1)
-        await expect(hit).to_contain_text("long-one")
-        await hit.click()
-        await expect(page.locator("#session-title")).to_have_text("long-one")
-        found = page.locator('article[data-id="m10"]')
-        await expect(found).to_be_visible()
-        await expect(found).to_be_in_viewport()
-        await expect(found).to_be_focused()
-        await expect(found).to_have_class(re.compile("highlight"))
+async def test_a_search_hit_navigates_to_its_message(scene: Scene) -> None:
+    h, page, hub = scene.served, scene.page, scene.hub
+    other = await hub.sessions.create("elsewhere")
+    await hub.session(other.id).append_message(text("x1", "nothing to see"))
+    target = await hub.sessions.create("long-one")
+    messages = [text(f"m{i}", f"filler message {i}") for i in range(300)]
+    messages[10] = text("m10", "the zebrafish appears here")
+    await hub.sessions.append_all(target.id, messages)
+    await page.goto(h.url + "/")
+    await open_session(page, "elsewhere")
+    await page.get_by_label("Search all sessions").fill("zebrafish")
+    await page.get_by_label("Search all sessions").press("Enter")
+    hit = page.locator("#search-results button.hit")
+    await expect(hit).to_have_count(1)
+    await expect(hit).to_contain_text("long-one")
+    await hit.click()
+    await expect(page.locator("#session-title")).to_have_text("long-one")
+    found = page.locator('article[data-id="m10"]')
+    await expect(found).to_be_visible()
+    await expect(found).to_be_in_viewport()
+    await expect(found).to_be_focused()
+    await expect(found).to_have_class(re.compile("highlight"))
 
 
-async def test_a_10000_message_session_is_paged(
-    browser: Browser, request: pytest.FixtureRequest, tmp_path: Path
-) -> None:
-    async with (
-        served(db=tmp_path / "hub.db") as h,
-        page_of(browser, request) as page,
-        python_client(h) as hub,
-    ):
-        info = await hub.sessions.create("huge")
-        for chunk in range(10):
-            await hub.sessions.append_all(
-                info.id, [text(f"m{chunk * 1000 + i}", f"message {chunk * 1000 + i}") for i in range(1000)]
-            )
-        await page.goto(h.url + "/")
-        await page.locator("#sessions li", has_text="huge").click()
-        view = page.locator("#session-view")
-        await expect(view).to_have_attribute("data-caught-up", "true", timeout=20_000)
-        await expect(view).to_have_attribute("data-messages", "10000")
-        rendered = await page.locator("#messages article.message").count()
-        assert 0 < rendered <= 200
-        assert (await message_ids(page))[-1] == "m9999"
-        await expect(page.locator("#pager-top")).to_contain_text("of 10,000")
-        await page.locator("#pager-top").get_by_role("button", name="◀ Earlier").click()
-        assert (await message_ids(page))[-1] == "m9899"
-        # Still live: a new message shows at the end once back at the latest page.
-        await page.locator("#pager-top").get_by_role("button", name="Latest").click()
-        await hub.sessions.append(info.id, text("m10000", "one more"))
-        await expect(page.locator('article[data-id="m10000"]')).to_be_visible()
+async def test_a_10000_message_session_is_paged(scene: Scene) -> None:
+    h, page, hub = scene.served, scene.page, scene.hub
+    info = await hub.sessions.create("huge")
+    for chunk in range(10):
+        await hub.sessions.append_all(
+            info.id, [text(f"m{chunk * 1000 + i}", f"message {chunk * 1000 + i}") for i in range(1000)]
+        )
+    await page.goto(h.url + "/")
+    await page.locator("#sessions li", has_text="huge").click()
+    view = page.locator("#session-view")
+    await expect(view).to_have_attribute("data-caught-up", "true", timeout=20_000)
+    await expect(view).to_have_attribute("data-messages", "10000")
+    rendered = await page.locator("#messages article.message").count()
+    assert 0 < rendered <= 200
+    assert (await message_ids(page))[-1] == "m9999"
+    await expect(page.locator("#pager-top")).to_contain_text("of 10,000")
+    await page.locator("#pager-top").get_by_role("button", name="◀ Earlier").click()
+    assert (await message_ids(page))[-1] == "m9899"
+    # Still live: a new message shows at the end once back at the latest page.
+    await page.locator("#pager-top").get_by_role("button", name="Latest").click()
+    await hub.sessions.append(info.id, text("m10000", "one more"))
+    await expect(page.locator('article[data-id="m10000"]')).to_be_visible()
 
 
 # -- auth --------------------------------------------------------------------------------------
@@ -404,20 +400,14 @@ async def test_auth_prompt_and_missing_scope(
         assert reader not in page.url
 
 
-async def test_the_chat_example_loads_and_talks_to_the_hub(
-    browser: Browser, request: pytest.FixtureRequest, tmp_path: Path
-) -> None:
-    async with (
-        served(db=tmp_path / "hub.db") as h,
-        page_of(browser, request) as page,
-        python_client(h) as hub,
-    ):
-        info = await hub.sessions.create("chat")
-        await page.goto(f"{h.url}/examples/chat.html#session={info.id}")
-        await page.get_by_label("Message").fill("hello from the browser")
-        await page.get_by_role("button", name="Send").click()
-        await expect(page.locator("#chat-log")).to_contain_text("hello from the browser")
-        history = await hub.session(info.id).get_history()
-        assert [m.text() for m in history] == ["hello from the browser"]
-        await hub.session(info.id).append_message(text("r1", "hi from python", "assistant"))
-        await expect(page.locator("#chat-log")).to_contain_text("hi from python")
+async def test_the_chat_example_loads_and_talks_to_the_hub(scene: Scene) -> None:
+    h, page, hub = scene.served, scene.page, scene.hub
+    info = await hub.sessions.create("chat")
+    await page.goto(f"{h.url}/examples/chat.html#session={info.id}")
+    await page.get_by_label("Message").fill("hello from the browser")
+    await page.get_by_role("button", name="Send").click()
+    await expect(page.locator("#chat-log")).to_contain_text("hello from the browser")
+    history = await hub.session(info.id).get_history()
+    assert [m.text() for m in history] == ["hello from the browser"]
+    await hub.session(info.id).append_message(text("r1", "hi from python", "assistant"))
+    await expect(page.locator("#chat-log")).to_contain_text("hi from python")
