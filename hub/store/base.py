@@ -18,7 +18,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from protocol import Compaction, Event, Message, SearchResult, SessionInfo
+from protocol import Compaction, Event, Message, PositionLost, SearchResult, SessionInfo
 from protocol.markers import LATEST, Parent, ParentArg
 
 from ..bus import Bus
@@ -71,6 +71,18 @@ class StreamPosition(msgspec.Struct, kw_only=True):
     epoch: str
     first_seq: int
     last_seq: int
+
+    def check(self, after_seq: int, epoch: str | None = None) -> None:
+        """Raise :class:`~protocol.errors.PositionLost` unless this log can serve the events
+        after ``after_seq`` of ``epoch`` (None: any epoch)."""
+        if (
+            (epoch is not None and epoch != self.epoch and self.last_seq > 0)
+            or after_seq < self.first_seq - 1
+            or after_seq > self.last_seq
+        ):
+            raise PositionLost(
+                self.stream, after_seq, epoch=self.epoch, first_seq=self.first_seq, last_seq=self.last_seq
+            )
 
 
 class Store(abc.ABC):

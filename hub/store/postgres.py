@@ -45,7 +45,6 @@ from protocol import (
     Event,
     InvalidInput,
     Message,
-    PositionLost,
     SearchResult,
     SessionInfo,
     SessionNotFound,
@@ -1177,14 +1176,7 @@ class PostgresStore(Store):
                 pos = StreamPosition(stream=stream, epoch="", first_seq=1, last_seq=0)
             else:
                 pos = StreamPosition(stream=stream, epoch=head[0], first_seq=head[1], last_seq=head[2])
-            if (
-                (epoch is not None and epoch != pos.epoch and pos.last_seq > 0)
-                or after_seq < pos.first_seq - 1
-                or after_seq > pos.last_seq
-            ):
-                raise PositionLost(
-                    stream, after_seq, epoch=pos.epoch, first_seq=pos.first_seq, last_seq=pos.last_seq
-                )
+            pos.check(after_seq, epoch)
             kind: Literal["session", "registry"] = "registry" if stream == REGISTRY else "session"
             return [
                 Event(

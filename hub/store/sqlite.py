@@ -38,7 +38,6 @@ from protocol import (
     Event,
     InvalidInput,
     Message,
-    PositionLost,
     SearchResult,
     SessionInfo,
     SessionNotFound,
@@ -1292,18 +1291,7 @@ class SqliteStore(Store):
     ) -> list[Event]:
         def fn(conn: Conn) -> list[Event]:
             pos = _position(conn, stream)
-            if (
-                (epoch is not None and epoch != pos.epoch and pos.last_seq > 0)
-                or after_seq < pos.first_seq - 1
-                or after_seq > pos.last_seq
-            ):
-                raise PositionLost(
-                    stream,
-                    after_seq,
-                    epoch=pos.epoch,
-                    first_seq=pos.first_seq,
-                    last_seq=pos.last_seq,
-                )
+            pos.check(after_seq, epoch)
             rows = conn.execute(
                 "SELECT session_id, seq, type, data, created_at FROM events "
                 "WHERE stream = ? AND seq > ? ORDER BY seq LIMIT ?",
