@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from typing import Final
 
-__all__ = ["CHANNEL", "MAX_PAYLOAD", "decode", "encode", "stream_hash"]
+__all__ = ["CHANNEL", "MAX_PAYLOAD", "decode", "encode", "stream_hash", "stream_key"]
 
 #: The LISTEN/NOTIFY channel and the Redis pub/sub channel.
 CHANNEL: Final = "sessionhub"
@@ -23,12 +23,16 @@ def stream_hash(stream: str) -> str:
     return "#" + hashlib.sha256(stream.encode()).hexdigest()
 
 
+def stream_key(stream: str) -> str:
+    """What a payload names ``stream`` by: itself, or its hash when a payload with the
+    longest seq (20 digits) would not fit. A store that builds the payload in SQL, where
+    the seq is known only there, sends ``"<seq> " || stream_key(stream)``."""
+    return stream if len(stream.encode()) + 21 <= MAX_PAYLOAD else stream_hash(stream)
+
+
 def encode(stream: str, seq: int) -> str:
     """The payload announcing that ``stream`` has events up to ``seq``."""
-    payload = f"{seq} {stream}"
-    if len(payload.encode()) > MAX_PAYLOAD:
-        payload = f"{seq} {stream_hash(stream)}"
-    return payload
+    return f"{seq} {stream_key(stream)}"
 
 
 def decode(payload: str) -> tuple[str, int]:

@@ -53,7 +53,7 @@ from protocol import (
 )
 
 from ..bus import Bus, MemoryBus
-from ..bus.doorbell import CHANNEL
+from ..bus.doorbell import CHANNEL, stream_key
 from ..bus.doorbell import encode as doorbell
 from ..overlays import apply_compactions, visible_compactions
 from ..tokens import JS_WHITESPACE
@@ -263,6 +263,47 @@ WITH ins AS (
 SELECT pk FROM ins
 """
 
+# One message, one round trip: touch the session (``$10``: managed), find the parent
+# (``{parent}``), insert, count it, take its seq and log ``message.appended`` (its body
+# built as ``appended_json`` builds it) and ring the doorbell (``$11``: the channel, or NULL
+# for none). Every part sees the statement's one snapshot, so the parent is the latest
+# message *before* this one; the session lock taken with BEGIN keeps that true. Each part
+# reads the one before it, which makes Postgres run them in that order: the session row is
+# locked before the stream's counter row, as every other writer locks them (else two
+# writers could deadlock).
+_APPEND_ONE = """
+WITH p AS ({parent}),
+t AS (
+    UPDATE sessions SET updated_at = $6 WHERE id = $1 AND $10::bool RETURNING 1
+), ins AS (
+    INSERT INTO messages (session_id, id, parent_pk, role, content, body, tsv, created_at)
+    SELECT $1, $2, (SELECT pk FROM p), $3, $4, $5,
+           CASE WHEN $5::text IS NOT NULL THEN to_tsvector('sessionhub', $7::text) END, $6
+    FROM (SELECT count(*) FROM t) AS touched
+    ON CONFLICT (session_id, id) DO NOTHING RETURNING pk
+), st AS (
+    INSERT INTO session_stats AS st (session_id, messages) SELECT $1, 1 FROM ins
+    ON CONFLICT (session_id) DO UPDATE SET messages = st.messages + 1
+), s AS (
+    INSERT INTO streams AS s (stream, epoch, first_seq, last_seq) SELECT $8, $9, 1, 1 FROM ins
+    ON CONFLICT (stream) DO UPDATE SET last_seq = s.last_seq + 1
+    RETURNING last_seq
+), e AS (
+    INSERT INTO events (stream, seq, session_id, type, data, created_at)
+    SELECT $8, s.last_seq, $1, 'message.appended',
+           '{{"message":' || $4::text || ',"parent_id":'
+           || COALESCE(to_json((SELECT id FROM p))::text, 'null') || '}}', $6
+    FROM s
+)
+SELECT (SELECT pk FROM ins), (SELECT id FROM p), (SELECT last_seq FROM s), (SELECT count(*) FROM t),
+       (SELECT pg_notify($11, s.last_seq::text || ' ' || $12) FROM s WHERE $11::text IS NOT NULL)
+"""
+_APPEND_AFTER_LATEST = _APPEND_ONE.format(
+    parent="SELECT pk, id FROM messages WHERE session_id = $1 ORDER BY pk DESC LIMIT 1"
+)
+_APPEND_AFTER = _APPEND_ONE.format(parent="SELECT pk, id FROM messages WHERE session_id = $1 AND id = $13")
+_APPEND_ROOT = _APPEND_ONE.format(parent="SELECT NULL::bigint AS pk, NULL::text AS id WHERE false")
+
 _COUNT = (
     "INSERT INTO session_stats AS st (session_id, messages) VALUES ($1, $2) "
     "ON CONFLICT (session_id) DO UPDATE SET messages = st.messages + excluded.messages"
@@ -313,13 +354,15 @@ ORDER BY e.seq
 class _Tx:
     """One write transaction: its connection, its clock, the (stream, seq) it wrote."""
 
-    __slots__ = ("conn", "notes", "now", "when")
+    __slots__ = ("conn", "notes", "notified", "now", "when")
 
     def __init__(self, conn: Conn) -> None:
         self.conn = conn
         self.now = time.time()
         self.when = ts(self.now)
         self.notes: list[tuple[str, int]] = []
+        #: Streams whose doorbell a statement already sent (:data:`_APPEND_ONE`).
+        self.notified: set[str] = set()
 
     async def emit_many(self, stream: str, session_id: str, events: Sequence[tuple[str, str]]) -> int:
         """Append pre-encoded ``(type, data_json)`` events with consecutive seqs; the last."""
@@ -385,6 +428,45 @@ async def _path(conn: Conn, session_id: str, leaf_id: str | None) -> list[Messag
 
 async def _compactions(conn: Conn, session_id: str) -> list[Compaction]:
     return [compaction(r) for r in await conn.fetch(_COMPACTIONS, session_id)]
+
+
+async def _append_one(
+    tx: _Tx, session_id: str, message: Message, parent: ParentArg, *, managed: bool, notify: bool
+) -> AppendResult:
+    """:func:`_insert_messages` of one message in one statement (:data:`_APPEND_ONE`)."""
+    stream = session_stream(session_id)
+    body = _body(message)
+    args: list[Any] = [
+        session_id,
+        message.id,
+        message.role,
+        message_json(message),
+        body,
+        tx.when,
+        fts_text(body),
+        stream,
+        new_epoch(),
+        managed,
+        CHANNEL if notify else None,
+        stream_key(stream),
+    ]
+    if parent is LATEST:
+        statement = _APPEND_AFTER_LATEST
+    elif parent is None:
+        statement = _APPEND_ROOT
+    else:
+        statement, args = _APPEND_AFTER, [*args, parent]
+    row = await tx.conn.fetchrow(statement, *args)
+    assert row is not None
+    pk, _parent_id, seq, touched, _ = row
+    if managed and not touched:
+        raise SessionNotFound(session_id)  # the transaction rolls back what was written
+    if pk is None:  # already stored: first content wins, nothing is written
+        return AppendResult(inserted=[], last_id=message.id, last_seq=0)
+    tx.notes.append((stream, int(seq)))
+    if notify:
+        tx.notified.add(stream)
+    return AppendResult(inserted=[message.id], last_id=message.id, last_seq=int(seq))
 
 
 async def _insert_messages(
@@ -646,14 +728,7 @@ class PostgresStore(Store):
                 )
                 try:
                     result = await fn(tx)
-                    if self.notify and tx.notes:
-                        last = dict(tx.notes)
-                        await conn.execute(
-                            "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p",
-                            CHANNEL,
-                            [doorbell(stream, seq) for stream, seq in last.items()],
-                        )
-                    await conn.execute("COMMIT")
+                    await conn.execute(self._commit(tx))
                 except BaseException:
                     if not conn.is_closed():
                         with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
@@ -666,6 +741,16 @@ class PostgresStore(Store):
         for stream, seq in tx.notes:
             self.bus.publish(stream, seq)
         return result
+
+    def _commit(self, tx: _Tx) -> str:
+        """COMMIT, after the doorbells not yet sent: one round trip. The payloads go as
+        hex literals, so no stream name can ever be read as SQL."""
+        if not self.notify:
+            return "COMMIT"
+        last = {stream: seq for stream, seq in tx.notes if stream not in tx.notified}
+        payloads = [doorbell(stream, seq).encode().hex() for stream, seq in last.items()]
+        notices = "".join(f"SELECT pg_notify('{CHANNEL}', convert_from('\\x{p}', 'UTF8'));" for p in payloads)
+        return notices + "COMMIT"
 
     async def _read(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
         if self._closed:
@@ -688,6 +773,10 @@ class PostgresStore(Store):
         managed: bool = False,
     ) -> AppendResult:
         async def fn(tx: _Tx) -> AppendResult:
+            if len(messages) == 1:
+                return await _append_one(
+                    tx, session_id, messages[0], parent, managed=managed, notify=self.notify
+                )
             if managed:
                 await tx.touch(session_id)
             return await _insert_messages(tx, session_id, messages, parent)
