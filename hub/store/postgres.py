@@ -742,6 +742,15 @@ class PostgresStore(Store):
             self.bus.publish(stream, seq)
         return result
 
+    async def analyze(self) -> None:
+        """Refresh the planner's statistics of the store's tables. Autovacuum does it soon
+        after a big change; call it yourself right after a bulk import, before searching."""
+
+        async def fn(conn: Conn) -> None:
+            await conn.execute("ANALYZE messages, events, search_entries, sessions")
+
+        await self._read(fn)
+
     def _commit(self, tx: _Tx) -> str:
         """COMMIT, after the doorbells not yet sent: one round trip. The payloads go as
         hex literals, so no stream name can ever be read as SQL."""
