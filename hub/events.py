@@ -23,13 +23,17 @@ async def follow(
     """
     bus = store.bus
     seq = after_seq
-    while True:
-        generation = bus.generation
-        events = await store.read_events(stream, seq, batch, epoch=epoch)
-        for event in events:
-            if epoch is None:
-                epoch = event.epoch
-            yield event
-            seq = event.seq
-        if len(events) < batch:
-            await bus.wait(stream, seq, since=generation)
+    bus.follow(stream)
+    try:
+        while True:
+            generation = bus.generation
+            events = await store.read_events(stream, seq, batch, epoch=epoch)
+            for event in events:
+                if epoch is None:
+                    epoch = event.epoch
+                yield event
+                seq = event.seq
+            if len(events) < batch:
+                await bus.wait(stream, seq, since=generation)
+    finally:
+        bus.unfollow(stream)

@@ -254,11 +254,23 @@ class Tail:
         self.on_delivered: Callable[[int], None] = lambda n: None
 
     async def start(self) -> None:
-        generation = self.store.bus.generation
-        self.last_seq = (await self.store.stream_position(self.stream)).last_seq
+        bus = self.store.bus
+        bus.follow(self.stream)
+        try:
+            generation = bus.generation
+            self.last_seq = (await self.store.stream_position(self.stream)).last_seq
+        except BaseException:
+            bus.unfollow(self.stream)
+            raise
         self.task = asyncio.get_running_loop().create_task(self._run(generation), name=f"tail {self.stream}")
 
     async def _run(self, generation: int) -> None:
+        try:
+            await self._follow(generation)
+        finally:
+            self.store.bus.unfollow(self.stream)
+
+    async def _follow(self, generation: int) -> None:
         bus = self.store.bus
         while True:
             # ``since``: a bus that reconnected after our last read may have missed a doorbell.

@@ -44,8 +44,36 @@ def test_a_foreign_payload_is_refused(payload: str) -> None:
 # -- the memory bus -------------------------------------------------------------------------
 async def test_wait_returns_at_once_for_a_seq_already_published() -> None:
     bus = MemoryBus()
+    bus.follow("s:a")
     bus.publish("s:a", 3)
     assert await bus.wait("s:a", 2) == 3
+
+
+def test_only_followed_streams_are_remembered() -> None:
+    bus = MemoryBus()
+    for i in range(1000):
+        bus.publish(f"s:{i}", 1)  # writes to sessions nobody here reads
+    assert bus._last == {}
+    bus.follow("s:a")
+    bus.follow("s:a")
+    bus.publish("s:a", 2)
+    bus.unfollow("s:a")
+    assert bus.last_seq("s:a") == 2  # one follower left
+    bus.unfollow("s:a")
+    assert bus.last_seq("s:a") == 0 and bus._last == {} and bus.waiting() == []
+
+
+async def test_a_cancelled_waiter_leaves_nothing_behind() -> None:
+    bus = MemoryBus()
+    waiters = [asyncio.create_task(bus.wait("s:a", 0)) for _ in range(3)]
+    await asyncio.sleep(0)
+    bus.publish("s:a", 1)  # remembered while somebody waits
+    waiters.append(asyncio.create_task(bus.wait("s:a", 1)))
+    await asyncio.sleep(0)
+    for task in waiters:
+        task.cancel()
+    await asyncio.gather(*waiters, return_exceptions=True)
+    assert bus.waiting() == [] and bus._waiters == {} and bus._last == {}
 
 
 async def test_wait_times_out_with_the_known_seq() -> None:
@@ -107,6 +135,7 @@ async def notify(conn: asyncpg.Connection, channel: str, payload: str) -> None:
 
 
 async def test_pg_notify_rings_waiters(pg: asyncpg.Connection, pg_bus: PgListenBus, channel: str) -> None:
+    pg_bus.follow("s:a")
     waiter = asyncio.create_task(pg_bus.wait("s:a", 0))
     await notify(pg, channel, doorbell.encode("s:a", 5))
     assert await asyncio.wait_for(waiter, 5) == 5
@@ -116,6 +145,8 @@ async def test_pg_notify_rings_waiters(pg: asyncpg.Connection, pg_bus: PgListenB
 async def test_pg_notify_in_a_rolled_back_transaction_rings_nobody(
     pg: asyncpg.Connection, pg_bus: PgListenBus, channel: str
 ) -> None:
+    pg_bus.follow("s:a")
+    pg_bus.follow("s:b")
     tx = pg.transaction()
     await tx.start()
     await notify(pg, channel, doorbell.encode("s:a", 5))
@@ -138,6 +169,7 @@ async def test_pg_hashed_stream_rings_its_waiter(
 async def test_pg_foreign_payload_is_ignored(
     pg: asyncpg.Connection, pg_bus: PgListenBus, channel: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    pg_bus.follow("s:a")
     await notify(pg, channel, "hello")
     await notify(pg, channel, doorbell.encode("s:a", 1))
     await eventually(lambda: pg_bus.last_seq("s:a") == 1)
@@ -147,6 +179,7 @@ async def test_pg_foreign_payload_is_ignored(
 async def test_pg_listener_killed_reconnects_and_wakes_everyone(
     pg: asyncpg.Connection, pg_bus: PgListenBus, channel: str
 ) -> None:
+    pg_bus.follow("s:a")
     waiter = asyncio.create_task(pg_bus.wait("s:a", 0, since=pg_bus.generation))
     await eventually(lambda: "s:a" in pg_bus.waiting())
     pid = pg_bus.backend_pid
@@ -213,6 +246,8 @@ async def test_redis_publish_rings_the_other_node_once(
     seen: list[str] = []
     pubsub, task = await collect(raw_redis, channel, seen)
     try:
+        a.follow("s:a")
+        b.follow("s:a")
         waiter = asyncio.create_task(b.wait("s:a", 0))
         a.publish("s:a", 1)
         assert a.last_seq("s:a") == 1  # the local waiters do not wait for Redis
@@ -230,6 +265,7 @@ async def test_redis_doorbells_coalesce_per_stream(
     redis_pair: tuple[RedisBus, RedisBus], raw_redis: aioredis.Redis, channel: str
 ) -> None:
     a, b = redis_pair
+    b.follow("s:a")
     for seq in range(1, 101):
         a.publish("s:a", seq)
     await eventually(lambda: b.last_seq("s:a") == 100)
@@ -239,6 +275,7 @@ async def test_redis_listener_killed_reconnects(
     redis_pair: tuple[RedisBus, RedisBus], raw_redis: aioredis.Redis, channel: str
 ) -> None:
     a, b = redis_pair
+    b.follow("s:a")
     waiter = asyncio.create_task(b.wait("s:a", 0, since=b.generation))
     await eventually(lambda: "s:a" in b.waiting())
     killed = await raw_redis.client_kill_filter(_type="pubsub")
@@ -254,6 +291,7 @@ async def test_redis_doorbell_survives_a_killed_sender(
     redis_pair: tuple[RedisBus, RedisBus], raw_redis: aioredis.Redis
 ) -> None:
     a, b = redis_pair
+    b.follow("s:a")
     a.publish("s:a", 1)
     await eventually(lambda: b.last_seq("s:a") == 1)
     # Kill every plain connection but ours: the senders' pooled connections die.

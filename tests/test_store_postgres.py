@@ -348,6 +348,7 @@ async def test_notify_false_sends_nothing_but_still_rings_the_bus(
     listener = Listener()
     await raw.add_listener(doorbell.CHANNEL, listener)
     async with await open_store(pg_dsn, pg_schema, notify=False) as store:
+        store.bus.follow(session_stream("quiet"))
         await Session(store, session_id="quiet").append_message(T("m1", "user", "x"))
         assert store.bus.last_seq(session_stream("quiet")) == 1
     await listener.settle(raw)

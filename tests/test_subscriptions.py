@@ -16,6 +16,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from hub import REGISTRY, SessionManager, SqliteStore, session_stream
+from hub.bus import MemoryBus
 from hub.server import HubConfig
 
 from .hubtest import Client, Frame, is_event, prune, seqs, served, set_epoch, text
@@ -293,6 +294,32 @@ async def test_unsubscribe_stops_events(store: SqliteStore) -> None:
         # Subscribing again resumes wherever the client says.
         assert (await c.subscribe(sid, after_seq=last))["frame"] == "reply"
         assert [e["type"] for e in await c.events(sid, 2)] == ["message.appended", "session.renamed"]
+
+
+async def test_the_bus_remembers_only_the_streams_this_hub_follows(store: SqliteStore) -> None:
+    """Writes to sessions nobody subscribes to leave nothing behind in the hub's memory;
+    a subscribed session is remembered while its tail runs, and forgotten after."""
+    manager = SessionManager(store)
+    quiet = [(await session_with(manager, 1, f"q{i}"))[0] for i in range(30)]
+    sid, last = await session_with(manager, 1)
+    bus = store.bus
+    assert isinstance(bus, MemoryBus)
+    assert not any(session_stream(q) in bus.waiting() for q in quiet)
+    async with served(store=store) as h, h.client() as c:
+        await c.subscribe(sid)
+        await c.events(sid, last)
+        await manager.append(sid, text("live", "x"))
+        await c.events(sid, 1)
+        assert session_stream(sid) in bus.waiting()
+        assert bus.last_seq(session_stream(sid)) == last + 1
+        for q in quiet:
+            await manager.append(q, text("more", "x"))
+        assert all(bus.last_seq(session_stream(q)) == 0 for q in quiet)
+        assert await c.call("unsubscribe", session_id=sid) is None
+        async with asyncio.timeout(5):
+            while session_stream(sid) in bus.waiting():
+                await asyncio.sleep(0.01)
+    assert bus.last_seq(session_stream(sid)) == 0
 
 
 async def test_many_subscriptions_on_one_connection(store: SqliteStore) -> None:

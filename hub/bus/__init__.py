@@ -21,13 +21,18 @@ __all__ = ["Bus", "MemoryBus", "PgListenBus", "RedisBus", "RemoteBus"]
 class Bus(Protocol):
     """What a store rings after each commit and what a follower waits on.
 
-    A follower reads ``generation`` *before* each read of the log and passes it to the
-    next ``wait`` as ``since``; a bus that may have missed doorbells in between (a
+    A follower calls ``follow(stream)`` before its first read of the log (and ``unfollow``
+    when done), reads ``generation`` *before* each read and passes it to the next ``wait``
+    as ``since``; a bus that may have missed doorbells in between (a
     reconnection) changes its generation, and ``wait`` then returns at once.
     """
 
     @property
     def generation(self) -> int: ...
+
+    def follow(self, stream: str) -> None: ...
+
+    def unfollow(self, stream: str) -> None: ...
 
     def publish(self, stream: str, seq: int) -> None: ...
 
