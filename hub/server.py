@@ -163,6 +163,20 @@ class Metrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0),
         )
 
+    def watch_bus(self, bus: RemoteBus) -> None:
+        """Export a cross-node bus's state (read at scrape time)."""
+        Gauge(
+            "sessionhub_bus_connected", "1 while the cross-node bus listens", registry=self.registry
+        ).set_function(lambda: float(bus.connected))
+        Gauge(
+            "sessionhub_bus_reconnects", "Times the bus listener was re-established", registry=self.registry
+        ).set_function(lambda: float(bus.reconnects))
+        Gauge(
+            "sessionhub_relay_dropped",
+            "Relayed frames (stream deltas, presence) dropped: send failures or backlog",
+            registry=self.registry,
+        ).set_function(lambda: float(bus.relay_dropped))
+
 
 # -- stream tails --------------------------------------------------------------------------
 
@@ -851,6 +865,7 @@ class Hub:
         if isinstance(store.bus, RemoteBus):
             self.relay = Relay(self, store.bus, config.presence_heartbeat, config.presence_ttl)
             self.relay.start()
+            self.metrics.watch_bus(store.bus)
         self.closing = False
         self.ops: dict[str, Callable[[Any], Awaitable[Any]]] = _operations(self)
 

@@ -127,7 +127,10 @@ async def test_a_node_reports_a_lost_bus_and_recovers(database: str) -> None:
                         if health.status_code == 200 and health.json()["bus"]["reconnects"] == 1:
                             break
                         await asyncio.sleep(0.05)
+                    metrics = (await http.get(f"http://127.0.0.1:{a.port}/metrics")).text
                 assert health.json()["bus"] == {"kind": "PgListenBus", "connected": True, "reconnects": 1}
+                assert "sessionhub_bus_reconnects 1.0" in metrics
+                assert "sessionhub_bus_connected 1.0" in metrics
                 assert [e.seq for e in got] == list(range(1, len(got) + 1))
                 appended = [e.data["message"]["id"] for e in got if e.type == "message.appended"]
                 assert appended == ["m0", "m1"]
