@@ -208,32 +208,40 @@ _WORDS_Q = (
     "WHERE w.q::text <> '')"
 )
 
+# A search is two statements. The first turns the user's words into a tsquery's text; the
+# second has that tsquery as a constant, so the planner sees which lexemes it holds and,
+# from the column's statistics, how common they are: a rare word goes through the GIN index,
+# a common word or phrase walks the session's newest rows (GIN keeps no row order, so it
+# would check every match in the heap: a phrase in 14 % of 100,000 rows, 25 ms against
+# 1 ms). As a parameter (one prepared plan for every query) it would look the same for all.
+# The constant travels as hex, so nothing the user typed is ever read as SQL.
+_TSQUERY = {
+    "phrase": f"SELECT ({_PHRASE_Q})::text",
+    "words": f"SELECT ({_WORDS_Q})::text",
+}
 _SEARCH_SESSION = """
-WITH q AS (SELECT {q} AS q),
-hits AS (
+WITH hits AS (
     SELECT m.pk, m.id, m.role, m.body, m.session_id, m.created_at, m.tsv
-    FROM messages m, q WHERE m.session_id = $2 AND m.tsv @@ q.q
+    FROM messages m WHERE m.session_id = $1 AND m.tsv @@ {q}
     ORDER BY m.pk DESC LIMIT {window}
 )
-SELECT h.id, h.role, h.body, h.session_id, h.created_at FROM hits h, q
-ORDER BY ts_rank(h.tsv, q.q, 1) DESC, h.pk LIMIT $3
+SELECT h.id, h.role, h.body, h.session_id, h.created_at FROM hits h
+ORDER BY ts_rank(h.tsv, {q}, 1) DESC, h.pk LIMIT $2
 """
 _SEARCH_ALL = """
-WITH q AS (SELECT {q} AS q),
-hits AS (
+WITH hits AS (
     SELECT m.pk, m.id, m.role, m.body, m.session_id, m.created_at, m.tsv
-    FROM messages m JOIN sessions s ON s.id = m.session_id, q WHERE m.tsv @@ q.q
+    FROM messages m JOIN sessions s ON s.id = m.session_id WHERE m.tsv @@ {q}
     ORDER BY m.pk DESC LIMIT {window}
 )
-SELECT h.id, h.role, h.body, h.session_id, h.created_at FROM hits h, q
-ORDER BY ts_rank(h.tsv, q.q, 1) DESC, h.pk LIMIT $2
+SELECT h.id, h.role, h.body, h.session_id, h.created_at FROM hits h
+ORDER BY ts_rank(h.tsv, {q}, 1) DESC, h.pk LIMIT $1
 """
-_SEARCH = {
-    ("phrase", True): _SEARCH_SESSION.format(q=_PHRASE_Q, window=SEARCH_WINDOW),
-    ("words", True): _SEARCH_SESSION.format(q=_WORDS_Q, window=SEARCH_WINDOW),
-    ("phrase", False): _SEARCH_ALL.format(q=_PHRASE_Q, window=SEARCH_WINDOW),
-    ("words", False): _SEARCH_ALL.format(q=_WORDS_Q, window=SEARCH_WINDOW),
-}
+
+
+def _tsquery_constant(text: str) -> str:
+    return f"convert_from(decode('{text.encode().hex()}', 'hex'), 'UTF8')::tsquery"
+
 
 _SEARCH_ENTRIES = f"""
 WITH q AS (SELECT {_WORDS_Q} AS q)
@@ -758,7 +766,9 @@ class PostgresStore(Store):
             return "COMMIT"
         last = {stream: seq for stream, seq in tx.notes if stream not in tx.notified}
         payloads = [doorbell(stream, seq).encode().hex() for stream, seq in last.items()]
-        notices = "".join(f"SELECT pg_notify('{CHANNEL}', convert_from('\\x{p}', 'UTF8'));" for p in payloads)
+        notices = "".join(
+            f"SELECT pg_notify('{CHANNEL}', convert_from(decode('{p}', 'hex'), 'UTF8'));" for p in payloads
+        )
         return notices + "COMMIT"
 
     async def _read(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
@@ -944,13 +954,16 @@ class PostgresStore(Store):
             arg = [w for w in (fts_text(w) for w in _WS.split(query)) if w]
         if not arg or limit <= 0:
             return []
-        sql = _SEARCH[(match, session_id is not None)]
 
         async def fn(conn: Conn) -> list[SearchResult]:
+            tsquery = await conn.fetchval(_TSQUERY[match], arg)
+            if not tsquery:
+                return []  # no lexeme in the query: nothing can match
+            q = _tsquery_constant(tsquery)
             if session_id is not None:
-                rows = await conn.fetch(sql, arg, session_id, limit)
+                rows = await conn.fetch(_SEARCH_SESSION.format(q=q, window=SEARCH_WINDOW), session_id, limit)
             else:
-                rows = await conn.fetch(sql, arg, limit)
+                rows = await conn.fetch(_SEARCH_ALL.format(q=q, window=SEARCH_WINDOW), limit)
             return [
                 SearchResult(id=r[0], role=r[1], content=r[2], session_id=r[3], created_at=r[4]) for r in rows
             ]
