@@ -11,13 +11,18 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from protocol import InvalidInput
 
 from .bus import Bus, MemoryBus, PgListenBus, RedisBus, RemoteBus
 from .store.base import Store
 
-__all__ = ["is_postgres", "open_backend"]
+__all__ = ["BackendUnavailable", "is_postgres", "make_bus", "open_backend", "probe", "redact"]
+
+
+class BackendUnavailable(Exception):
+    """The store or the bus cannot be reached or opened; the message says which and why."""
 
 
 def is_postgres(db: str | Path) -> bool:
@@ -62,3 +67,26 @@ async def open_backend(db: str | Path, bus: str | Bus | None = None) -> AsyncIte
     finally:
         if isinstance(ring, RemoteBus):
             await ring.close()
+
+
+async def probe(db: str | Path, bus: str | None = None) -> None:
+    """Open and close the store and its bus once (migrating the store if needed), so that
+    ``sessionhub serve`` can refuse to start with one clear line instead of a traceback."""
+    try:
+        async with open_backend(db, bus):
+            pass
+    except InvalidInput:
+        raise
+    except Exception as exc:
+        ring = bus or ("postgres" if is_postgres(db) else "memory")
+        raise BackendUnavailable(
+            f"cannot open the store {redact(str(db))} with bus {redact(ring)}: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def redact(url: str) -> str:
+    """A URL without its password, for messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))

@@ -122,11 +122,13 @@ def _serve(args: argparse.Namespace) -> int:
         presence_ttl=args.presence_ttl,
         presence_heartbeat=min(10.0, args.presence_ttl / 3),
     )
-    from .backends import make_bus
+    from .backends import BackendUnavailable, probe
 
     try:
-        make_bus(args.db, args.bus)  # refuse a bad --bus before uvicorn starts
-    except InvalidInput as exc:
+        # Reach the store and the bus once before uvicorn starts: a wrong --db or --bus is
+        # one line and exit code 2, not a traceback from the app's startup.
+        asyncio.run(probe(args.db, args.bus))
+    except (InvalidInput, BackendUnavailable) as exc:
         print(f"sessionhub: {exc}", file=sys.stderr)
         return 2
     app = create_app(db=args.db, bus=args.bus, config=config_)
@@ -157,10 +159,12 @@ def _serve(args: argparse.Namespace) -> int:
         ws_ping_timeout=args.ping_timeout,
         lifespan="on",
     )
+    server = HubServer(config)
     # uvicorn re-raises the signal it handled once it has stopped: we are done then.
     with contextlib.suppress(KeyboardInterrupt):
-        HubServer(config).run()
-    return 0
+        server.run()
+    # A startup that failed anyway (the port taken, the database gone since the probe).
+    return 0 if server.started else 3
 
 
 def _token(args: argparse.Namespace) -> int:

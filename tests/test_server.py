@@ -6,6 +6,7 @@ import asyncio
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -95,3 +96,48 @@ async def test_sessionhub_serve_command(tmp_path: Path) -> None:
         async with asyncio.timeout(20):
             await proc.wait()
     assert proc.returncode == 0
+
+
+async def run_serve(*args: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "hub.cli",
+        "serve",
+        *args,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    async with asyncio.timeout(30):
+        _, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, err.decode()
+
+
+async def test_serve_refuses_an_unreachable_store_in_one_line() -> None:
+    code, err = await run_serve("--db", "postgresql://app:s3cret@127.0.0.1:1/db", "--port", "0")
+    assert code == 2
+    assert err.startswith("sessionhub: cannot open the store postgresql://app:***@127.0.0.1:1/db")
+    assert "s3cret" not in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+async def test_serve_refuses_a_bad_bus(tmp_path: Path) -> None:
+    code, err = await run_serve("--db", str(tmp_path / "a.db"), "--bus", "carrier-pigeon", "--port", "0")
+    assert (code, err.strip()) == (
+        2,
+        "sessionhub: unknown bus 'carrier-pigeon': use memory, postgres or a redis:// URL",
+    )
+    code, err = await run_serve(
+        "--db", str(tmp_path / "a.db"), "--bus", "redis://127.0.0.1:1/0", "--port", "0"
+    )
+    assert code == 2 and "with bus redis://127.0.0.1:1/0" in err and "Traceback" not in err
+
+
+async def test_serve_exits_nonzero_when_the_port_is_taken(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, err = await run_serve("--db", str(tmp_path / "a.db"), "--port", str(port))
+    assert code == 3, err
