@@ -78,13 +78,15 @@ async def served(
     *,
     app: Starlette | None = None,
     config: HubConfig | None = None,
+    port: int = 0,
     **app_kwargs: Any,
 ) -> AsyncIterator[Served]:
-    """Run ``app`` (or ``create_app(config=config, **app_kwargs)``) on a real uvicorn."""
+    """Run ``app`` (or ``create_app(config=config, **app_kwargs)``) on a real uvicorn, on
+    ``port`` (0: any free one; a given one to restart a hub where its clients left it)."""
     if app is None:
         app = create_app(config=config, **app_kwargs)
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", timeout_graceful_shutdown=3)
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=3)
     )
     task = asyncio.create_task(server.serve())
     try:

@@ -5,7 +5,6 @@ Skipped when ``/usr/bin/chromium`` is missing (``.ci/run`` installs it)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import re
 from collections.abc import AsyncIterator
@@ -15,13 +14,12 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-import uvicorn
 from playwright.async_api import Browser, Page, async_playwright, expect
 
 from clients import HubClient
 from hub import SessionManager, SqliteStore
 from hub.auth import issue_token
-from hub.server import HubConfig, create_app
+from hub.server import HubConfig
 
 from .hubtest import WAIT, Served, served, text
 
@@ -246,28 +244,6 @@ async def test_a_streamed_message_grows_on_screen(scene: Scene) -> None:
     await expect(article.locator(".badge")).to_have_text("finished")
 
 
-@contextlib.asynccontextmanager
-async def hub_on(port: int, db: Path) -> AsyncIterator[uvicorn.Server]:
-    """A hub on a given port (to restart one where the browser left it)."""
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(db=db), host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=3
-        )
-    )
-    task = asyncio.create_task(server.serve())
-    try:
-        async with asyncio.timeout(WAIT):
-            while not server.started:
-                if task.done():
-                    task.result()
-                await asyncio.sleep(0.01)
-        yield server
-    finally:
-        server.should_exit = True
-        async with asyncio.timeout(15):
-            await task
-
-
 async def test_a_dropped_connection_recovers_and_catches_up(
     browser: Browser, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
@@ -298,7 +274,7 @@ async def test_a_dropped_connection_recovers_and_catches_up(
         finally:
             await store.close()
         # ...and when it is back on the same port, the view catches up by itself.
-        async with hub_on(port, db):
+        async with served(db=db, port=port):
             await expect(page.locator("#conn")).to_have_attribute("data-state", "open", timeout=15_000)
             await expect(page.locator('article[data-id="m3"]')).to_be_visible()
             assert await message_ids(page) == ["m1", "m2", "m3"]

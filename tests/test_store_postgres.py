@@ -94,13 +94,17 @@ async def test_writers_on_several_nodes_get_gap_free_unique_seqs(pg_dsn: str, pg
             await node.close()
 
 
-async def test_a_rolled_back_write_leaves_no_gap(pg: PostgresStore, raw: asyncpg.Connection) -> None:
+async def refuse_inserts(raw: asyncpg.Connection, trigger: str, when: str) -> None:
+    """A trigger that fails the rows matching ``when`` with 'boom refused'."""
     await raw.execute(
         "CREATE FUNCTION boom() RETURNS trigger LANGUAGE plpgsql AS "
         "$$BEGIN RAISE EXCEPTION 'boom refused'; END$$; "
-        "CREATE TRIGGER boom AFTER INSERT ON events FOR EACH ROW "
-        "WHEN (NEW.type = 'boom') EXECUTE FUNCTION boom()"
+        f"CREATE TRIGGER boom {trigger} FOR EACH ROW WHEN ({when}) EXECUTE FUNCTION boom()"
     )
+
+
+async def test_a_rolled_back_write_leaves_no_gap(pg: PostgresStore, raw: asyncpg.Connection) -> None:
+    await refuse_inserts(raw, "AFTER INSERT ON events", "NEW.type = 'boom'")
     s = Session(pg, session_id="tx")
     await s.append_message(T("m0", "user", "before"))
     # message.updated takes seq 2, then the extra event fails: all of it rolls back.
@@ -117,12 +121,7 @@ async def test_a_rolled_back_write_leaves_no_gap(pg: PostgresStore, raw: asyncpg
 
 
 async def test_a_failed_batch_stores_nothing(pg: PostgresStore, raw: asyncpg.Connection) -> None:
-    await raw.execute(
-        "CREATE FUNCTION boom() RETURNS trigger LANGUAGE plpgsql AS "
-        "$$BEGIN RAISE EXCEPTION 'boom refused'; END$$; "
-        "CREATE TRIGGER boom BEFORE INSERT ON messages FOR EACH ROW "
-        "WHEN (NEW.id = 'boom') EXECUTE FUNCTION boom()"
-    )
+    await refuse_inserts(raw, "BEFORE INSERT ON messages", "NEW.id = 'boom'")
     s = Session(pg, session_id="tx")
     await s.append_message(T("m0", "user", "before"))
     with pytest.raises(StoreError, match="boom refused"):
@@ -330,12 +329,7 @@ async def test_notify_rings_once_per_stream_on_commit_only(
     assert listener.payloads == [doorbell.encode(session_stream(info.id), 4)]
     listener.payloads.clear()
 
-    await raw.execute(
-        "CREATE FUNCTION boom() RETURNS trigger LANGUAGE plpgsql AS "
-        "$$BEGIN RAISE EXCEPTION 'boom refused'; END$$; "
-        "CREATE TRIGGER boom BEFORE INSERT ON messages FOR EACH ROW "
-        "WHEN (NEW.id = 'boom') EXECUTE FUNCTION boom()"
-    )
+    await refuse_inserts(raw, "BEFORE INSERT ON messages", "NEW.id = 'boom'")
     with pytest.raises(StoreError):
         await pg.append_messages(info.id, [msg("boom")])
     await listener.settle(raw)
