@@ -1,4 +1,5 @@
-"""The external services some tests need: Postgres and Redis, from the environment.
+"""What some tests need from outside Python: Postgres and Redis (from the environment),
+Chromium and Node.
 
 ``SESSIONHUB_TEST_POSTGRES`` and ``SESSIONHUB_TEST_REDIS`` name them; the defaults are
 this machine's. A test that needs one that does not answer is skipped with the reason,
@@ -10,12 +11,14 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import socket
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
-__all__ = ["SERVICE_SKIP", "postgres_dsn", "redis_url", "unavailable"]
+__all__ = ["SERVICE_SKIP", "chromium", "node", "postgres_dsn", "redis_url", "unavailable"]
 
 SERVICE_SKIP = "service unavailable"
 
@@ -54,3 +57,22 @@ def redis_url() -> str:
     if not _reachable(url, 6379):
         unavailable(f"Redis not reachable at {url} (set SESSIONHUB_TEST_REDIS)")
     return url
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def chromium() -> Path:
+    """Debian's Chromium (``.ci/run`` installs it), or skip (or fail) the calling test."""
+    if not CHROMIUM.exists():
+        unavailable(f"needs Debian's chromium at {CHROMIUM} (apt-get install -y chromium)")
+    return CHROMIUM
+
+
+def node() -> str:
+    """The ``node`` executable, or skip (or fail) the calling test."""
+    found = shutil.which("node")
+    if found is None:
+        unavailable("needs node on PATH")
+    assert found is not None
+    return found

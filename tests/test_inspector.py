@@ -1,7 +1,8 @@
 """The browser inspector (web/, served at ``/``) in a real Chromium against a real hub, with
 real Python clients writing. Screenshots go to ``test-artifacts/inspector/``.
 
-Skipped when ``/usr/bin/chromium`` is missing (``.ci/run`` installs it)."""
+Skipped when ``/usr/bin/chromium`` is missing (``.ci/run`` installs it, and fails them
+instead: ``tests/services.py``)."""
 
 from __future__ import annotations
 
@@ -22,22 +23,20 @@ from hub.auth import issue_token
 from hub.server import HubConfig
 
 from .hubtest import WAIT, Served, served, text
+from .services import chromium
 
-CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "inspector"
 SECRET = "an-inspector-test-secret-long-enough-for-hs256"
 
-pytestmark = [
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium"),
-    pytest.mark.asyncio(loop_scope="module"),
-]
+pytestmark = [pytest.mark.asyncio(loop_scope="module")]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def browser() -> AsyncIterator[Browser]:
+    executable = chromium()  # skips (fails under SESSIONHUB_REQUIRE_SERVICES=1) without it
     async with async_playwright() as pw:
-        chromium = await pw.chromium.launch(
-            executable_path=str(CHROMIUM),
+        launched = await pw.chromium.launch(
+            executable_path=str(executable),
             headless=True,
             args=[
                 "--no-sandbox",
@@ -50,9 +49,9 @@ async def browser() -> AsyncIterator[Browser]:
             ],
         )
         try:
-            yield chromium
+            yield launched
         finally:
-            await chromium.close()
+            await launched.close()
 
 
 @contextlib.asynccontextmanager

@@ -4,33 +4,29 @@ its resume logic with a fake socket, and one test against a real hub started her
 from __future__ import annotations
 
 import asyncio
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from .hubtest import served
+from .services import node
 
 ROOT = Path(__file__).resolve().parent.parent
-NODE = shutil.which("node")
-
-pytestmark = pytest.mark.skipif(NODE is None, reason="needs node on PATH")
 
 
-def _websocket_flags() -> list[str]:
+def _websocket_flags(node_path: str) -> list[str]:
     """Node 20 has a global WebSocket only behind a flag (22 and later have it by default)."""
-    assert NODE is not None
-    has = subprocess.run([NODE, "-e", "process.exit(typeof WebSocket === 'function' ? 0 : 1)"], check=False)
+    has = subprocess.run(
+        [node_path, "-e", "process.exit(typeof WebSocket === 'function' ? 0 : 1)"], check=False
+    )
     return [] if has.returncode == 0 else ["--experimental-websocket"]
 
 
 async def test_node_test_runner_passes(tmp_path: Path) -> None:
-    assert NODE is not None
+    node_path = node()  # skips (fails under SESSIONHUB_REQUIRE_SERVICES=1) without it
     async with served(db=tmp_path / "hub.db") as h:
         proc = await asyncio.create_subprocess_exec(
-            NODE,
-            *_websocket_flags(),
+            node_path,
+            *_websocket_flags(node_path),
             "--test",
             "--test-reporter=spec",
             str(ROOT / "web" / "test"),
