@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import httpx2
 import pytest
+import redis.asyncio as aioredis
 
 from clients import HubClient
 from hub import PostgresStore
@@ -97,48 +98,66 @@ async def test_subscribers_on_b_see_every_write_on_a_once_across_a_restart_of_b(
                     await watcher.__aexit__(None, None, None)
 
 
-async def test_a_node_reports_a_lost_bus_and_recovers(database: str) -> None:
-    """Kill both nodes' LISTEN connections: a follower on A still gets the write made on B
-    meanwhile, and /healthz counts the reconnection."""
-    async with Node(database) as a, Node(database) as b:
-        admin = await asyncpg.connect(database)
+async def kill_listeners(bus: str, database: str) -> int:
+    """Close every node's listening connection from the server side; how many there were."""
+    if bus == "redis":
+        client = aioredis.Redis.from_url(redis_url())
         try:
-            async with HubClient(a.ws_url) as reader, HubClient(b.ws_url) as writer:
-                sid = (await writer.sessions.create("chat")).id
-                got: list[Event] = []
-                done = asyncio.Event()
-                task = asyncio.create_task(collect(reader, sid, got, done))
-                await writer.sessions.append(sid, {"id": "m0", "role": "user", "parts": []})
-                async with asyncio.timeout(10):
-                    while not any(e.type == "message.appended" for e in got):
-                        await asyncio.sleep(0.01)
-                killed = await admin.fetchval(
-                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                    "WHERE application_name = 'sessionhub-listen' AND datname = current_database()"
-                )
-                assert killed == 2
-                await writer.sessions.append(sid, {"id": "m1", "role": "user", "parts": []})
-                async with asyncio.timeout(10):
-                    while sum(e.type == "message.appended" for e in got) < 2:
-                        await asyncio.sleep(0.01)
-                async with httpx2.AsyncClient() as http, asyncio.timeout(15):
-                    while True:
-                        health = await http.get(f"http://127.0.0.1:{a.port}/healthz")
-                        if health.status_code == 200 and health.json()["bus"]["reconnects"] == 1:
-                            break
-                        await asyncio.sleep(0.05)
-                    metrics = (await http.get(f"http://127.0.0.1:{a.port}/metrics")).text
-                assert health.json()["bus"] == {"kind": "PgListenBus", "connected": True, "reconnects": 1}
-                assert "sessionhub_bus_reconnects 1.0" in metrics
-                assert "sessionhub_bus_connected 1.0" in metrics
-                assert [e.seq for e in got] == list(range(1, len(got) + 1))
-                appended = [e.data["message"]["id"] for e in got if e.type == "message.appended"]
-                assert appended == ["m0", "m1"]
-                done.set()
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+            return int(await client.client_kill_filter(_type="pubsub"))
         finally:
-            await admin.close()
+            await client.aclose()
+    admin = await asyncpg.connect(database)
+    try:
+        return int(
+            await admin.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = 'sessionhub-listen' AND datname = current_database()"
+            )
+        )
+    finally:
+        await admin.close()
+
+
+@pytest.mark.parametrize("bus", ["postgres", "redis"])
+async def test_a_node_reports_a_lost_bus_and_recovers(database: str, bus: str) -> None:
+    """Kill both nodes' listening connections: a follower on A still gets the write made on
+    B meanwhile, and /healthz and /metrics count the reconnection."""
+    kind = "RedisBus" if bus == "redis" else "PgListenBus"
+    async with (
+        Node(database, bus_url(bus)) as a,
+        Node(database, bus_url(bus)) as b,
+        HubClient(a.ws_url) as reader,
+        HubClient(b.ws_url) as writer,
+    ):
+        sid = (await writer.sessions.create("chat")).id
+        got: list[Event] = []
+        done = asyncio.Event()
+        task = asyncio.create_task(collect(reader, sid, got, done))
+        await writer.sessions.append(sid, {"id": "m0", "role": "user", "parts": []})
+        async with asyncio.timeout(10):
+            while not any(e.type == "message.appended" for e in got):
+                await asyncio.sleep(0.01)
+        assert await kill_listeners(bus, database) == 2
+        await writer.sessions.append(sid, {"id": "m1", "role": "user", "parts": []})
+        async with asyncio.timeout(10):
+            while sum(e.type == "message.appended" for e in got) < 2:
+                await asyncio.sleep(0.01)
+        async with httpx2.AsyncClient() as http, asyncio.timeout(15):
+            while True:
+                health = await http.get(f"http://127.0.0.1:{a.port}/healthz")
+                if health.status_code == 200 and health.json()["bus"]["reconnects"] == 1:
+                    break
+                await asyncio.sleep(0.05)
+            metrics = (await http.get(f"http://127.0.0.1:{a.port}/metrics")).text
+        assert health.json()["bus"] == {"kind": kind, "connected": True, "reconnects": 1}
+        assert "sessionhub_bus_reconnects 1.0" in metrics
+        assert "sessionhub_bus_connected 1.0" in metrics
+        assert [e.seq for e in got] == list(range(1, len(got) + 1))
+        appended = [e.data["message"]["id"] for e in got if e.type == "message.appended"]
+        assert appended == ["m0", "m1"]
+        done.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 @pytest.mark.parametrize("bus", ["postgres", "redis"])
