@@ -70,6 +70,7 @@ from protocol.connection import (
     StreamKey,
     SummaryWanted,
 )
+from protocol.deltas import apply_delta
 from protocol.frames import EventFrame, PresenceFrame, ResetFrame, StreamFrame, SummarizeFrame
 from protocol.markers import LATEST as _LATEST
 from protocol.markers import ParentArg
@@ -519,21 +520,11 @@ class LiveMessages:
 
     @staticmethod
     def _apply_delta(message: dict[str, Any], delta: dict[str, Any]) -> None:
-        parts: list[dict[str, Any]] = message.setdefault("parts", [])
-        kind, text, part = delta.get("kind"), delta.get("text"), delta.get("part")
-        if kind in ("text", "reasoning") and isinstance(text, str):
-            if parts and parts[-1].get("type") == kind:
-                parts[-1]["text"] = parts[-1].get("text", "") + text
-            else:
-                parts.append({"type": kind, "text": text})
-        elif isinstance(part, dict):
-            call_id = part.get("toolCallId")
-            for i, existing in enumerate(parts):
-                if call_id is not None and existing.get("toolCallId") == call_id:
-                    parts[i] = dict(part)
-                    break
-            else:
-                parts.append(dict(part))
+        # The hub validated every delta before sending it; one that is not valid is skipped.
+        with contextlib.suppress(InvalidInput):
+            apply_delta(
+                message.setdefault("parts", []), delta.get("kind"), delta.get("text"), delta.get("part")
+            )
 
 
 class RemoteSession:

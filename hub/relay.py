@@ -118,6 +118,7 @@ class NodePresence:
             await asyncio.sleep(self.heartbeat)
             self.send_snapshot()
             self.expire()
+            self.hub.streams.expire_mirrors()
 
 
 class Relay:

@@ -24,6 +24,7 @@ import msgspec
 from protocol import Conflict, InvalidInput, Message
 from protocol import frames as f
 from protocol.codec import encode
+from protocol.deltas import apply_delta
 
 from .bus import RemoteBus
 from .store.base import LATEST, LogEntry
@@ -34,32 +35,6 @@ if TYPE_CHECKING:
 __all__ = ["LiveStream", "Streams"]
 
 log = logging.getLogger("sessionhub.streams")
-
-
-def apply_delta(parts: list[dict[str, Any]], kind: str, text: Any, part: Any) -> None:
-    """Grow ``parts`` by one delta: text and reasoning extend the last part of their kind;
-    a tool part replaces the part with its ``toolCallId`` (or is added)."""
-    if kind in ("text", "reasoning"):
-        if not isinstance(text, str):
-            raise InvalidInput(f"a {kind} delta needs `text`")
-        if parts and parts[-1].get("type") == kind and isinstance(parts[-1].get("text"), str):
-            parts[-1]["text"] += text
-        else:
-            parts.append({"type": kind, "text": text})
-        return
-    tool = part.get("type") if isinstance(part, dict) else None
-    if (
-        not isinstance(part, dict)
-        or not isinstance(tool, str)
-        or not (tool.startswith("tool-") or tool == "dynamic-tool")
-    ):
-        raise InvalidInput("a tool delta needs a `part` of type `tool-<name>` or `dynamic-tool`")
-    call_id = part.get("toolCallId")
-    for i, existing in enumerate(parts):
-        if call_id is not None and existing.get("toolCallId") == call_id:
-            parts[i] = dict(part)
-            return
-    parts.append(dict(part))
 
 
 @dataclass
@@ -150,9 +125,14 @@ class Streams:
                     mirror.index += 1
         elif frame.action == "end":
             self.mirrors.pop(key, None)
+        self._deliver(frame.session_id, data)
+
+    def expire_mirrors(self) -> None:
+        """Forget mirrored streams silent for :attr:`mirror_ttl` (called on the presence
+        heartbeat, not per frame)."""
+        now = time.monotonic()
         for stale in [k for k, m in self.mirrors.items() if now - m.seen > self.mirror_ttl]:
             del self.mirrors[stale]
-        self._deliver(frame.session_id, data)
 
     def _get(self, connection: Connection, session_id: str, message_id: str) -> LiveStream:
         stream = self.active.get((session_id, message_id))
@@ -275,28 +255,18 @@ class Streams:
                 await self.end(None, stream, "interrupted")
 
     def states(self, session_id: str) -> list[str]:
+        """``state`` frames of the session's running streams, this node's and mirrored ones."""
+        running = [
+            (s.message.id, s.index, s.message.to_dict())
+            for (sid, _), s in self.active.items()
+            if sid == session_id
+        ]
+        running += [(mid, m.index, m.message) for (sid, mid), m in self.mirrors.items() if sid == session_id]
         return [
             encode(
                 f.StreamFrame(
-                    session_id=session_id,
-                    message_id=stream.message.id,
-                    action="state",
-                    index=stream.index,
-                    message=stream.message.to_dict(),
+                    session_id=session_id, message_id=mid, action="state", index=index, message=message
                 )
             ).decode()
-            for (sid, _), stream in self.active.items()
-            if sid == session_id
-        ] + [
-            encode(
-                f.StreamFrame(
-                    session_id=session_id,
-                    message_id=message_id,
-                    action="state",
-                    index=mirror.index,
-                    message=mirror.message,
-                )
-            ).decode()
-            for (sid, message_id), mirror in self.mirrors.items()
-            if sid == session_id
+            for mid, index, message in running
         ]
