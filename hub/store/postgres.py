@@ -76,6 +76,7 @@ from .rows import (
     new_epoch,
     session_info,
     ts,
+    updated_json,
 )
 
 __all__ = ["MIGRATIONS", "SCHEMA_SQL", "PostgresStore"]
@@ -562,13 +563,14 @@ async def _insert_messages(
 
 async def _update_message(tx: _Tx, session_id: str, message: Message, *, emit: bool = True) -> bool:
     body = _body(message)
+    content = message_json(message)
     status = await tx.conn.execute(
         "UPDATE messages SET content = $3, role = $4, body = $5, "
         "tsv = CASE WHEN $5::text IS NOT NULL THEN to_tsvector('sessionhub', $6::text) END "
         "WHERE session_id = $1 AND id = $2",
         session_id,
         message.id,
-        message_json(message),
+        content,
         message.role,
         body,
         fts_text(body),
@@ -576,7 +578,9 @@ async def _update_message(tx: _Tx, session_id: str, message: Message, *, emit: b
     if status == "UPDATE 0":
         return False
     if emit:
-        await tx.emit_session(session_id, "message.updated", {"message": message.to_dict()})
+        await tx.emit_many(
+            session_stream(session_id), session_id, [("message.updated", updated_json(content))]
+        )
     return True
 
 

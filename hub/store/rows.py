@@ -24,6 +24,7 @@ __all__ = [
     "new_epoch",
     "session_info",
     "ts",
+    "updated_json",
 ]
 
 log = logging.getLogger("sessionhub.store")
@@ -77,6 +78,11 @@ def message_json(message: Message) -> str:
 def appended_json(content: str, parent_id: str | None) -> str:
     """The ``message.appended`` event body: the stored JSON verbatim, no second encode."""
     return f'{{"message":{content},"parent_id":{_encode(parent_id).decode()}}}'
+
+
+def updated_json(content: str) -> str:
+    """The ``message.updated`` event body, from the stored JSON as ``appended_json``."""
+    return f'{{"message":{content}}}'
 
 
 def session_info(row: Row, when: Callable[[Any], datetime] = _same) -> SessionInfo:

@@ -67,6 +67,7 @@ from .rows import (
     new_epoch,
     session_info,
     ts,
+    updated_json,
 )
 
 __all__ = ["SqliteStore"]
@@ -383,9 +384,10 @@ def _insert_messages(
 def _update_message(
     conn: Conn, notes: Notes, session_id: str, message: Message, now: float, *, emit: bool = True
 ) -> bool:
+    content = message_json(message)
     row = conn.execute(
         "UPDATE messages SET content = ?, role = ? WHERE session_id = ? AND id = ? RETURNING pk",
-        (message_json(message), message.role, session_id, message.id),
+        (content, message.role, session_id, message.id),
     ).fetchone()
     if row is None:
         return False
@@ -393,7 +395,14 @@ def _update_message(
     conn.execute("DELETE FROM messages_fts WHERE rowid = ?", (pk,))
     _index_text(conn, pk, session_id, message)
     if emit:
-        _emit_session(conn, notes, session_id, "message.updated", {"message": message.to_dict()}, now)
+        _emit_many(
+            conn,
+            notes,
+            session_stream(session_id),
+            session_id,
+            [("message.updated", updated_json(content))],
+            now,
+        )
     return True
 
 
