@@ -13,6 +13,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from hub.bus import MemoryBus, PgListenBus, RedisBus, RemoteBus, doorbell
+from hub.bus.remote import stop
 
 from .services import postgres_dsn, redis_url
 
@@ -74,6 +75,24 @@ async def test_a_cancelled_waiter_leaves_nothing_behind() -> None:
         task.cancel()
     await asyncio.gather(*waiters, return_exceptions=True)
     assert bus.waiting() == [] and bus._waiters == {} and bus._last == {}
+
+
+async def test_stop_outlasts_a_swallowed_cancellation() -> None:
+    """What redis-py's get_message does on Python 3.11 when a cancel meets its timeout."""
+    swallowed = 0
+
+    async def stubborn() -> None:
+        nonlocal swallowed
+        while swallowed < 2:
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                swallowed += 1
+
+    task = asyncio.create_task(stubborn())
+    await asyncio.sleep(0)
+    await asyncio.wait_for(stop(task), 5)
+    assert task.done() and swallowed == 2
 
 
 async def test_wait_times_out_with_the_known_seq() -> None:

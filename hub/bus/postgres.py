@@ -97,7 +97,7 @@ class PgListenBus(RemoteBus):
     async def _listen(self) -> None:
         conn = self._conn
         assert conn is not None
-        while True:
+        while not self._closing:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._lost.wait(), self.ping_interval)
             if self._lost.is_set() or conn.is_closed():

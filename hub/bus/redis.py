@@ -22,7 +22,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from . import doorbell
-from .remote import RemoteBus
+from .remote import RemoteBus, stop
 
 __all__ = ["RedisBus"]
 
@@ -80,9 +80,7 @@ class RedisBus(RemoteBus):
             # Give doorbells still queued a moment to leave: other nodes are waiting on them.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._drain(), 1.0)
-            self._sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sender
+            await stop(self._sender)
         await super().close()
         if self._relay_client is not None:
             await self._relay_client.aclose()
@@ -160,7 +158,7 @@ class RedisBus(RemoteBus):
     async def _listen(self) -> None:
         pubsub = self._pubsub
         assert pubsub is not None
-        while True:
+        while not self._closing:
             message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=self.health_interval)
             if message is None:
                 # Quiet channel: prove the connection is alive (a dead one raises here).

@@ -33,9 +33,21 @@ from collections.abc import Callable
 from .doorbell import stream_hash
 from .memory import MemoryBus
 
-__all__ = ["RemoteBus"]
+__all__ = ["RemoteBus", "stop"]
 
 log = logging.getLogger("sessionhub.bus")
+
+
+async def stop(task: asyncio.Task[None]) -> None:
+    """Cancel ``task`` and wait for it to end. On Python 3.11 a cancellation that lands
+    while an ``asyncio.timeout`` expires turns into a TimeoutError, which a client library
+    may swallow (redis-py's ``get_message(timeout=...)`` does, and returns None): the task
+    then runs on. So cancel until it has ended; the loops also check ``_closing``."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.5)
+    with contextlib.suppress(asyncio.CancelledError):
+        task.result()
 
 
 class RemoteBus(MemoryBus, abc.ABC):
@@ -90,9 +102,7 @@ class RemoteBus(MemoryBus, abc.ABC):
         self._closing = True
         for task in (self._task, self._relay_task):
             if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await stop(task)
         self._connected.clear()
         await self._disconnect()
         self.wake_all()
