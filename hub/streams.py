@@ -156,6 +156,9 @@ class Streams:
         except BaseException:
             self.active.pop(key, None)
             raise
+        # The writer is on the session while it streams (an inspector lists it under presence),
+        # even when it neither subscribed nor announced the session with hello.
+        self.hub.join(connection, request.session_id)
         self._broadcast(
             request.session_id,
             f.StreamFrame(
@@ -236,6 +239,7 @@ class Streams:
                 data={"message_id": final.id, "status": status, "deltas": stream.index},
             )
             await self.hub.store.update_message(stream.session_id, final, also=[ended])
+        self._left(stream)
         self._broadcast(
             stream.session_id,
             f.StreamFrame(
@@ -247,6 +251,15 @@ class Streams:
                 status=status,
             ),
         )
+
+    def _left(self, stream: LiveStream) -> None:
+        """A writer that was on the session only for its streams leaves it with the last one."""
+        owner, sid = stream.owner, stream.session_id
+        if owner.closed or owner.follows(sid) or sid in owner.announced:
+            return  # a closed connection leaves everything by itself
+        if any(s.owner is owner and s.session_id == sid for s in self.active.values()):
+            return
+        self.hub.leave(owner, sid)
 
     async def owner_lost(self, connection: Connection) -> None:
         """The writer's connection died: its streams end as ``interrupted``, with what they had."""

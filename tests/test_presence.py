@@ -85,3 +85,24 @@ async def test_presence_survives_a_reconnect(tmp_path: Path) -> None:
         # The client reconnects and announces itself again on the new socket.
         await wait_for(lambda: worker.reconnects == 1 and bool(hub.hub.presence.get("s-1")))
         assert [(e["name"], e["role"]) for e in await worker.presence("s-1")] == [("w", "worker")]
+
+
+async def test_a_streaming_writer_is_present_while_it_streams(tmp_path: Path) -> None:
+    async with served(db=tmp_path / "hub.db") as hub:
+        seen: list[PresenceFrame] = []
+        async with HubClient(hub.ws_url, name="dash", on_presence=seen.append) as observer:
+            session = await observer.sessions.create("chat")
+            events = observer.subscribe(session.id)
+            await anext(events)
+            # The writer neither subscribes nor announces the session: streaming puts it there.
+            async with HubClient(hub.ws_url, name="writer", role="worker") as writer:
+                assert [e["name"] for e in await observer.presence(session.id)] == ["dash"]
+                async with writer.session(session.id).stream_message("m1") as stream:
+                    await stream.text("hello")
+                    await wait_for(lambda: any(f.entry["name"] == "writer" for f in seen))
+                    names = sorted(e["name"] for e in await observer.presence(session.id))
+                    assert names == ["dash", "writer"]
+                # Its stream ended: it was there only for it, so it leaves.
+                await wait_for(lambda: any(f.action == "leave" and f.entry["name"] == "writer" for f in seen))
+                assert [e["name"] for e in await observer.presence(session.id)] == ["dash"]
+            await events.aclose()
