@@ -1,0 +1,141 @@
+// Acting on a session, through the JS client: each action is an ordinary request, so its
+// effect reaches this page (and every other subscriber) as logged events. Shown only when
+// the token's scopes allow them (read from the token's payload; the hub decides anyway).
+import { activeLeaf, hooks, state, token } from "./model.js";
+import { $, allows, h } from "./util.js";
+
+function newId() {
+  const bytes = new Uint8Array(8);
+  crypto.getRandomValues(bytes);
+  return `u-${[...bytes].map((b) => b.toString(16).padStart(2, "0")).join("")}`;
+}
+
+function say(text, bad = false) {
+  const el = $("action-status");
+  el.textContent = text;
+  el.className = bad ? "bad" : "";
+}
+
+function failed(what, err) {
+  say(`${what} failed: ${err.code ?? "error"}: ${err.message}`, true);
+}
+
+let cursorOf = () => null; // the tree's selected message, set by main.js
+
+export function initActions(getCursor) {
+  cursorOf = getCursor;
+  $("composer").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const model = state.current;
+    const input = $("composer-text");
+    const body = input.value.trim();
+    if (!model || !body) return;
+    const leaf = activeLeaf(model);
+    const sibling = $("composer-sibling").checked && leaf;
+    const parent = sibling ? model.nodes.get(leaf).parentId : (leaf ?? null);
+    const message = { id: newId(), role: "user", parts: [{ type: "text", text: body }] };
+    try {
+      await state.client.request("append", { session_id: model.id, message, parent_id: parent });
+      input.value = "";
+      state.pinnedLeaf = null; // the new message is the latest leaf: follow it
+      state.viewStart = null;
+      state.follow = true;
+      say(sibling ? "Sent as a sibling of the active message." : "Sent.");
+    } catch (err) {
+      failed("Sending", err); // the text stays in the box: nothing is lost
+    }
+  });
+  $("act-regenerate").addEventListener("click", async () => {
+    const model = state.current;
+    try {
+      // The hub has no turn op yet: the request is tried, and its typed error shown.
+      await state.client.request("start_turn", { session_id: model.id, leaf_id: activeLeaf(model) });
+      say("Turn started.");
+    } catch (err) {
+      say(`No responder: this hub cannot start a turn (${err.code}: ${err.message}). Nothing was appended.`, true);
+    }
+  });
+  $("act-rename").addEventListener("click", () => {
+    const form = $("rename-form");
+    form.hidden = !form.hidden;
+    if (!form.hidden) {
+      $("rename-input").value = state.sessions.get(state.current.id)?.name ?? "";
+      $("rename-input").focus();
+    }
+  });
+  $("rename-form").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const name = $("rename-input").value.trim();
+    if (!name) return;
+    try {
+      await state.client.request("rename", { session_id: state.current.id, name });
+      $("rename-form").hidden = true;
+      say(`Renamed to “${name}”.`);
+    } catch (err) {
+      failed("Renaming", err);
+    }
+  });
+  $("act-fork").addEventListener("click", async () => {
+    const model = state.current;
+    const at = cursorOf() ?? activeLeaf(model);
+    if (!at) return say("Nothing to fork: the session has no messages.", true);
+    const name = `${state.sessions.get(model.id)?.name ?? model.id} (fork)`;
+    try {
+      const info = await state.client.request("fork", { session_id: model.id, at_message_id: at, name });
+      say(`Forked at ${at}: `);
+      $("action-status").append(h("a", { href: `#session=${encodeURIComponent(info.id)}`, onclick: (ev) => (ev.preventDefault(), hooks.open(info.id)), text: `open “${info.name}”` }));
+    } catch (err) {
+      failed("Forking", err);
+    }
+  });
+  $("act-compact").addEventListener("click", async () => {
+    const model = state.current;
+    say("Compacting…");
+    try {
+      const result = await state.client.request("compact", { session_id: model.id, leaf_id: activeLeaf(model) });
+      // A failed summarizer is not an error reply: it is an `error` event in the log.
+      say(result ? `Compacted ${result.from_message_id} → ${result.to_message_id}.` : "Nothing was compacted: see the event log.", !result);
+    } catch (err) {
+      failed("Compacting", err);
+    }
+  });
+  $("act-delete").addEventListener("click", () => {
+    $("delete-confirm").hidden = false;
+    $("delete-name").textContent = state.sessions.get(state.current.id)?.name ?? state.current.id;
+    $("delete-yes").focus();
+  });
+  $("delete-no").addEventListener("click", () => {
+    $("delete-confirm").hidden = true;
+    $("act-delete").focus();
+  });
+  $("delete-yes").addEventListener("click", async () => {
+    const id = state.current.id;
+    try {
+      await state.client.request("delete", { session_id: id });
+      $("delete-confirm").hidden = true;
+      say("Deleted.");
+    } catch (err) {
+      failed("Deleting", err);
+    }
+  });
+}
+
+/** Show what the token allows on this session. */
+export function renderActions(model) {
+  const t = token();
+  const write = allows(t, "write", model.id);
+  const admin = allows(t, "admin", model.id);
+  const info = state.sessions.get(model.id);
+  $("composer").hidden = !write;
+  $("act-regenerate").hidden = !write;
+  $("act-compact").hidden = !write;
+  for (const id of ["act-rename", "act-fork", "act-delete"]) $(id).hidden = !admin;
+  if (!admin) {
+    $("rename-form").hidden = true;
+    $("delete-confirm").hidden = true;
+  }
+  $("actions").dataset.level = admin ? "admin" : write ? "write" : "read";
+  $("actions-note").textContent = !write ? "Your token allows reading this session only: no actions." : !admin ? "Renaming, forking and deleting need admin on this session." : "";
+  $("composer-sibling").disabled = !model.latest;
+  if (info?.end_reason) $("actions-note").textContent += ` This session ended (${info.end_reason}).`;
+}

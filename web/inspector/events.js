@@ -1,0 +1,88 @@
+// The event log: newest events of the session, each row opening to its data (JSON), errors
+// highlighted, filtered by type.
+import { $, h, json, timeEl } from "./util.js";
+
+const SHOW = 200;
+const open = new Set(); // seqs whose details are open
+let filter = "";
+let knownTypes = "";
+
+/** A row is an error: an `error` event, a `status` carrying one, a stream that did not finish. */
+export function isError(ev) {
+  const d = ev.data ?? {};
+  return ev.type === "error" || d.error !== undefined || (ev.type === "stream.ended" && d.status !== "finished");
+}
+
+function summary(ev) {
+  const d = ev.data ?? {};
+  if (d.error !== undefined) return String(d.error);
+  if (d.message) return `${d.message.role} ${d.message.id}${d.parent_id ? ` ← ${d.parent_id}` : ""}`;
+  if (d.ids) return d.ids.join(", ");
+  if (d.compaction) return `${d.compaction.from_message_id} → ${d.compaction.to_message_id}`;
+  if (d.phase) return `${d.phase}${d.token_estimate !== undefined ? ` · ~${d.token_estimate} tokens` : ""}`;
+  if (d.label) return d.label;
+  if (d.message_id) return `${d.message_id} ${d.status ?? ""}`;
+  if (d.session) return d.session.name;
+  return "";
+}
+
+export function initLog(onChange) {
+  $("log-filter").addEventListener("change", (e) => {
+    filter = e.target.value;
+    onChange();
+  });
+  $("log").addEventListener("toggle", (e) => {
+    const seq = e.target.closest?.("li")?.dataset.seq;
+    if (!seq) return;
+    if (e.target.open) {
+      open.add(seq);
+      fill(e.target);
+    } else open.delete(seq);
+  }, true);
+}
+
+const eventOf = new WeakMap(); // <details> -> its event: the JSON is written when opened
+function fill(details) {
+  const pre = details.querySelector(".ev-data");
+  if (pre && !pre.textContent) pre.textContent = json(eventOf.get(details)?.data ?? {});
+}
+
+export function resetLog() {
+  open.clear();
+  filter = "";
+  knownTypes = "";
+  $("log-filter").value = "";
+}
+
+export function renderLog(model) {
+  const types = [...new Set(model.events.map((e) => e.type))].sort();
+  if (types.join() !== knownTypes) {
+    knownTypes = types.join();
+    const select = $("log-filter");
+    select.replaceChildren(h("option", { value: "", text: "All types" }), ...types.map((t) => h("option", { value: t, text: t })));
+    select.value = types.includes(filter) ? filter : "";
+    filter = select.value;
+  }
+  const matching = filter ? model.events.filter((e) => e.type === filter) : model.events;
+  const shown = matching.slice(-SHOW);
+  $("log-count").textContent = matching.length > shown.length ? `newest ${shown.length} of ${matching.length}` : `${matching.length}`;
+  const log = $("log");
+  const scroller = log.closest(".log-box");
+  const stick = scroller.scrollHeight - scroller.scrollTop - scroller.clientHeight < 40;
+  log.replaceChildren(
+    ...shown.map((ev) => {
+      const seq = String(ev.seq);
+      const bad = isError(ev);
+      const details = h(
+        "details",
+        { open: open.has(seq) },
+        h("summary", {}, h("span", { class: "seq", text: `#${ev.seq}` }), " ", timeEl(ev.created_at), " ", h("strong", { class: "ev-type", text: ev.type }), " ", h("span", { class: "ev-sum", text: summary(ev) })),
+        h("pre", { class: "ev-data" }),
+      );
+      eventOf.set(details, ev);
+      if (details.open) fill(details);
+      return h("li", { "data-seq": seq, "data-type": ev.type, class: bad ? "error" : null }, details);
+    }),
+  );
+  if (stick) scroller.scrollTop = scroller.scrollHeight;
+}
