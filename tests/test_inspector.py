@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,8 @@ from playwright.async_api import Browser, Page, async_playwright, expect
 from clients import HubClient
 from hub import SessionManager, SqliteStore
 from hub.auth import issue_token
+from hub.compaction import CompactResult
+from protocol import Message
 from hub.server import HubConfig
 
 from .hubtest import WAIT, Served, served, text
@@ -55,10 +58,12 @@ async def browser() -> AsyncIterator[Browser]:
 
 
 @contextlib.asynccontextmanager
-async def page_of(browser: Browser, request: pytest.FixtureRequest) -> AsyncIterator[Page]:
-    """A fresh page (1366×768, a laptop screen); its screenshot is saved whatever happens,
-    and a console error fails the test."""
-    context = await browser.new_context(viewport={"width": 1366, "height": 768})
+async def page_of(
+    browser: Browser, request: pytest.FixtureRequest, width: int = 1366, height: int = 768
+) -> AsyncIterator[Page]:
+    """A fresh page (1366×768, a laptop screen, by default); its screenshot is saved whatever
+    happens, and a console error fails the test."""
+    context = await browser.new_context(viewport={"width": width, "height": height})
     page = await context.new_page()
     page.set_default_timeout(WAIT * 1000)
     errors: list[str] = []
@@ -366,7 +371,7 @@ async def test_auth_prompt_and_missing_scope(
         reader = issue_token(SECRET, {info.id: "read"})
         await page.get_by_label("Access token").fill(reader)
         await page.get_by_role("button", name="Use token").click()
-        await expect(page.locator("#notice")).to_contain_text("does not allow list sessions")
+        await expect(page.locator("#notice")).to_contain_text("does not allow listing sessions")
         await expect(page.locator("#notice")).to_contain_text("read on *")
         # That session still opens by id.
         await page.get_by_label("Open a session by id").fill(info.id)
@@ -386,3 +391,326 @@ async def test_the_chat_example_loads_and_talks_to_the_hub(scene: Scene) -> None
     assert [m.text() for m in history] == ["hello from the browser"]
     await hub.session(info.id).append_message(text("r1", "hi from python", "assistant"))
     await expect(page.locator("#chat-log")).to_contain_text("hi from python")
+
+
+# -- issue 17: tree view, times, event details, actions, streaming, narrow screens -------------
+
+
+async def build_big_tree(db: Path) -> tuple[str, str]:
+    """A 10,000-message session with 200 branches, written through the engine into the
+    hub's SQLite file: a trunk of 5,025 messages and 199 branches of 25 forking every 20
+    messages along it. Returns (session id, trunk leaf id)."""
+    store = await SqliteStore.open(db)
+    try:
+        manager = SessionManager(store)
+        info = await manager.create("big-tree")
+        trunk = [text(f"t{i}", f"trunk {i}", "user" if i % 2 == 0 else "assistant") for i in range(5025)]
+        parent: str | None = None
+        for start in range(0, len(trunk), 1000):
+            parent = await manager.append_all(info.id, trunk[start : start + 1000], parent)
+        for b in range(199):
+            branch = [text(f"b{b}-{j}", f"branch {b} message {j}", "assistant") for j in range(25)]
+            await manager.append_all(info.id, branch, f"t{b * 20}")
+        return info.id, "t5024"
+    finally:
+        await store.close()
+
+
+async def test_the_tree_view_at_10000_messages_and_200_branches(
+    browser: Browser, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    db = tmp_path / "hub.db"
+    session_id, trunk_leaf = await build_big_tree(db)
+    async with served(db=db) as h, page_of(browser, request) as page:
+        await page.goto(h.url + "/")
+        started = time.perf_counter()
+        await page.locator("#sessions li", has_text="big-tree").click()
+        view = page.locator("#session-view")
+        await expect(view).to_have_attribute("data-caught-up", "true", timeout=60_000)
+        tree = page.locator("#tree")
+        await expect(view).to_have_attribute("data-messages", "10000")
+        await expect(tree).to_have_attribute("data-rows", "5025")
+        await expect(page.locator("#tree circle.t-node").first).to_be_visible()
+        first_render = time.perf_counter() - started
+        await expect(page.locator("#leaf-count")).to_have_text("(200 leaves)")
+        lanes = int(await tree.get_attribute("data-lanes") or 0)
+        assert 2 <= lanes <= 200
+        # Only the viewport's rows are in the DOM.
+        in_tree = await page.evaluate("document.querySelectorAll('#tree *').length")
+        in_page = await page.evaluate("document.getElementsByTagName('*').length")
+        assert in_tree < 1000, in_tree
+        layout_ms = float(await tree.get_attribute("data-layout-ms") or 0)
+        # Scroll to the middle of the tree, then to the top: each is one frame's drawing.
+        scroll_ms = await page.evaluate(
+            """async () => {
+                const t = document.getElementById('tree');
+                const out = [];
+                for (const top of [t.scrollHeight / 2, 0, t.scrollHeight / 3]) {
+                    const t0 = performance.now();
+                    t.scrollTop = top;
+                    await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+                    out.push(performance.now() - t0);
+                }
+                return out;
+            }"""
+        )
+        assert int(await tree.get_attribute("data-first-row") or -1) > 1000  # redrawn at 1/3
+        in_tree_scrolled = await page.evaluate("document.querySelectorAll('#tree *').length")
+        assert in_tree_scrolled < 1000, in_tree_scrolled
+        draw_ms = float(await tree.get_attribute("data-draw-ms") or 0)
+        print(
+            f"\ntree at 10,000 messages / 200 branches: first render {first_render * 1000:.0f} ms "
+            f"(click to drawn, log replay included), layout {layout_ms} ms, draw {draw_ms} ms, "
+            f"scroll frames {', '.join(f'{ms:.0f}' for ms in scroll_ms)} ms, "
+            f"{in_tree} tree DOM nodes ({in_page} in the page), {lanes} lanes"
+        )
+        assert first_render < 60 and max(scroll_ms) < 5000  # hang guards, not benchmarks
+        # Keyboard: the active leaf is the newest branch's tip; up to its fork point...
+        await tree.focus()
+        status = page.locator("#tree-status")
+        await expect(status).to_contain_text("b198-24")
+        for _ in range(25):
+            await page.keyboard.press("ArrowUp")
+        await expect(status).to_contain_text("t3960")
+        await expect(status).to_contain_text("forks into 2")
+        await page.keyboard.press("ArrowDown")  # the child on the active branch
+        await expect(status).to_contain_text("b198-0")
+        await page.keyboard.press("ArrowLeft")  # its sibling: the trunk goes on
+        await expect(status).to_contain_text("t3961")
+        await expect(status).to_contain_text("branch 1 of 2")
+        await page.keyboard.press("Enter")  # ...whose branch becomes the active one
+        await expect(page.locator(f'#leaves li[data-id="{trunk_leaf}"]')).to_have_attribute(
+            "aria-selected", "true"
+        )
+        await expect(page.locator('article[data-id="t3961"]')).to_be_focused()
+        await expect(page.locator("#tree circle.t-node.on.cursor")).to_have_count(1)
+        assert session_id
+        await page.screenshot(path=str(ARTIFACTS / "tree-10k.png"))
+
+
+async def test_the_event_details_of_a_failed_compaction(
+    browser: Browser, request: pytest.FixtureRequest, db_path: Path
+) -> None:
+    def summarizer_down(history: list[Message], context: object) -> CompactResult:
+        raise RuntimeError("LLM is down")
+
+    store = await SqliteStore.open(db_path)
+    try:
+        manager = SessionManager(store).on_compaction(summarizer_down)
+        async with served(manager=manager) as h, page_of(browser, request) as page, python_client(h) as hub:
+            info = await hub.sessions.create("failing-compaction")
+            await hub.sessions.append_all(info.id, [text(f"m{i}", f"message {i}") for i in range(6)])
+            await page.goto(h.url + "/")
+            await open_session(page, "failing-compaction")
+            await page.get_by_role("button", name="Compact now").click()
+            await expect(page.locator("#action-status")).to_contain_text("Nothing was compacted")
+            row = page.locator("#log li.error")
+            await expect(row).to_have_count(1)
+            await expect(row).to_have_attribute("data-type", "error")
+            await expect(row.locator("summary")).to_contain_text("LLM is down")
+            await expect(row.locator("summary time")).to_have_attribute("title", re.compile(r"\d"))
+            await row.locator("summary").click()
+            await expect(row.locator("pre.ev-data")).to_contain_text('"error": "LLM is down"')
+            # The compaction's status event opens to its data too.
+            status_row = page.locator('#log li[data-type="status"]').first
+            await status_row.locator("summary").click()
+            await expect(status_row.locator("pre.ev-data")).to_contain_text('"phase": "compacting"')
+            # A filter by type.
+            await page.get_by_label("Type", exact=True).select_option("error")
+            await expect(page.locator("#log li")).to_have_count(1)
+            await expect(page.locator("#log li.error pre.ev-data")).to_be_visible()  # stays open
+            await page.get_by_label("Type", exact=True).select_option("")
+            await expect(page.locator('#log li[data-type="message.appended"]')).to_have_count(6)
+            # Times: messages (their stored time: they carry no createdAt), sessions list.
+            stamp = page.locator('article[data-id="m5"] .m-head time')
+            await expect(stamp).to_have_attribute("title", re.compile(r"\(stored\)"))
+            await expect(stamp).to_have_text(re.compile(r"just now|s ago"))
+            await expect(page.locator(f'#sessions li[data-id="{info.id}"] time')).to_have_attribute(
+                "title", re.compile("last activity")
+            )
+            await page.screenshot(path=str(ARTIFACTS / "event-details.png"))
+    finally:
+        await store.close()
+
+
+def summarize_first_two(history: list[Message], context: object) -> CompactResult:
+    return CompactResult(history[0].id, history[1].id, "the first two, summarized")
+
+
+async def test_actions_with_the_scope(
+    browser: Browser, request: pytest.FixtureRequest, db_path: Path
+) -> None:
+    config = HubConfig(auth_secret=SECRET)
+    admin = issue_token(SECRET, {"*": "admin"})
+    store = await SqliteStore.open(db_path)
+    try:
+        manager = SessionManager(store).on_compaction(summarize_first_two)
+        async with (
+            served(manager=manager, config=config) as h,
+            page_of(browser, request) as page,
+            HubClient(h.ws_url, token=admin) as hub,
+        ):
+            info = await hub.sessions.create("acted-on")
+            s = hub.session(info.id)
+            await s.append_message(text("q1", "first question"))
+            await s.append_message(text("a1", "first answer", "assistant"))
+            await page.goto(f"{h.url}/#token={admin}")
+            await open_session(page, "acted-on")
+            await expect(page.locator("#actions")).to_have_attribute("data-level", "admin")
+            # Send as a user, on the active leaf...
+            await page.get_by_label("Message as user").fill("a follow-up")
+            await page.get_by_role("button", name="Send").click()
+            await expect(page.locator("#messages article.message")).to_have_count(3)
+            history = await s.get_history()
+            assert [m.text() for m in history] == ["first question", "first answer", "a follow-up"]
+            # ...and as a sibling of it: a new branch from a1.
+            await page.get_by_label("Message as user").fill("another follow-up")
+            await page.get_by_label("as a sibling of the active message").check()
+            await page.get_by_role("button", name="Send").click()
+            await expect(page.locator("#leaves li")).to_have_count(2)
+            latest = await s.get_history()
+            assert [m.text() for m in latest] == ["first question", "first answer", "another follow-up"]
+            # Regenerate: the hub has no turn op; the typed error shows, nothing is appended.
+            await page.get_by_role("button", name="Regenerate").click()
+            await expect(page.locator("#action-status")).to_contain_text("No responder")
+            await expect(page.locator("#action-status")).to_contain_text("start_turn")
+            assert [m.id for m in await s.get_history()] == [m.id for m in latest]
+            # Compact now.
+            await page.get_by_role("button", name="Compact now").click()
+            await expect(page.locator("section.overlay")).to_contain_text("the first two, summarized")
+            # Rename.
+            await page.get_by_role("button", name="Rename…").click()
+            await page.get_by_label("New name").fill("acted-on-renamed")
+            await page.get_by_role("button", name="Rename", exact=True).click()
+            await expect(page.locator("#session-title")).to_have_text("acted-on-renamed")
+            # Fork at the message selected in the tree (the root, with Home).
+            await page.locator("#tree").focus()
+            await page.keyboard.press("Home")
+            await page.get_by_role("button", name="Fork here").click()
+            await expect(page.locator("#action-status")).to_contain_text("Forked at q1")
+            fork = page.locator("#sessions li", has_text="acted-on-renamed (fork)")
+            await expect(fork).to_contain_text("fork")
+            # Delete, after a confirmation (Cancel first: nothing happens).
+            await page.get_by_role("button", name="Delete…").click()
+            await page.get_by_role("button", name="Cancel").click()
+            assert await hub.sessions.get(info.id) is not None
+            await page.get_by_role("button", name="Delete…").click()
+            await expect(page.locator("#delete-confirm")).to_contain_text("acted-on-renamed")
+            await page.get_by_role("button", name="Delete for good").click()
+            await expect(page.locator(f'#sessions li[data-id="{info.id}"]')).to_have_count(0)
+            assert await hub.sessions.get(info.id) is None
+            # The fork link in its header leads back... to the deleted parent: a plain id link.
+            await fork.click()
+            await expect(page.locator("#session-meta a")).to_have_attribute("href", f"#session={info.id}")
+    finally:
+        await store.close()
+
+
+async def test_actions_without_the_scope(
+    browser: Browser, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    config = HubConfig(auth_secret=SECRET)
+    admin = issue_token(SECRET, {"*": "admin"})
+    async with served(db=tmp_path / "hub.db", config=config) as h, page_of(browser, request) as page:
+        async with HubClient(h.ws_url, token=admin) as hub:
+            info = await hub.sessions.create("read-only")
+            await hub.session(info.id).append_message(text("m1", "look, do not touch"))
+        reader = issue_token(SECRET, {"*": "read"})
+        await page.goto(f"{h.url}/#token={reader}")
+        await open_session(page, "read-only")
+        await expect(page.locator("#actions")).to_have_attribute("data-level", "read")
+        await expect(page.locator("#actions-note")).to_contain_text("reading this session only")
+        for name in ["Regenerate", "Compact now", "Fork here", "Rename…", "Delete…", "Send"]:
+            await expect(page.get_by_role("button", name=name)).to_have_count(0)
+        await expect(page.get_by_label("Message as user")).to_be_hidden()
+        await page.screenshot(path=str(ARTIFACTS / "read-only.png"))
+        # A write token on this session: appending and compacting, not renaming or deleting.
+        writer = issue_token(SECRET, {"*": "read", info.id: "write"})
+        await page.get_by_role("button", name="Change token").click()
+        await page.get_by_label("Access token").fill(writer)
+        await page.get_by_role("button", name="Use token").click()
+        await expect(page.locator("#actions")).to_have_attribute("data-level", "write")
+        await expect(page.get_by_role("button", name="Send")).to_be_visible()
+        await expect(page.get_by_role("button", name="Compact now")).to_be_visible()
+        for name in ["Fork here", "Rename…", "Delete…"]:
+            await expect(page.get_by_role("button", name=name)).to_have_count(0)
+        await expect(page.locator("#actions-note")).to_contain_text("need admin")
+
+
+async def test_a_refused_token_shows_in_the_badge(
+    browser: Browser, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    config = HubConfig(auth_secret=SECRET)
+    forged = issue_token("another-secret-of-the-same-length-for-hs256!!", {"*": "admin"})
+    async with served(db=tmp_path / "hub.db", config=config) as h, page_of(browser, request) as page:
+        await page.goto(f"{h.url}/#token={forged}")
+        await expect(page.locator("#conn")).to_have_attribute("data-state", "refused")
+        await expect(page.locator("#conn")).to_have_text("Connected: token refused")
+        await expect(page.locator("#notice")).to_contain_text("refused your token")
+        # Said once, not three times.
+        assert await page.get_by_text("refused your token").count() == 1
+
+
+async def test_streaming_follows_the_growing_message(scene: Scene) -> None:
+    h, page, hub = scene.served, scene.page, scene.hub
+    info = await hub.sessions.create("long-stream")
+    await hub.sessions.append_all(info.id, [text(f"m{i}", f"message {i}") for i in range(40)])
+    await page.goto(h.url + "/")
+    await open_session(page, "long-stream")
+    at_bottom = "(() => { const e = document.getElementById('session'); return e.scrollHeight - e.scrollTop - e.clientHeight < 60; })()"
+    async with python_client(h, name="writer-1", role="worker") as writer:
+        async with writer.session(info.id).stream_message("s1", role="assistant") as st:
+            await expect(page.locator("#presence")).to_contain_text("writer-1")
+            for i in range(15):
+                await st.text(f"line {i}\n")
+            article = page.locator('article[data-id="s1"]')
+            await expect(article.locator(".part.text")).to_contain_text("line 14")
+            await expect(page.locator('#leaves li[data-id="s1"] .leaf-preview')).to_contain_text("line 14")
+            assert await page.evaluate(at_bottom)
+            # The user scrolls away: the page stops following, and offers to resume.
+            await page.locator("#session").evaluate("e => e.scrollTo(0, 0)")
+            await expect(page.locator("#follow")).to_be_visible()
+            for i in range(15, 25):
+                await st.text(f"line {i}\n")
+            await expect(article.locator(".part.text")).to_contain_text("line 24")
+            assert await page.locator("#session").evaluate("e => e.scrollTop") == 0
+            await page.locator("#follow").click()
+            await st.text("the end")
+            await expect(article.locator(".part.text")).to_contain_text("the end")
+            await page.wait_for_function(at_bottom)
+        await expect(page.locator("#presence")).not_to_contain_text("writer-1")
+
+
+@pytest.mark.parametrize(("width", "height"), [(800, 700), (390, 844)])
+async def test_the_narrow_layout(
+    browser: Browser, request: pytest.FixtureRequest, tmp_path: Path, width: int, height: int
+) -> None:
+    async with (
+        served(db=tmp_path / "hub.db") as h,
+        page_of(browser, request, width, height) as page,
+        python_client(h) as hub,
+    ):
+        info = await hub.sessions.create("narrow")
+        s = hub.session(info.id)
+        await s.append_message(text("q", "a question with a fairly long line of text to wrap on a phone"))
+        await s.append_message(text("a", "an answer", "assistant"), "q")
+        await s.append_message(text("b", "another answer", "assistant"), "q")
+        await page.goto(h.url + "/")
+        await open_session(page, "narrow")
+        # The details are a drawer, closed: the messages get the width.
+        await expect(page.locator("#details-pane")).to_be_hidden()
+        box = await page.locator("#session").bounding_box()
+        assert box is not None and box["width"] >= width * (0.6 if width > 700 else 0.95)
+        await expect(page.locator('article[data-id="b"]')).to_be_in_viewport()
+        assert await page.evaluate("document.documentElement.scrollWidth") <= width
+        await page.get_by_role("button", name="Details").click()
+        await expect(page.locator("#details-pane")).to_be_visible()
+        await expect(page.locator("#log li").first).to_be_visible()
+        await page.screenshot(path=str(ARTIFACTS / f"narrow-{width}-details.png"))
+        await page.get_by_role("button", name="Details").click()
+        await expect(page.locator("#details-pane")).to_be_hidden()
+        if width < 700:
+            await page.get_by_role("button", name="Sessions").click()
+            await expect(page.locator("#sessions-pane")).to_be_visible()
+            await page.locator("#sessions li", has_text="narrow").click()
+            await expect(page.locator("#sessions-pane")).to_be_hidden()

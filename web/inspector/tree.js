@@ -25,10 +25,11 @@ export function layout(model) {
   const pos = new Map(); // id -> {row, lane}
   const byRow = []; // row -> [id]
   const laneEnd = []; // lane -> last row used
-  const stack = [];
-  for (let i = model.roots.length - 1; i >= 0; i--) stack.push([model.roots[i], -1, 0]);
-  while (stack.length) {
-    const [start, parentLane, row] = stack.pop();
+  // Branches in the order they are met, top down (a queue), so that a lane freed by a
+  // branch that ended is found by the next one below it.
+  const queue = model.roots.map((id) => [id, -1, 0]);
+  for (let q = 0; q < queue.length; q++) {
+    const [start, parentLane, row] = queue[q];
     let length = 0;
     for (let n = model.nodes.get(start); n; n = n.children.length ? model.nodes.get(n.children[0]) : null) length++;
     let lane = -1;
@@ -44,7 +45,7 @@ export function layout(model) {
     for (let n = model.nodes.get(start); n; r++) {
       pos.set(n.id, { row: r, lane });
       (byRow[r] ??= []).push(n.id);
-      for (let c = n.children.length - 1; c >= 1; c--) stack.push([n.children[c], lane, r + 1]);
+      for (let c = 1; c < n.children.length; c++) queue.push([n.children[c], lane, r + 1]);
       n = n.children.length ? model.nodes.get(n.children[0]) : null;
     }
   }
