@@ -22,8 +22,8 @@ from clients import HubClient
 from hub import SessionManager, SqliteStore
 from hub.auth import issue_token
 from hub.compaction import CompactResult
-from protocol import Message
 from hub.server import HubConfig
+from protocol import Message
 
 from .hubtest import WAIT, Served, served, text
 from .services import chromium
@@ -657,7 +657,10 @@ async def test_streaming_follows_the_growing_message(scene: Scene) -> None:
     await hub.sessions.append_all(info.id, [text(f"m{i}", f"message {i}") for i in range(40)])
     await page.goto(h.url + "/")
     await open_session(page, "long-stream")
-    at_bottom = "(() => { const e = document.getElementById('session'); return e.scrollHeight - e.scrollTop - e.clientHeight < 60; })()"
+    at_bottom = (
+        "(() => { const e = document.getElementById('session');"
+        " return e.scrollHeight - e.scrollTop - e.clientHeight < 60; })()"
+    )
     async with python_client(h, name="writer-1", role="worker") as writer:
         async with writer.session(info.id).stream_message("s1", role="assistant") as st:
             await expect(page.locator("#presence")).to_contain_text("writer-1")
