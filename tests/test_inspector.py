@@ -465,6 +465,8 @@ async def test_the_tree_view_at_10000_messages_and_200_branches(
             f"{in_tree} tree DOM nodes ({in_page} in the page), {lanes} lanes"
         )
         assert first_render < 60 and max(scroll_ms) < 5000  # hang guards, not benchmarks
+        await page.locator("#session").evaluate("e => e.scrollTo(0, 0)")
+        await page.screenshot(path=str(ARTIFACTS / "tree-10k.png"))
         # Keyboard: the active leaf is the newest branch's tip; up to its fork point...
         await tree.focus()
         status = page.locator("#tree-status")
@@ -485,7 +487,6 @@ async def test_the_tree_view_at_10000_messages_and_200_branches(
         await expect(page.locator('article[data-id="t3961"]')).to_be_focused()
         await expect(page.locator("#tree circle.t-node.on.cursor")).to_have_count(1)
         assert session_id
-        await page.screenshot(path=str(ARTIFACTS / "tree-10k.png"))
 
 
 async def test_the_event_details_of_a_failed_compaction(
