@@ -40,7 +40,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
 
 from protocol import Conflict, InvalidInput, Message, SessionInfo
 
-__all__ = ["METADATA_KEY", "HubAgentSession"]
+__all__ = ["METADATA_KEY", "HubAgentSession", "SessionsAPI"]
 
 #: The key of a message's ``metadata`` under which the original items are kept.
 METADATA_KEY = "openai_agents"
