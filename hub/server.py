@@ -48,6 +48,7 @@ from .backends import open_backend
 from .bus import Bus, RemoteBus
 from .compaction import CompactResult
 from .manager import SessionManager
+from .mcp import create_endpoint as create_mcp_endpoint
 from .relay import Relay
 from .session import Session
 from .store.base import LATEST, REGISTRY, ParentArg, Store, session_stream
@@ -1093,6 +1094,8 @@ def create_app(
     ``app.state.hub`` is the running :class:`Hub`.
     """
     settings = config or HubConfig()
+    # The MCP endpoint (hub/mcp.py); None when the optional `mcp` package is not installed.
+    mcp_endpoint = create_mcp_endpoint()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -1106,6 +1109,8 @@ def create_app(
                 active = SessionManager(opened)
             hub = Hub(active.store, active, settings, worker_summarizer)
             app.state.hub = hub
+            if mcp_endpoint is not None:
+                await stack.enter_async_context(mcp_endpoint.run(hub))
             try:
                 yield
             finally:
@@ -1153,6 +1158,8 @@ def create_app(
         Route("/metrics", metrics),
         WebSocketRoute("/ws", ws),
     ]
+    if mcp_endpoint is not None:
+        routes.append(mcp_endpoint.route())
     # The browser inspector and the JS client (web/, see docs/inspector.md): static files,
     # no build step, mounted last so that every other route wins.
     web = Path(__file__).resolve().parent.parent / "web"
