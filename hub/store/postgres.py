@@ -1144,6 +1144,8 @@ class PostgresStore(Store):
                 *totals,
                 tx.when,
             )
+            if row is None:  # not after FOR UPDATE found it; typed for mypy
+                raise SessionNotFound(session_id)
             info = session_info(row)
             data = {"input_tokens": delta[0], "output_tokens": delta[1], "cost": delta[2]}
             await tx.registry_change(info, "session.usage", delta=data)
