@@ -309,12 +309,12 @@ def create_compact_function(
     ``compact_after``) is used, else the heuristic estimate."""
 
     async def compact(
-        messages: Sequence[Message | Mapping[str, Any]], context: CompactContext | None = None
+        given: Sequence[Message | Mapping[str, Any]], context: CompactContext | None = None
     ) -> CompactResult | None:
         # UIMessage dicts are accepted as everywhere else (a port calls it with what it has).
-        if isinstance(messages, Mapping | str) or not isinstance(messages, Sequence):
+        if isinstance(given, Mapping | str) or not isinstance(given, Sequence):
             raise InvalidInput("messages must be a list of messages")
-        messages = [coerce_message(m) for m in messages]
+        messages = [coerce_message(m) for m in given]
         if len(messages) <= protect_head + min_tail_messages:
             return None
         counter: Callable[[Message], Any]
