@@ -753,6 +753,8 @@ class PostgresStore(Store):
             if self._closed:
                 raise StoreClosed("store is closed") from exc
             raise _translate(exc) from exc
+        except UnicodeEncodeError as exc:  # a lone surrogate, in a lock key or a parameter
+            raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
         for stream, seq in tx.notes:
             self.bus.publish(stream, seq)
         return result
@@ -788,6 +790,8 @@ class PostgresStore(Store):
             if self._closed:
                 raise StoreClosed("store is closed") from exc
             raise _translate(exc) from exc
+        except UnicodeEncodeError as exc:  # a lone surrogate, in a lock key or a parameter
+            raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
 
     # -- messages ------------------------------------------------------------------------
     async def append_messages(
