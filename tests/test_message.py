@@ -242,7 +242,7 @@ def test_non_string_keys_are_refused() -> None:
     ],
 )
 def test_out_of_range_dates_are_invalid_not_overflow(created: Any) -> None:
-    with pytest.raises(InvalidMessage, match="outside the years 1..9999") as info:
+    with pytest.raises(InvalidMessage, match=r"outside the years 1\.\.9999") as info:
         coerce_message({"id": "m", "role": "user", "parts": [], "createdAt": created})
     assert info.value.field == "createdAt"
 
