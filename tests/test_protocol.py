@@ -465,3 +465,30 @@ def test_schema_names_every_request_and_frame() -> None:
     tags = {schema["$defs"][name]["properties"]["frame"]["enum"][0] for name in frame_refs}
     assert tags == {"reply", "error", "event", "reset", "presence", "summarize", "stream"}
     assert set(schema["$defs"]["ErrorFrame"]["properties"]["code"]["enum"]) == set(ERROR_CODES)
+
+
+# -- nesting the decoder cannot follow (issue 12) -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        '{"op":"ping","id":1,"x":' + "[" * 1000 + "]" * 1000 + "}",  # the issue's 2 KB frame
+        '{"x":' + "[" * 1000 + "]" * 1000 + ',"op":"ping","id":1}',
+        '{"op":"append","id":1,"session_id":"s","message":{"id":"m","role":"user","parts":['
+        + "[" * 2000
+        + "]" * 2000
+        + "]}}",
+    ],
+)
+def test_deep_nesting_is_invalid_not_a_recursion_error(data: str) -> None:
+    answer = ServerConnection().receive_text(data)
+    assert isinstance(answer, ErrorFrame) and answer.code == "invalid", answer
+    # The connection state is intact: the next frame is served.
+    assert not isinstance(ServerConnection().receive_text(frame(op="ping", id=2)), ErrorFrame)
+
+
+def test_numbers_beyond_a_double_are_invalid() -> None:
+    # Integers beyond int64 decode (Python ints); the engine refuses them (test_manager.py).
+    data = '{"op":"add_usage","id":1,"session_id":"s","input_tokens":1,"output_tokens":1,"cost":1e400}'
+    assert error_of(data).code == "invalid"
