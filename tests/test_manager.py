@@ -266,7 +266,6 @@ INT64_MAX = 2**63 - 1
         ((0, 0, float("inf")), "cost must be finite"),
         ((float("inf"), 0, 0.0), "input_tokens must be finite"),
         ((0, 0, 10**400), "cost must be finite"),
-        ((0, True, 0.0), "output_tokens must be a number"),
     ],
 )
 async def test_add_usage_refuses_out_of_range_numbers(
