@@ -482,7 +482,8 @@ def test_schema_names_every_request_and_frame() -> None:
     ],
 )
 def test_deep_nesting_is_invalid_not_a_recursion_error(data: str) -> None:
-    answer = ServerConnection().receive_text(data)
+    connection = ServerConnection()
+    answer = connection.receive_text(data)
     assert isinstance(answer, ErrorFrame) and answer.code == "invalid", answer
-    # The connection state is intact: the next frame is served.
-    assert not isinstance(ServerConnection().receive_text(frame(op="ping", id=2)), ErrorFrame)
+    # The same connection serves the next frame.
+    assert not isinstance(connection.receive_text(frame(op="ping", id=2)), ErrorFrame)
