@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from protocol import Message
+from protocol import InvalidInput, Message, coerce_message
 
 from .context import call
 from .overlays import COMPACTION_PREFIX
@@ -308,7 +308,13 @@ def create_compact_function(
     ``token_counter(messages)`` sizes the tail; without it the session's counter (from
     ``compact_after``) is used, else the heuristic estimate."""
 
-    async def compact(messages: list[Message], context: CompactContext | None = None) -> CompactResult | None:
+    async def compact(
+        given: Sequence[Message | Mapping[str, Any]], context: CompactContext | None = None
+    ) -> CompactResult | None:
+        # UIMessage dicts are accepted as everywhere else (a port calls it with what it has).
+        if isinstance(given, Mapping | str) or not isinstance(given, Sequence):
+            raise InvalidInput("messages must be a list of messages")
+        messages = [coerce_message(m) for m in given]
         if len(messages) <= protect_head + min_tail_messages:
             return None
         counter: Callable[[Message], Any]

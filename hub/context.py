@@ -345,8 +345,12 @@ class ContextBlocks:
         if not isinstance(content, str):
             raise ContextError(f'Block "{label}" content must be a string')
         block = self._blocks.get(label)
+        if block is None:
+            # Departure: the original said an unknown label "is readonly", which sends the
+            # caller looking for a permission problem; append_to_block already says this.
+            raise ContextError(f'Block "{label}" not found')
         config = self._config(label)
-        if block is None or config is None or not block.writable:
+        if config is None or not block.writable:
             raise ContextError(f'Block "{label}" is readonly')
         if block.is_skill or block.is_searchable:
             raise ContextError(

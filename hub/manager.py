@@ -20,7 +20,7 @@ from protocol import (
 from .context import ContextConfig
 from .events import follow
 from .session import MessageInput, Session, check_ids, check_parent
-from .store.base import LATEST, REGISTRY, Parent, ParentArg, Store
+from .store.base import LATEST, REGISTRY, Parent, ParentArg, Store, check_session_id
 from .tools import Tool
 
 __all__ = ["SessionManager"]
@@ -94,8 +94,7 @@ class SessionManager:
         return self
 
     async def _require(self, session_id: str) -> SessionInfo:
-        if not isinstance(session_id, str):
-            raise InvalidInput("session id must be a string")
+        check_session_id(session_id)
         info = await self.store.get_session(session_id)
         if info is None:
             raise SessionNotFound(session_id)
@@ -118,6 +117,7 @@ class SessionManager:
         )
 
     async def get(self, session_id: str) -> SessionInfo | None:
+        check_session_id(session_id)
         return await self.store.get_session(session_id)
 
     async def list(self) -> builtins.list[SessionInfo]:
@@ -125,11 +125,13 @@ class SessionManager:
         return await self.store.list_sessions()
 
     async def rename(self, session_id: str, name: str) -> SessionInfo:
+        check_session_id(session_id)
         return await self.store.rename_session(session_id, name)
 
     async def delete(self, session_id: str) -> None:
         """Delete the session with its messages, overlays, event log and the context rows
         its store-backed blocks and cached prompt kept (departure: the original left them)."""
+        check_session_id(session_id)
         keys = [f"{c.label}_{session_id}" for c in self._templates if c.provider is None]
         keys.append(f"_system_prompt_{session_id}")
         await self.store.delete_session(session_id, context_keys=keys)
@@ -138,6 +140,7 @@ class SessionManager:
     def get_session(self, session_id: str) -> Session:
         """The :class:`Session` for ``session_id``, configured with the manager's templates
         (cached; the registry is not checked)."""
+        check_session_id(session_id)
         session = self._sessions.get(session_id)
         if session is None:
             session = Session(self.store, session_id=session_id)
@@ -167,6 +170,7 @@ class SessionManager:
         self, session_id: str, message: MessageInput, parent_id: ParentArg | Parent = LATEST
     ) -> str:
         """Append one message (idempotent on its id); returns the message id."""
+        check_session_id(session_id)
         m = coerce_message(message)
         await self.store.append_messages(session_id, [m], check_parent(parent_id), managed=True)
         await self.get_session(session_id).after_append()
@@ -176,6 +180,7 @@ class SessionManager:
         self, session_id: str, message: MessageInput, parent_id: ParentArg | Parent = LATEST
     ) -> str:
         """Update the message if its id is stored in the session, else append it."""
+        check_session_id(session_id)
         m = coerce_message(message)
         if await self.store.upsert_message(session_id, m, check_parent(parent_id), managed=True):
             await self.get_session(session_id).after_append()
@@ -191,6 +196,7 @@ class SessionManager:
 
         Departure: without ``parent_id`` the chain continues from the latest leaf (the
         original started a new root)."""
+        check_session_id(session_id)
         if isinstance(messages, Mapping) or not isinstance(messages, Sequence):
             raise InvalidInput("messages must be a list of messages")
         batch = [coerce_message(m) for m in messages]
@@ -218,10 +224,12 @@ class SessionManager:
         return await self.store.get_path_length(session_id)
 
     async def clear_messages(self, session_id: str) -> None:
+        check_session_id(session_id)
         await self.store.clear_messages(session_id, managed=True)
         await self.get_session(session_id).after_clear()
 
     async def delete_messages(self, session_id: str, ids: Sequence[str]) -> builtins.list[str]:
+        check_session_id(session_id)
         return await self.store.delete_messages(session_id, check_ids(ids), managed=True)
 
     # -- forks, overlays, usage ----------------------------------------------------------
@@ -230,11 +238,13 @@ class SessionManager:
 
         Departure: message ids are kept (they are unique per session) and the overlays
         lying on the forked path come along, so the fork reads exactly like the source."""
+        check_session_id(session_id)
         if not isinstance(at_message_id, str):
             raise InvalidInput("at_message_id must be a string")
         return await self.store.fork_session(session_id, at_message_id, name)
 
     async def add_compaction(self, session_id: str, summary: str, from_id: str, to_id: str) -> Compaction:
+        check_session_id(session_id)
         return await self.store.add_compaction(session_id, summary, from_id, to_id, managed=True)
 
     async def get_compactions(self, session_id: str) -> builtins.list[Compaction]:
@@ -244,12 +254,14 @@ class SessionManager:
     async def compact_and_split(self, session_id: str, summary: str, name: str | None = None) -> SessionInfo:
         """End ``session_id`` (``end_reason='compaction'``) and continue in a new session
         whose first message carries ``summary``; returns the new session."""
+        check_session_id(session_id)
         return await self.store.split_session(session_id, summary, _opt_str(name, "name"))
 
     async def add_usage(
         self, session_id: str, input_tokens: int, output_tokens: int, cost: float
     ) -> SessionInfo:
         """Add token counts and cost to the session's totals."""
+        check_session_id(session_id)
         return await self.store.add_usage(session_id, input_tokens, output_tokens, cost)
 
     async def search(self, query: str, limit: int = 20) -> builtins.list[SearchResult]:

@@ -36,7 +36,7 @@ class FrameError(Exception):
 def _request_id(data: str | bytes) -> str | int | None:
     try:
         value = _peek.decode(data).id
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return None
     return value if isinstance(value, str | int) and not isinstance(value, bool) else None
 
@@ -51,6 +51,11 @@ def decode_request(data: str | bytes, max_bytes: int = 1 << 20) -> Request:
         )
     try:
         return _requests.decode(data)
+    except RecursionError:
+        # msgspec bounds nesting by the interpreter's recursion limit. Left to propagate,
+        # this RuntimeError ended the connection without an answer (the socket loop reads
+        # a RuntimeError as "the socket went away").
+        raise FrameError("invalid", "the frame is nested too deeply to decode", _request_id(data)) from None
     except msgspec.ValidationError as exc:
         rid = _request_id(data)
         text = str(exc)

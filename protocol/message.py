@@ -9,6 +9,7 @@ instant.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -17,20 +18,42 @@ import msgspec
 
 from .errors import InvalidMessage
 
-__all__ = ["Message", "coerce_message", "format_js_iso", "message_from_stored", "parse_timestamp"]
+__all__ = [
+    "MAX_DEPTH",
+    "Message",
+    "check_json",
+    "coerce_message",
+    "format_js_iso",
+    "message_from_stored",
+    "parse_timestamp",
+]
 
 _RESERVED = frozenset({"id", "role", "parts", "createdAt", "created_at", "metadata"})
 
+#: How deeply a message's JSON may nest (objects and arrays, the message itself being
+#: depth 1). Decoders bound nesting by the interpreter's recursion limit (~1,000 frames,
+#: fewer the deeper the caller already is), so a message accepted much deeper could be
+#: stored and then fail every read of its session.
+MAX_DEPTH = 128
+
 
 def _normalize_dt(value: datetime) -> datetime:
-    value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    try:
+        value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:30+01:00 is before datetime.min in UTC
+        raise InvalidMessage("createdAt", "is outside the years 1..9999 in UTC") from None
     return value.replace(microsecond=value.microsecond // 1000 * 1000)
 
 
 def format_js_iso(value: datetime) -> str:
     """Render like JavaScript's ``Date.prototype.toISOString``."""
     value = _normalize_dt(value)
-    return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+    # Not strftime("%Y"): glibc renders the year 5 as "5", which fromisoformat refuses,
+    # so such a message could be stored and never read back.
+    return (
+        f"{value.year:04d}-{value.month:02d}-{value.day:02d}T"
+        f"{value.hour:02d}:{value.minute:02d}:{value.second:02d}.{value.microsecond // 1000:03d}Z"
+    )
 
 
 def parse_timestamp(value: object, field: str) -> datetime:
@@ -39,10 +62,56 @@ def parse_timestamp(value: object, field: str) -> datetime:
         return _normalize_dt(value)
     if isinstance(value, str):
         try:
-            return _normalize_dt(datetime.fromisoformat(value))
+            parsed = datetime.fromisoformat(value)
         except ValueError:
             raise InvalidMessage(field, "is not an ISO-8601 timestamp") from None
+        return _normalize_dt(parsed)
     raise InvalidMessage(field, f"must be an ISO-8601 string, got {type(value).__name__}")
+
+
+def _path(trail: tuple[Any, ...] | None) -> str:
+    keys: list[Any] = []
+    while trail is not None:
+        trail, key = trail
+        keys.append(key)
+    keys.reverse()
+    if len(keys) > 12:  # a self-reference would name every level
+        keys = [*keys[:6], "…", *keys[-3:]]
+    out = ""
+    for key in keys:
+        out += f"[{key}]" if isinstance(key, int) else (f".{key}" if out else str(key))
+    return out
+
+
+def check_json(value: Any, field: str, depth: int = 1) -> None:
+    """Refuse what JSON cannot carry faithfully: NaN and infinities (encoders write them as
+    ``null``, so the value read back would differ), a non-string object key, and nesting
+    deeper than :data:`MAX_DEPTH` (which also stops a self-referencing dict). Raises
+    :class:`InvalidMessage` naming the offending path (``parts[2].input.x``).
+
+    Types JSON has no name for (sets, objects...) are left to the encoder, which refuses
+    them where the message is stored (:func:`hub.store.rows.message_json`). Iterative, so a
+    deep value cannot exhaust the stack here either. ``depth``: the level ``value`` is at."""
+    stack: list[tuple[Any, int, tuple[Any, ...] | None]] = [(value, depth, (None, field))]
+    while stack:
+        item, depth, trail = stack.pop()
+        kind = type(item)
+        if kind is str or kind is int or kind is bool or item is None:
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                raise InvalidMessage(_path(trail), f"is {item!r}: JSON has no NaN or Infinity")
+        elif isinstance(item, dict):
+            if depth > MAX_DEPTH:
+                raise InvalidMessage(_path(trail), f"nests deeper than {MAX_DEPTH} levels")
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    raise InvalidMessage(_path(trail), f"has a key of type {type(key).__name__}")
+                stack.append((child, depth + 1, (trail, key)))
+        elif isinstance(item, list | tuple):
+            if depth > MAX_DEPTH:
+                raise InvalidMessage(_path(trail), f"nests deeper than {MAX_DEPTH} levels")
+            stack.extend((child, depth + 1, (trail, i)) for i, child in enumerate(item))
 
 
 class Message(msgspec.Struct, kw_only=True, gc=False):
@@ -140,10 +209,16 @@ def _validate_parts(parts: list[Any]) -> None:
 
 def coerce_message(value: Message | Mapping[str, Any]) -> Message:
     """Accept a :class:`Message` or a ``UIMessage`` dict."""
-    if isinstance(value, Message):
-        _validate_parts(value.parts)
-        return value
-    return Message.from_dict(value)
+    message = value if isinstance(value, Message) else Message.from_dict(value)
+    if message is value:
+        _validate_parts(message.parts)
+    # The message is level 1, so what it holds starts at level 2.
+    check_json(message.parts, "parts", 2)
+    if message.metadata is not None:
+        check_json(message.metadata, "metadata", 2)
+    if message.extra:
+        check_json(message.extra, "message")
+    return message
 
 
 def message_from_stored(data: Any) -> Message | None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from hub import InvalidInput, Message, ReadonlyText, Session, SessionManager, SqliteStore
+from hub import InvalidInput, InvalidMessage, Message, ReadonlyText, Session, SessionManager, SqliteStore
 from hub.compaction import (
     STUB_RESULT,
     CompactContext,
@@ -607,6 +607,18 @@ async def test_create_compact_function_enough_messages() -> None:
     assert result.from_message_id.startswith("m") and result.to_message_id.startswith("m")
     # Head m0 kept; the newest message always stays, and min_tail_messages keeps m18 too.
     assert (result.from_message_id, result.to_message_id) == ("m1", "m17")
+
+
+async def test_create_compact_function_takes_uimessage_dicts() -> None:
+    """As every other entry point: a port passes the UIMessage dicts it has."""
+    fn = create_compact_function(stub_summarize, protect_head=1, min_tail_messages=2, tail_token_budget=10)
+    dicts = numbered(20, "message {i} with enough content to have tokens")
+    from_dicts = CompactResult.coerce(await fn(dicts, CompactContext()))  # type: ignore[arg-type]
+    from_messages = CompactResult.coerce(await fn(as_messages(dicts), CompactContext()))
+    assert from_dicts is not None and from_dicts == from_messages
+    assert (from_dicts.from_message_id, from_dicts.to_message_id) == ("m1", "m17")
+    with pytest.raises(InvalidMessage, match="parts"):
+        await fn([{"id": "x", "role": "user"}] * 20, CompactContext())  # type: ignore[list-item]
 
 
 def tool_heavy(n: int, output: Callable[[int], Any]) -> list[Message]:

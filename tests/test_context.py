@@ -343,7 +343,7 @@ async def test_readonly_blocks_reject_writes() -> None:
     blocks = soul_and_memory(Mem())
     with pytest.raises(ContextError, match=r'^Block "soul" is readonly$'):
         await blocks.set_block("soul", "new soul")
-    with pytest.raises(ContextError, match=r'^Block "nope" is readonly$'):
+    with pytest.raises(ContextError, match=r'^Block "nope" not found$'):
         await blocks.set_block("nope", "x")
     with pytest.raises(ContextError, match=r'^Block "soul" is readonly$'):
         await blocks.append_to_block("soul", "x")
@@ -866,6 +866,10 @@ async def test_replace_append_get_context_block(store: SqliteStore) -> None:
         await session.replace_context_block("soul", "x")
     with pytest.raises(ContextError, match=r'^Block "missing" not found$'):
         await session.append_context_block("missing", "x")
+    # An unknown label is "not found" for replace as for append (the original said
+    # "readonly", a permission problem that is not there).
+    with pytest.raises(ContextError, match=r'^Block "nosuch" not found$'):
+        await session.replace_context_block("nosuch", "x")
 
 
 async def test_store_backed_blocks_persist_and_overwrite(store: SqliteStore) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from hub import InvalidInput, Message, SessionManager, SessionNotFound, SqliteStore
+from hub import InvalidInput, InvalidMessage, Message, SessionManager, SessionNotFound, SqliteStore
 
 from .conftest import text_message as T
 
@@ -250,3 +250,142 @@ async def test_bad_arguments_are_typed_errors(manager: SessionManager) -> None:
         await manager.fork(a.id, None, "f")  # type: ignore[arg-type]
     with pytest.raises(InvalidInput):
         await manager.get_history(None)  # type: ignore[arg-type]
+
+
+# -- bad numbers and values (issue 12) -------------------------------------------------------
+
+INT64_MAX = 2**63 - 1
+
+
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        ((2**63, 0, 0.0), "input_tokens must fit in 64 bits"),
+        ((0, -(2**63) - 1, 0.0), "output_tokens must fit in 64 bits"),
+        ((0, 0, float("nan")), "cost must be finite"),
+        ((0, 0, float("inf")), "cost must be finite"),
+        ((float("inf"), 0, 0.0), "input_tokens must be finite"),
+        ((0, 0, 10**400), "cost must be finite"),
+    ],
+)
+async def test_add_usage_refuses_out_of_range_numbers(
+    manager: SessionManager, args: tuple[Any, Any, Any], problem: str
+) -> None:
+    a = await manager.create("A")
+    with pytest.raises(InvalidInput, match=problem):
+        await manager.add_usage(a.id, *args)
+    assert await manager.get(a.id) == a  # nothing added, updated_at untouched
+
+
+async def test_add_usage_refuses_a_total_that_would_overflow(manager: SessionManager) -> None:
+    """The issue's poison: twice 1e308 (an infinity, sent as null) and twice 2**62 (beyond
+    int64) broke list() and get() for every client. The second call is refused instead."""
+    a = await manager.create("A")
+    first = await manager.add_usage(a.id, 2**62, 2**62, 1e308)
+    for args in ((2**62, 0, 0.0), (0, 2**62, 0.0), (0, 0, 1e308)):
+        with pytest.raises(InvalidInput, match="nothing was added"):
+            await manager.add_usage(a.id, *args)
+    assert await manager.get(a.id) == first
+    assert await manager.list() == [first]
+    # Up to the bound exactly is fine.
+    top = await manager.add_usage(a.id, INT64_MAX - 2**62, 0, 0.0)
+    assert top.input_tokens == INT64_MAX
+
+
+async def test_concurrent_usage_cannot_overflow_between_checks(manager: SessionManager) -> None:
+    """Each call alone fits; any two together do not. The check runs on the row the write
+    transaction holds, so exactly one wins whatever the interleaving."""
+    a = await manager.create("A")
+    results = await asyncio.gather(
+        *(manager.add_usage(a.id, 2**62 + 1, 0, 0.0) for _ in range(8)), return_exceptions=True
+    )
+    assert sum(not isinstance(r, BaseException) for r in results) == 1
+    assert all(isinstance(r, InvalidInput) for r in results if isinstance(r, BaseException))
+    info = await manager.get(a.id)
+    assert info is not None and info.input_tokens == 2**62 + 1
+
+
+@pytest.mark.parametrize("limit", [2**63, 2**64 + 1, -(2**63) - 1])
+async def test_search_limit_beyond_int64_is_invalid_not_overflow(manager: SessionManager, limit: int) -> None:
+    a = await manager.create("A")
+    await manager.append(a.id, T("m1", "user", "hello"))
+    with pytest.raises(InvalidInput, match="limit must be at most"):
+        await manager.search("hello", limit=limit)
+    with pytest.raises(InvalidInput, match="limit must be at most"):
+        await manager.get_session(a.id).search("hello", limit=limit)
+    with pytest.raises(InvalidInput, match="limit must be an integer"):
+        await manager.search("hello", limit="10")  # type: ignore[arg-type]
+    assert len(await manager.search("hello", limit=INT64_MAX)) == 1
+
+
+async def test_a_non_string_session_id_is_invalid_on_every_store(manager: SessionManager) -> None:
+    # SQLite used to look 5 up and say SessionNotFound, Postgres raised a TypeError.
+    calls: list[Callable[[], Awaitable[Any]]] = [
+        lambda: manager.append(5, T("m1", "user", "x")),  # type: ignore[arg-type]
+        lambda: manager.append_all(5, [T("m1", "user", "x")]),  # type: ignore[arg-type]
+        lambda: manager.upsert(None, T("m1", "user", "x")),  # type: ignore[arg-type]
+        lambda: manager.get(5),  # type: ignore[arg-type]
+        lambda: manager.rename(5, "x"),  # type: ignore[arg-type]
+        lambda: manager.delete(b"id"),  # type: ignore[arg-type]
+        lambda: manager.add_usage(5, 1, 1, 0.0),  # type: ignore[arg-type]
+        lambda: manager.add_compaction(5, "s", "a", "b"),  # type: ignore[arg-type]
+        lambda: manager.delete_messages(5, ["a"]),  # type: ignore[arg-type]
+        lambda: manager.clear_messages(5),  # type: ignore[arg-type]
+        lambda: manager.fork(5, "m1", "f"),  # type: ignore[arg-type]
+        lambda: manager.compact_and_split(5, "s"),  # type: ignore[arg-type]
+    ]
+    for call in calls:
+        with pytest.raises(InvalidInput, match="session id must be a string"):
+            await call()
+
+
+class Opaque:
+    pass
+
+
+async def test_messages_json_cannot_carry_are_invalid_and_nothing_is_written(
+    manager: SessionManager,
+) -> None:
+    a = await manager.create("A")
+    await manager.append(a.id, T("m0", "user", "kept"))
+    loop: dict[str, Any] = {"type": "text", "text": "x"}
+    loop["self"] = loop
+    bad_parts: list[tuple[dict[str, Any], str]] = [
+        ({"type": "text", "text": "x", "obj": Opaque()}, "cannot be stored as JSON"),  # was TypeError
+        (loop, "nests deeper"),  # was RecursionError
+        ({"type": "text", "text": "lone \ud800 surrogate"}, "cannot be stored as JSON"),  # UnicodeEncodeError
+        ({"type": "text", "text": "x", "score": float("nan")}, "NaN or Infinity"),  # was stored as null
+    ]
+    for part, problem in bad_parts:
+        message = {"id": "bad", "role": "user", "parts": [part]}
+        with pytest.raises(InvalidMessage, match=problem):
+            await manager.append(a.id, message)
+        with pytest.raises(InvalidMessage, match=problem):
+            await manager.append_all(a.id, [T("ok", "user", "fine"), message])
+        with pytest.raises(InvalidMessage, match=problem):
+            await manager.upsert(a.id, {**message, "id": "m0"})
+    assert [m.to_dict() for m in await manager.get_history(a.id)] == [T("m0", "user", "kept")]
+
+
+async def test_a_lone_surrogate_in_any_text_argument_is_invalid(manager: SessionManager) -> None:
+    a = await manager.create("A")
+    for call in (
+        lambda: manager.create("bad \udfff name"),
+        lambda: manager.rename(a.id, "bad \udfff name"),
+        lambda: manager.get("\ud800"),
+        lambda: manager.append("\ud800", T("m1", "user", "x")),
+    ):
+        with pytest.raises(InvalidInput):
+            await call()
+    assert [i.id for i in await manager.list()] == [a.id]
+
+
+async def test_dates_outside_the_calendar_are_invalid(manager: SessionManager) -> None:
+    a = await manager.create("A")
+    early = {**T("m1", "user", "x"), "createdAt": "0001-01-01T00:30:00+01:00"}
+    with pytest.raises(InvalidMessage, match="createdAt"):
+        await manager.append(a.id, early)
+    # An early but valid year is stored and read back (it used to vanish on read).
+    year5 = {**T("m2", "user", "x"), "createdAt": "0005-01-01T00:30:00.000Z"}
+    await manager.append(a.id, year5)
+    assert [m.to_dict() for m in await manager.get_history(a.id)] == [year5]

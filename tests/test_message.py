@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from protocol import InvalidMessage, Message, coerce_message
-from protocol.message import format_js_iso
+from protocol.message import format_js_iso, message_from_stored
 
 RICH: dict[str, Any] = {
     "id": "m1",
@@ -169,3 +169,90 @@ def test_any_uimessage_round_trips(
 ) -> None:
     data = {"id": id_, "role": role, "parts": parts, **extra}
     assert Message.from_dict(data).to_dict() == data
+
+
+# -- what JSON cannot carry (issue 12) -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "field"),
+    [
+        (float("nan"), "parts[0].v"),
+        (float("inf"), "parts[0].v"),
+        (-float("inf"), "parts[0].v"),
+        ([1.0, {"deep": float("nan")}], "parts[0].v[1].deep"),
+    ],
+)
+def test_nan_and_infinity_are_refused_not_stored_as_null(value: Any, field: str) -> None:
+    with pytest.raises(InvalidMessage, match="JSON has no NaN or Infinity") as info:
+        coerce_message({"id": "m", "role": "user", "parts": [{"type": "data-x", "v": value}]})
+    assert info.value.field == field
+
+
+def test_nan_in_metadata_extra_and_a_message_instance_is_refused() -> None:
+    base: dict[str, Any] = {"id": "m", "role": "user", "parts": []}
+    for data, field in (
+        ({**base, "metadata": {"score": float("nan")}}, "metadata.score"),
+        ({**base, "custom": [float("inf")]}, "message.custom[0]"),
+    ):
+        with pytest.raises(InvalidMessage) as info:
+            coerce_message(data)
+        assert info.value.field == field
+    built = Message(id="m", role="user", parts=[{"type": "x", "v": float("nan")}])
+    with pytest.raises(InvalidMessage, match=r"parts\[0\]\.v"):
+        coerce_message(built)
+
+
+def test_a_self_referencing_part_is_invalid_not_a_recursion_error() -> None:
+    part: dict[str, Any] = {"type": "text", "text": "loop"}
+    part["self"] = part
+    with pytest.raises(InvalidMessage, match="nests deeper than 128 levels") as info:
+        coerce_message({"id": "m", "role": "user", "parts": [part]})
+    assert info.value.field.startswith("parts[0].self.self")
+    assert len(info.value.field) < 100  # not a thousand ".self"s
+
+
+def test_nesting_is_bounded_below_what_a_decoder_reads_back() -> None:
+    def nested(depth: int) -> Any:
+        value: Any = []
+        for _ in range(depth):
+            value = [value]
+        return value
+
+    # The message is level 1, its parts list 2, the part 3: 125 more fit under 128.
+    ok = {"id": "m", "role": "user", "parts": [{"type": "x", "v": nested(124)}]}
+    assert coerce_message(ok).parts == ok["parts"]
+    too_deep = {"id": "m", "role": "user", "parts": [{"type": "x", "v": nested(125)}]}
+    with pytest.raises(InvalidMessage, match="nests deeper"):
+        coerce_message(too_deep)
+
+
+def test_non_string_keys_are_refused() -> None:
+    with pytest.raises(InvalidMessage, match="has a key of type int") as info:
+        coerce_message({"id": "m", "role": "user", "parts": [{"type": "x", "v": {1: "a"}}]})
+    assert info.value.field == "parts[0].v"
+
+
+@pytest.mark.parametrize(
+    "created",
+    [
+        "0001-01-01T00:30:00+01:00",  # before datetime.min once in UTC
+        "9999-12-31T23:30:00-01:00",  # after datetime.max once in UTC
+        datetime(1, 1, 1, 0, 30, tzinfo=timezone(timedelta(hours=1))),
+    ],
+)
+def test_out_of_range_dates_are_invalid_not_overflow(created: Any) -> None:
+    with pytest.raises(InvalidMessage, match=r"outside the years 1\.\.9999") as info:
+        coerce_message({"id": "m", "role": "user", "parts": [], "createdAt": created})
+    assert info.value.field == "createdAt"
+
+
+@pytest.mark.parametrize("year", [1, 5, 999])
+def test_early_years_render_with_four_digits_and_read_back(year: int) -> None:
+    # strftime("%Y") gave "5" on glibc, which fromisoformat refuses: stored, never read.
+    when = datetime(year, 3, 4, 5, 6, 7, 8000, tzinfo=UTC)
+    rendered = format_js_iso(when)
+    assert rendered == f"{year:04d}-03-04T05:06:07.008Z"
+    data = Message.from_dict({"id": "m", "role": "user", "parts": [], "createdAt": rendered}).to_dict()
+    assert data["createdAt"] == rendered
+    assert message_from_stored(data) is not None

@@ -465,3 +465,25 @@ def test_schema_names_every_request_and_frame() -> None:
     tags = {schema["$defs"][name]["properties"]["frame"]["enum"][0] for name in frame_refs}
     assert tags == {"reply", "error", "event", "reset", "presence", "summarize", "stream"}
     assert set(schema["$defs"]["ErrorFrame"]["properties"]["code"]["enum"]) == set(ERROR_CODES)
+
+
+# -- nesting the decoder cannot follow (issue 12) -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        '{"op":"ping","id":1,"x":' + "[" * 1000 + "]" * 1000 + "}",  # the issue's 2 KB frame
+        '{"x":' + "[" * 1000 + "]" * 1000 + ',"op":"ping","id":1}',
+        '{"op":"append","id":1,"session_id":"s","message":{"id":"m","role":"user","parts":['
+        + "[" * 2000
+        + "]" * 2000
+        + "]}}",
+    ],
+)
+def test_deep_nesting_is_invalid_not_a_recursion_error(data: str) -> None:
+    connection = ServerConnection()
+    answer = connection.receive_text(data)
+    assert isinstance(answer, ErrorFrame) and answer.code == "invalid", answer
+    # The same connection serves the next frame.
+    assert not isinstance(connection.receive_text(frame(op="ping", id=2)), ErrorFrame)

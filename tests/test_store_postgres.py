@@ -7,12 +7,14 @@ The behaviour both stores share is tested through the ``store`` fixture everywhe
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+import msgspec
 import pytest
 
 from hub import (
@@ -28,6 +30,7 @@ from hub import (
 from hub.bus import doorbell
 from hub.store import LogEntry
 from hub.store.postgres import MIGRATIONS, SCHEMA_SQL, fts_text
+from protocol import SessionInfo
 
 from .conftest import text_message as T
 
@@ -396,3 +399,23 @@ async def test_a_deep_history_reads_in_one_statement(pg: PostgresStore) -> None:
     assert len(history) == depth - 10
     assert history[-1].id == f"m{depth - 1}"
     assert elapsed < 2.0  # ~40 ms here; the bound only catches a per-row round trip
+
+
+# -- poisoned rows (issue 12) -----------------------------------------------------------------
+
+
+async def test_a_poisoned_usage_row_reads_back_sanitized(pg: PostgresStore, raw: asyncpg.Connection) -> None:
+    """float8 holds Infinity and NaN: a row written so (by hand, or by an older node) reads
+    back finite instead of failing every list() and get()."""
+    manager = SessionManager(pg)
+    a = await manager.create("A")
+    b = await manager.create("B")
+    await raw.execute("UPDATE sessions SET estimated_cost = 'Infinity' WHERE id = $1", a.id)
+    await raw.execute("UPDATE sessions SET estimated_cost = 'NaN' WHERE id = $1", b.id)
+    costs = {i.id: i.estimated_cost for i in await manager.list()}
+    assert costs == {a.id: sys.float_info.max, b.id: 0.0}
+    got = await manager.get(a.id)
+    assert got is not None and msgspec.json.decode(msgspec.json.encode(got), type=SessionInfo) == got
+    with pytest.raises(InvalidInput, match="nothing was added"):
+        await manager.add_usage(a.id, 0, 0, 1e308)
+    assert (await manager.add_usage(b.id, 1, 1, 0.5)).estimated_cost == 0.5

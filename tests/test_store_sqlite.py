@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import os
 import sqlite3
+import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from hub import (
+    InvalidInput,
     Message,
     Session,
     SessionManager,
@@ -21,6 +25,7 @@ from hub import (
     session_stream,
 )
 from hub.store.sqlite import MIGRATIONS
+from protocol import SessionInfo
 
 from .conftest import text_message as T
 
@@ -220,3 +225,74 @@ async def test_the_wal_is_checkpointed_and_stays_bounded(store: SqliteStore, db_
     # it is reused from its start, so it stops growing.
     assert sizes[-1] <= sizes[1] * 1.5
     assert os.path.getsize(db_path) > 1_000_000  # noqa: ASYNC240 - pages reached the database file
+
+
+# -- poisoned rows (issue 12) -----------------------------------------------------------------
+
+
+async def test_a_poisoned_usage_row_reads_back_sanitized(db_path: Path) -> None:
+    """Rows written before add_usage checked its bounds (an infinite cost, a token total
+    that SQLite turned into a REAL on overflow, a text) must not fail every list() and get():
+    they read back clamped, and the next add_usage goes on from the clamped values."""
+    store = await SqliteStore.open(db_path)
+    manager = SessionManager(store)
+    try:
+        poisoned = [await manager.create(f"p{i}") for i in range(3)]
+        healthy = await manager.create("healthy")
+        conn = raw(db_path)
+        with conn:
+            for (tokens_in, tokens_out, cost), info in zip(
+                [(2.0**64, -(2.0**64), float("inf")), ("many", None, -float("inf")), (1, 2, "cheap")],
+                poisoned,
+                strict=True,
+            ):
+                conn.execute(
+                    "UPDATE sessions SET input_tokens = ?, output_tokens = coalesce(?, 0), "
+                    "estimated_cost = ? WHERE id = ?",
+                    (tokens_in, tokens_out, cost, info.id),
+                )
+        conn.close()
+        listed = {i.id: i for i in await manager.list()}
+        assert listed[healthy.id] == healthy
+        first = listed[poisoned[0].id]
+        assert (first.input_tokens, first.output_tokens) == (2**63 - 1, -(2**63))
+        assert first.estimated_cost == sys.float_info.max
+        second = listed[poisoned[1].id]
+        assert (second.input_tokens, second.output_tokens, second.estimated_cost) == (
+            0,
+            0,
+            -sys.float_info.max,
+        )
+        assert listed[poisoned[2].id].estimated_cost == 0.0
+        assert await manager.get(poisoned[0].id) == first
+        # The wire form is valid JSON a client decodes (no null for a float).
+        assert msgspec.json.decode(msgspec.json.encode(first), type=SessionInfo) == first
+        # Adding to a clamped total that would overflow is refused; adding below it works.
+        with pytest.raises(InvalidInput):
+            await manager.add_usage(poisoned[0].id, 1, 0, 0.0)
+        healed = await manager.add_usage(poisoned[0].id, -1, 1, -1e308)
+        assert healed.input_tokens == 2**63 - 2 and math.isfinite(healed.estimated_cost)
+    finally:
+        await store.close()
+
+
+async def test_a_stored_message_nested_too_deeply_is_skipped_not_fatal(db_path: Path) -> None:
+    store = await SqliteStore.open(db_path)
+    session = Session(store).for_session("s")
+    try:
+        await session.append_message(T("m1", "user", "kept"))
+        await session.append_message(T("m2", "user", "poisoned"))
+        conn = raw(db_path)
+        with conn:
+            deep = '{"id":"m2","role":"user","parts":[{"type":"x","v":' + "[" * 5000 + "]" * 5000 + "}]}"
+            conn.execute("UPDATE messages SET content = ? WHERE id = 'm2'", (deep,))
+            conn.execute(
+                "UPDATE messages SET content = ? WHERE id = 'm1'",
+                ('{"id":"m1","role":"user","parts":[{"type":"text","text":"kept","n":' + "9" * 5000 + "}]}",),
+            )
+        conn.close()
+        # Neither a RecursionError nor msgspec's "integer out of range" escapes the read.
+        assert [m.id for m in await session.get_history()] == []
+        assert await session.get_message("m2") is None
+    finally:
+        await store.close()

@@ -65,7 +65,10 @@ from .base import (
     ParentArg,
     Store,
     StreamPosition,
+    check_limit,
+    check_usage,
     session_stream,
+    usage_totals,
 )
 from .rows import (
     SESSION_COLS,
@@ -750,6 +753,8 @@ class PostgresStore(Store):
             if self._closed:
                 raise StoreClosed("store is closed") from exc
             raise _translate(exc) from exc
+        except UnicodeEncodeError as exc:  # a lone surrogate, in a lock key or a parameter
+            raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
         for stream, seq in tx.notes:
             self.bus.publish(stream, seq)
         return result
@@ -785,6 +790,8 @@ class PostgresStore(Store):
             if self._closed:
                 raise StoreClosed("store is closed") from exc
             raise _translate(exc) from exc
+        except UnicodeEncodeError as exc:  # a lone surrogate, in a lock key or a parameter
+            raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
 
     # -- messages ------------------------------------------------------------------------
     async def append_messages(
@@ -956,7 +963,7 @@ class PostgresStore(Store):
             arg = fts_text(query)
         else:
             arg = [w for w in (fts_text(w) for w in _WS.split(query)) if w]
-        if not arg or limit <= 0:
+        if not arg or check_limit(limit) <= 0:
             return []
 
         async def fn(conn: Conn) -> list[SearchResult]:
@@ -1123,34 +1130,29 @@ class PostgresStore(Store):
     async def add_usage(
         self, session_id: str, input_tokens: int, output_tokens: int, cost: float
     ) -> SessionInfo:
-        for name, value in (
-            ("input_tokens", input_tokens),
-            ("output_tokens", output_tokens),
-            ("cost", cost),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise InvalidInput(f"{name} must be a number")
+        delta = check_usage(input_tokens, output_tokens, cost)
 
         async def fn(tx: _Tx) -> SessionInfo:
+            # FOR UPDATE: a concurrent add_usage waits here, then checks the new totals.
+            current = await tx.conn.fetchrow(
+                f"SELECT {SESSION_COLS} FROM sessions WHERE id = $1 FOR UPDATE", session_id
+            )
+            if current is None:
+                raise SessionNotFound(session_id)
+            before = session_info(current)
+            totals = usage_totals((before.input_tokens, before.output_tokens, before.estimated_cost), delta)
             row = await tx.conn.fetchrow(
-                "UPDATE sessions SET input_tokens = input_tokens + $2, "
-                "output_tokens = output_tokens + $3, estimated_cost = estimated_cost + $4, "
+                "UPDATE sessions SET input_tokens = $2, output_tokens = $3, estimated_cost = $4, "
                 f"updated_at = $5 WHERE id = $1 RETURNING {SESSION_COLS}",
                 session_id,
-                int(input_tokens),
-                int(output_tokens),
-                float(cost),
+                *totals,
                 tx.when,
             )
-            if row is None:
+            if row is None:  # not after FOR UPDATE found it; typed for mypy
                 raise SessionNotFound(session_id)
             info = session_info(row)
-            delta = {
-                "input_tokens": int(input_tokens),
-                "output_tokens": int(output_tokens),
-                "cost": float(cost),
-            }
-            await tx.registry_change(info, "session.usage", delta=delta)
+            data = {"input_tokens": delta[0], "output_tokens": delta[1], "cost": delta[2]}
+            await tx.registry_change(info, "session.usage", delta=data)
             return info
 
         return await self._write(fn)
@@ -1265,7 +1267,7 @@ class PostgresStore(Store):
 
     async def search_entries(self, label: str, query: str, limit: int = 10) -> list[tuple[str, str]]:
         words = [w for w in (fts_text(w) for w in _WS.split(query)) if w] if isinstance(query, str) else []
-        if not words or limit <= 0:
+        if not words or check_limit(limit) <= 0:
             return []
 
         async def fn(conn: Conn) -> list[tuple[str, str]]:
@@ -1284,6 +1286,9 @@ class PostgresStore(Store):
     async def read_events(
         self, stream: str, after_seq: int = 0, limit: int = 1000, *, epoch: str | None = None
     ) -> list[Event]:
+        check_limit(after_seq, "after_seq")
+        check_limit(limit)
+
         async def fn(conn: Conn) -> list[Event]:
             rows = await conn.fetch(_READ_EVENTS, stream, after_seq, max(limit, 0))
             head = rows[0]

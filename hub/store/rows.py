@@ -4,6 +4,7 @@ the ``message.appended`` event body, session and overlay rows, epochs and timest
 from __future__ import annotations
 
 import logging
+import math
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -11,8 +12,10 @@ from typing import Any, Protocol
 
 import msgspec
 
-from protocol import Compaction, Message, SessionInfo
+from protocol import Compaction, InvalidMessage, Message, SessionInfo
 from protocol.message import message_from_stored
+
+from .base import COST_MAX, INT64_MAX, INT64_MIN
 
 __all__ = [
     "SESSION_COLS",
@@ -63,8 +66,10 @@ def decode_message(content: str | bytes) -> Message | None:
     """A stored message, or None (logged) for a row that is not one."""
     try:
         message = message_from_stored(_decode(content))
-    except msgspec.DecodeError as exc:
-        log.warning("skipping a stored message that is not JSON: %s", exc)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+        # ValidationError: a number msgspec cannot hold; RecursionError: nested too deeply
+        # (rows written before MAX_DEPTH was enforced). Either way one row, not the read.
+        log.warning("skipping a stored message that cannot be decoded: %s", exc)
         return None
     if message is None:
         log.warning("skipping a stored row that is not a message")
@@ -72,7 +77,34 @@ def decode_message(content: str | bytes) -> Message | None:
 
 
 def message_json(message: Message) -> str:
-    return _encode(message.to_dict()).decode()
+    """The JSON a message is stored as. What the encoder refuses (an object JSON has no
+    type for, a lone surrogate, a self-reference, an integer too long to print) is an
+    :class:`~protocol.errors.InvalidMessage`, raised before anything is written."""
+    try:
+        return _encode(message.to_dict()).decode()
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+        # UnicodeEncodeError (a lone surrogate) is a ValueError.
+        raise InvalidMessage("message", f"cannot be stored as JSON: {exc}") from None
+
+
+def _count(value: Any) -> int:
+    """A stored token total as an int64, whatever a poisoned row holds (SQLite turns an
+    integer overflow into a REAL, and a NaN into NULL)."""
+    if type(value) is int:
+        return min(max(value, INT64_MIN), INT64_MAX)
+    if isinstance(value, float) and not math.isnan(value):
+        return INT64_MAX if value >= INT64_MAX else INT64_MIN if value <= INT64_MIN else int(value)
+    return 0
+
+
+def _cost(value: Any) -> float:
+    """A stored cost as a finite float: an infinity reads as the largest finite one."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        cost = float(value)
+        if math.isnan(cost):
+            return 0.0
+        return max(min(cost, COST_MAX), -COST_MAX)
+    return 0.0
 
 
 def appended_json(content: str, parent_id: str | None) -> str:
@@ -93,9 +125,10 @@ def session_info(row: Row, when: Callable[[Any], datetime] = _same) -> SessionIn
         parent_session_id=row[2],
         model=row[3],
         source=row[4],
-        input_tokens=row[5],
-        output_tokens=row[6],
-        estimated_cost=row[7],
+        # Sanitized, not trusted: one bad row must not make every list() fail.
+        input_tokens=_count(row[5]),
+        output_tokens=_count(row[6]),
+        estimated_cost=_cost(row[7]),
         end_reason=row[8],
         created_at=when(row[9]),
         updated_at=when(row[10]),

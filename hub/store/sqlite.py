@@ -56,7 +56,10 @@ from .base import (
     ParentArg,
     Store,
     StreamPosition,
+    check_limit,
+    check_usage,
     session_stream,
+    usage_totals,
 )
 from .rows import (
     SESSION_COLS,
@@ -733,6 +736,8 @@ class SqliteStore(Store):
                     result = await self._writer.call(_patient(_write_tx(body)))
             except sqlite3.Error as exc:
                 raise StoreError(f"sqlite: {exc}") from exc
+            except UnicodeEncodeError as exc:  # binding a str with a lone surrogate
+                raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
         for stream, seq in notes:
             self.bus.publish(stream, seq)
         self._commits += 1
@@ -764,6 +769,8 @@ class SqliteStore(Store):
             return await self._reader.call(_read_tx(fn), *args)
         except sqlite3.Error as exc:
             raise StoreError(f"sqlite: {exc}") from exc
+        except UnicodeEncodeError as exc:
+            raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
 
     # -- messages ------------------------------------------------------------------------
     async def append_messages(
@@ -943,7 +950,7 @@ class SqliteStore(Store):
         if not isinstance(query, str):
             raise InvalidInput("search query must be a string")
         expr = phrase_query(query) if match == "phrase" else words_query(query)
-        if expr is None or limit <= 0:
+        if expr is None or check_limit(limit) <= 0:
             return []
 
         def fn(conn: Conn) -> list[SearchResult]:
@@ -1136,28 +1143,20 @@ class SqliteStore(Store):
     async def add_usage(
         self, session_id: str, input_tokens: int, output_tokens: int, cost: float
     ) -> SessionInfo:
-        for name, value in (
-            ("input_tokens", input_tokens),
-            ("output_tokens", output_tokens),
-            ("cost", cost),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise InvalidInput(f"{name} must be a number")
+        delta = check_usage(input_tokens, output_tokens, cost)
 
         def fn(conn: Conn, notes: Notes, now: float) -> SessionInfo:
+            # Read, check, write inside BEGIN IMMEDIATE: no other writer runs in between.
+            before = _session_row(conn, session_id)
+            totals = usage_totals((before.input_tokens, before.output_tokens, before.estimated_cost), delta)
             conn.execute(
-                "UPDATE sessions SET input_tokens = input_tokens + ?, "
-                "output_tokens = output_tokens + ?, "
-                "estimated_cost = estimated_cost + ?, updated_at = ? WHERE id = ?",
-                (int(input_tokens), int(output_tokens), float(cost), now, session_id),
+                "UPDATE sessions SET input_tokens = ?, output_tokens = ?, estimated_cost = ?, "
+                "updated_at = ? WHERE id = ?",
+                (*totals, now, session_id),
             )
             info = _session_row(conn, session_id)
-            delta = {
-                "input_tokens": int(input_tokens),
-                "output_tokens": int(output_tokens),
-                "cost": float(cost),
-            }
-            _registry_change(conn, notes, info, "session.usage", now, delta=delta)
+            data = {"input_tokens": delta[0], "output_tokens": delta[1], "cost": delta[2]}
+            _registry_change(conn, notes, info, "session.usage", now, delta=data)
             return info
 
         return await self._write(fn)
@@ -1271,7 +1270,7 @@ class SqliteStore(Store):
 
     async def search_entries(self, label: str, query: str, limit: int = 10) -> list[tuple[str, str]]:
         expr = words_query(query) if isinstance(query, str) else None
-        if expr is None or limit <= 0:
+        if expr is None or check_limit(limit) <= 0:
             return []
 
         def fn(conn: Conn) -> list[tuple[str, str]]:
@@ -1298,6 +1297,9 @@ class SqliteStore(Store):
     async def read_events(
         self, stream: str, after_seq: int = 0, limit: int = 1000, *, epoch: str | None = None
     ) -> list[Event]:
+        check_limit(after_seq, "after_seq")
+        check_limit(limit)
+
         def fn(conn: Conn) -> list[Event]:
             pos = _position(conn, stream)
             pos.check(after_seq, epoch)
