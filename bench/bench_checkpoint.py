@@ -107,6 +107,10 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         elapsed = time.perf_counter() - t0
         done.set()
         await asyncio.gather(poller, *readers)
+        # Checkpointer counters (absent on stores from before the background checkpointer).
+        checkpointer = getattr(store, "_checkpointer", None)
+        passes = getattr(checkpointer, "passes", None)
+        catch_ups = getattr(checkpointer, "catch_ups", None)
     db_size = os.path.getsize(db)
     lat = sorted(latencies)
     return {
@@ -122,6 +126,9 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "wal_peak_mib": round(peak / 2**20, 1),
         "db_mib": round(db_size / 2**20, 1),
         "reads": reads,
+        "over_10ms": sum(1 for x in lat if x > 10),
+        "passes": passes,
+        "catch_ups": catch_ups,
     }
 
 
