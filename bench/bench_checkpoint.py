@@ -8,8 +8,9 @@ Prints figures, never asserts timings. Run from the repository root:
 ``--writers`` tasks each append ``--n / --writers`` messages of ``--size`` bytes of text
 (one chain per writer, each append awaited), long enough to cross many checkpoints, while
 ``--readers`` tasks read the latest message every 10 ms, as a subscriber following the
-session does (a reader snapshot can hold a checkpoint back). It prints the p50 / p99 / p99.9 / max latency of one awaited append, the
-throughput, and the WAL file's peak size (sampled after every append and by a 5 ms poller).
+session does (a reader snapshot can hold a checkpoint back). It prints the p50 / p99 /
+p99.9 / max latency of one awaited append, the throughput, and the WAL file's peak size
+(sampled after every append and by a 5 ms poller).
 The store is opened with its defaults (``synchronous=NORMAL``). The database lives in a
 temporary directory deleted at the end.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -33,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hub import Session, SqliteStore  # noqa: E402
+from hub import Session, SqliteStore
 
 
 def pct(sorted_ms: Sequence[float], q: float) -> float:
@@ -62,10 +64,8 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
     def sample() -> None:
         nonlocal peak
-        try:
-            peak = max(peak, os.path.getsize(wal))
-        except FileNotFoundError:
-            pass
+        with contextlib.suppress(FileNotFoundError):
+            peak = max(peak, os.stat(wal).st_size)
 
     async def poll() -> None:
         while not done.is_set():
@@ -111,7 +111,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         checkpointer = getattr(store, "_checkpointer", None)
         passes = getattr(checkpointer, "passes", None)
         catch_ups = getattr(checkpointer, "catch_ups", None)
-    db_size = os.path.getsize(db)
+    db_size = os.stat(db).st_size
     lat = sorted(latencies)
     return {
         "appends": len(lat),
@@ -142,7 +142,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="sessionhub-ckpt-") as tmp:
         result = asyncio.run(run(args, Path(tmp)))
-    result["machine"] = f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    cores = os.cpu_count()
+    result["machine"] = (
+        f"{platform.system()} {platform.machine()}, {cores} cores, Python {platform.python_version()}"
+    )
+
     if args.json:
         print(json.dumps(result))
     else:
