@@ -6,7 +6,9 @@ import asyncio
 import itertools
 import math
 import os
+import signal
 import sqlite3
+import subprocess
 import sys
 from pathlib import Path
 
@@ -24,7 +26,8 @@ from hub import (
     StoreError,
     session_stream,
 )
-from hub.store.sqlite import MIGRATIONS
+from hub.store import sqlite as sqlite_store
+from hub.store.sqlite import CHECKPOINT_EVERY, MIGRATIONS
 from protocol import SessionInfo
 
 from .conftest import text_message as T
@@ -210,21 +213,132 @@ async def test_a_locked_database_never_blocks_the_event_loop(store: SqliteStore,
     assert [m.id for m in await s.get_history()] == ["m0", "m1"]
 
 
-async def test_the_wal_is_checkpointed_and_stays_bounded(store: SqliteStore, db_path: Path) -> None:
-    from hub.store.sqlite import CHECKPOINT_EVERY
+BIG = "lorem ipsum dolor sit amet " * 2400  # ~64 KiB, the size of the issue's report
 
-    s = Session(store, session_id="wal")
-    text = "lorem ipsum dolor sit amet " * 40
-    sizes = []
-    for i in range(CHECKPOINT_EVERY * 6):
-        await s.append_message(T(f"m{i}", "user", text))
-        if i % CHECKPOINT_EVERY == CHECKPOINT_EVERY - 1:
-            await asyncio.sleep(0.05)  # let the checkpoint task run
-            sizes.append(os.path.getsize(f"{db_path}-wal"))  # noqa: ASYNC240 - a stat, in a test
-    # Without checkpoints the WAL grows with every commit (~6x over this run); with them
-    # it is reused from its start, so it stops growing.
-    assert sizes[-1] <= sizes[1] * 1.5
-    assert os.path.getsize(db_path) > 1_000_000  # noqa: ASYNC240 - pages reached the database file
+
+async def test_background_checkpoints_copy_the_wal_without_the_write_lock(db_path: Path) -> None:
+    # Under the WAL limit every checkpoint is a passive pass in the checkpointer's thread:
+    # pages reach the database file while no pass ever takes the writers' lock.
+    async with await SqliteStore.open(db_path) as store:
+        s = Session(store, session_id="wal")
+        for i in range(CHECKPOINT_EVERY * 4):
+            await s.append_message(T(f"m{i}", "user", BIG))
+        checkpointer = store._checkpointer
+        assert checkpointer is not None
+        await checkpointer.settle()
+        assert checkpointer.passes >= 3
+        assert checkpointer.catch_ups == 0
+        assert os.path.getsize(db_path) > CHECKPOINT_EVERY * 3 * len(BIG)  # noqa: ASYNC240
+
+
+async def test_a_passive_pass_finishes_while_another_writer_holds_the_lock(db_path: Path) -> None:
+    # Proof the background pass needs no write lock: it completes while another connection
+    # sits in a write transaction (a RESTART or TRUNCATE checkpoint would wait for it).
+    async with await SqliteStore.open(db_path) as store:
+        s = Session(store, session_id="wal")
+        for i in range(CHECKPOINT_EVERY - 1):
+            await s.append_message(T(f"m{i}", "user", "x"))
+        checkpointer = store._checkpointer
+        assert checkpointer is not None
+        assert checkpointer.passes == 0
+        holder = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+        try:
+            holder.execute("BEGIN IMMEDIATE")
+            holder.execute("INSERT INTO context_blocks VALUES ('k', 'v', 0)")
+            checkpointer.wake(lambda: 0)  # what the 50th commit does
+            await asyncio.wait_for(checkpointer.settle(), 5)
+            assert checkpointer.passes == 1
+            assert checkpointer.wal_bytes == 0  # every committed frame was copied
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+
+
+async def test_the_wal_stays_bounded_under_nonstop_large_appends(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Appends that never pause (and never yield to the event loop: inline writes need
+    # not) leave no gap for a passive pass to finish, so only the catch-up past the limit
+    # bounds the WAL. Without it the -wal file would grow to the ~30 MiB written here.
+    limit = 2 * 2**20
+    monkeypatch.setattr(sqlite_store, "WAL_LIMIT_BYTES", limit)
+    async with await SqliteStore.open(db_path) as store:
+        s = Session(store, session_id="wal")
+        wal = Path(f"{db_path}-wal")
+        peak = 0
+        for i in range(300):
+            await s.append_message(T(f"m{i}", "user", BIG))
+            peak = max(peak, os.stat(wal).st_size)
+        checkpointer = store._checkpointer
+        assert checkpointer is not None
+        assert checkpointer.catch_ups >= 3
+        with raw(db_path) as conn:
+            assert conn.execute("PRAGMA journal_size_limit").fetchone()[0] == -1  # per connection
+    # Past the limit by a few commits of ~330 KiB each (message, event, FTS pages) at most:
+    # the writer that sees the file over the limit runs the catch-up before returning.
+    assert peak < 3 * limit, peak
+    assert len(stored_ids(db_path)) == 300
+
+
+def stored_ids(db_path: Path) -> list[str]:
+    with raw(db_path) as conn:
+        return [r[0] for r in conn.execute("SELECT id FROM messages WHERE session_id = 'wal'")]
+
+
+async def test_synchronous_stays_normal_with_the_checkpointer(store: SqliteStore, db_path: Path) -> None:
+    # Durability is the setting's: NORMAL in WAL mode (a commit survives a crash of the
+    # process). The checkpointer's connection uses the same setting.
+    assert await store._writer.call(lambda c: c.execute("PRAGMA synchronous").fetchone()[0]) == 1
+    assert await store._writer.call(lambda c: c.execute("PRAGMA journal_size_limit").fetchone()[0]) == (
+        sqlite_store.WAL_LIMIT_BYTES
+    )
+
+
+CRASH_WRITER = """
+import asyncio, sys
+import hub.store.sqlite as sqlite_store
+from hub import Session, SqliteStore
+
+sqlite_store.WAL_LIMIT_BYTES = 1 << 20  # many catch-ups before the kill
+
+async def main() -> None:
+    store = await SqliteStore.open(sys.argv[1])
+    s = Session(store, session_id="crash")
+    text = "lorem ipsum dolor sit amet " * 2400
+    i = 0
+    while True:
+        await s.append_message({"id": f"m{i}", "role": "user", "parts": [{"type": "text", "text": text}]})
+        print(f"m{i}", store._checkpointer.catch_ups, flush=True)  # acknowledged
+        i += 1
+
+asyncio.run(main())
+"""
+
+
+def test_acknowledged_appends_survive_sigkill_across_checkpoints(db_path: Path) -> None:
+    acked: list[str] = []
+    with subprocess.Popen(
+        [sys.executable, "-c", CRASH_WRITER, str(db_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                message_id, catch_ups = line.split()
+                acked.append(message_id)
+                if int(catch_ups) >= 3 and len(acked) >= 120:
+                    break
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+    assert len(acked) >= 120
+    with raw(db_path) as conn:
+        stored = {r[0] for r in conn.execute("SELECT id FROM messages WHERE session_id = 'crash'")}
+        seqs = [r[0] for r in conn.execute("SELECT seq FROM events WHERE stream = 's:crash' ORDER BY seq")]
+    assert set(acked) <= stored
+    assert seqs == list(range(1, len(seqs) + 1))
 
 
 # -- poisoned rows (issue 12) -----------------------------------------------------------------

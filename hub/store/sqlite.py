@@ -20,8 +20,10 @@ Design (measured in docs/benchmarks.md):
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import logging
+import os
 import sqlite3
 import time
 import uuid
@@ -581,9 +583,14 @@ _read_tx = _in_tx("BEGIN")
 
 
 BUSY_TIMEOUT_MS = 10_000
-#: The WAL is checkpointed (off the event loop) after this many commits: about the
-#: 1,000 pages of SQLite's own automatic checkpoint for typical appends.
-CHECKPOINT_EVERY = 200
+#: The background checkpointer is woken after this many commits. A pass with nothing to
+#: copy costs a few microseconds, so waking it often keeps each pass (and the final
+#: catch-up, below) short.
+CHECKPOINT_EVERY = 50
+#: When the WAL holds more than this, the next writer waits for one catch-up pass with
+#: the write lock held, so the WAL is reused from its start: the bound on its size. It is
+#: also the ``journal_size_limit``: the file is cut back to it when the WAL restarts.
+WAL_LIMIT_BYTES = 64 * 2**20
 #: Appends of more messages than this run in the writer's thread, not inline.
 INLINE_BATCH = 16
 
@@ -591,7 +598,7 @@ INLINE_BATCH = 16
 def _configure(conn: Conn, *, synchronous: str, reader: bool) -> None:
     # The writer runs small transactions inline on the event loop, so it must never wait
     # there: no busy wait (a contended write retries in the thread, with the timeout) and
-    # no automatic checkpoint at commit (the store checkpoints from the reader's thread).
+    # no automatic checkpoint at commit (the store's checkpointer thread does them).
     conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS if reader else 0}")
     conn.execute(f"PRAGMA synchronous = {synchronous}")
     conn.execute("PRAGMA foreign_keys = OFF")
@@ -600,6 +607,7 @@ def _configure(conn: Conn, *, synchronous: str, reader: bool) -> None:
         conn.execute("PRAGMA query_only = 1")
     else:
         conn.execute("PRAGMA wal_autocheckpoint = 0")
+        conn.execute(f"PRAGMA journal_size_limit = {WAL_LIMIT_BYTES}")
 
 
 def _patient(fn: Callable[[Conn], T]) -> Callable[[Conn], T]:
@@ -619,8 +627,92 @@ def _is_busy(exc: sqlite3.Error) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
 
 
-def _checkpoint(conn: Conn) -> None:
-    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+class _Checkpointer:
+    """PASSIVE checkpoints on a connection and thread of their own, off the write path.
+
+    A passive checkpoint copies WAL frames into the database file while writers go on
+    appending (it takes no write lock), so a pass costs the writers nothing but disk
+    bandwidth. What it cannot do under steady writes is *finish*: frames appended during a
+    pass are left for the next, and SQLite reuses the WAL from its start only once every
+    frame is copied. So the WAL grows until either a pass ends with no commit having
+    happened meanwhile (any pause in writing), or its file passes ``WAL_LIMIT_BYTES``: then one
+    writer holds the write lock for a last pass, which copies only the frames appended
+    since the previous pass (the bulk is already in the file), and the next write starts
+    the WAL over. Submitting a pass needs no event-loop turn: a writer that never yields
+    still gets its WAL checkpointed.
+    """
+
+    def __init__(self, path: str, synchronous: str) -> None:
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sessionhub-checkpoint")
+        self._pending: concurrent.futures.Future[None] | None = None
+        self._conn: Conn | None = None
+        self._path = path
+        self._wal = path + "-wal"
+        self._synchronous = synchronous
+        #: WAL size (bytes) at the start of the last pass; 0 once a pass copied everything.
+        self.wal_bytes = 0
+        self.passes = 0
+        self.catch_ups = 0
+
+    def _pass(self, commits: Callable[[], int]) -> None:
+        if self._conn is None:
+            self._conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+            self._conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            self._conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+        before = commits()
+        _busy, log, done = self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        page = int(self._conn.execute("PRAGMA page_size").fetchone()[0])
+        self.passes += 1
+        # log == done and no commit since: every frame is in the database file, and the
+        # next write restarts the WAL. Otherwise the WAL is at least `log` frames long.
+        caught_up = log == done and commits() == before
+        self.wal_bytes = 0 if caught_up else max(0, int(log)) * (page + 24)
+
+    def wal_file_size(self) -> int:
+        """The -wal file's size: a stat, ~1 µs. It is the WAL's length whenever that is over
+        ``journal_size_limit``, since SQLite cuts the file back to it when the WAL restarts."""
+        try:
+            return os.stat(self._wal).st_size
+        except FileNotFoundError:
+            return 0
+
+    def wake(self, commits: Callable[[], int]) -> None:
+        """Start a background pass unless one is queued or running; never blocks."""
+        if self._pending is not None and not self._pending.done():
+            return
+        self._pending = self._pool.submit(self._pass, commits)
+        self._pending.add_done_callback(_log_failed_pass)
+
+    async def settle(self) -> None:
+        """Wait for the running pass, if any (writers go on meanwhile)."""
+        pending = self._pending
+        if pending is not None and not pending.done():
+            await asyncio.wrap_future(pending)
+
+    async def catch_up(self, commits: Callable[[], int]) -> None:
+        """One pass while the caller holds the write lock: the WAL ends fully copied.
+
+        After ``settle()`` it copies only what was appended during the last pass."""
+        self.catch_ups += 1
+        await asyncio.wrap_future(self._pool.submit(self._pass, commits))
+
+    async def close(self) -> None:
+        def shut() -> None:
+            self._pool.submit(self._close_conn).result()
+            self._pool.shutdown(wait=True)
+
+        await asyncio.to_thread(shut)
+
+    def _close_conn(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def _log_failed_pass(future: concurrent.futures.Future[None]) -> None:
+    exc = future.exception()
+    if exc is not None:  # the next pass catches up
+        log.warning("WAL checkpoint failed: %s", exc)
 
 
 def _migrate(conn: Conn) -> int:
@@ -647,7 +739,9 @@ def _migrate(conn: Conn) -> int:
 class SqliteStore(Store):
     """Everything in one SQLite file (or ``":memory:"``)."""
 
-    def __init__(self, path: str, writer: _Connection, reader: _Connection, bus: Bus) -> None:
+    def __init__(
+        self, path: str, writer: _Connection, reader: _Connection, bus: Bus, synchronous: str = "NORMAL"
+    ) -> None:
         self.path = path
         self.bus = bus
         self._writer = writer
@@ -655,7 +749,10 @@ class SqliteStore(Store):
         self._closed = False
         self._write_lock = asyncio.Lock()
         self._commits = 0
-        self._checkpointing: asyncio.Task[None] | None = None
+        self._checkpointer: _Checkpointer | None = None
+        self._catching_up = False
+        if path != ":memory:":
+            self._checkpointer = _Checkpointer(path, synchronous)
 
     @classmethod
     async def open(
@@ -689,15 +786,15 @@ class SqliteStore(Store):
         except BaseException:
             await writer.close()
             raise
-        return cls(path, w, r, bus or MemoryBus())
+        return cls(path, w, r, bus or MemoryBus(), synchronous)
 
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        if self._checkpointing is not None:
-            await self._checkpointing
         async with self._write_lock:
+            if self._checkpointer is not None:
+                await self._checkpointer.close()
             if self._reader is not self._writer:
                 await self._reader.conn.close()
             await self._writer.conn.close()
@@ -741,26 +838,28 @@ class SqliteStore(Store):
         for stream, seq in notes:
             self.bus.publish(stream, seq)
         self._commits += 1
-        if self._commits % CHECKPOINT_EVERY == 0 and self.path != ":memory:":
-            self._schedule_checkpoint()
+        checkpointer = self._checkpointer
+        if checkpointer is not None:
+            if self._commits % CHECKPOINT_EVERY == 0:
+                checkpointer.wake(self._commit_count)
+            if not self._catching_up and checkpointer.wal_file_size() > WAL_LIMIT_BYTES:
+                # The bound on the WAL. This writer (committed already) runs the catch-up
+                # inline rather than in a task, so the bound holds even for a caller that
+                # never yields to the event loop; other writers go on until it takes the lock.
+                self._catching_up = True
+                try:
+                    await checkpointer.settle()
+                    async with self._write_lock:
+                        if not self._closed:
+                            await checkpointer.catch_up(self._commit_count)
+                except Exception as exc:  # committed already; the next catch-up retries
+                    log.warning("WAL checkpoint failed: %s", exc)
+                finally:
+                    self._catching_up = False
         return result
 
-    def _schedule_checkpoint(self) -> None:
-        if self._checkpointing is not None and not self._checkpointing.done():
-            return
-
-        async def run() -> None:
-            # In the writer's thread with the write lock held: no frame is appended
-            # meanwhile, so the checkpoint catches up and the next write restarts the WAL
-            # from its beginning. (A checkpoint racing the writes never catches up, and
-            # the WAL grows without end.)
-            try:
-                async with self._write_lock:
-                    await self._writer.call(_patient(_checkpoint))
-            except Exception as exc:  # a later checkpoint catches up
-                log.warning("WAL checkpoint failed: %s", exc)
-
-        self._checkpointing = asyncio.get_running_loop().create_task(run())
+    def _commit_count(self) -> int:
+        return self._commits
 
     async def _read(self, fn: Callable[..., T], *args: Any) -> T:
         if self._closed:
