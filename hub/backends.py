@@ -48,7 +48,7 @@ __all__ = [
 #: What ``--db`` accepts, for messages.
 DB_FORMS = "a SQLite path, sqlite:///PATH, or postgresql://USER@HOST:PORT/DB"
 #: What ``--bus`` accepts, for messages.
-BUS_FORMS = "memory, postgres, or redis://HOST:PORT/DB (also rediss://, unix://)"
+BUS_FORMS = "memory, postgres or a redis:// URL"
 
 # "word:" at the start names a URL scheme; a single letter is a Windows drive ("C:\\x.db").
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")

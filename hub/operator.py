@@ -113,6 +113,9 @@ async def run_sessions(
     async with HubClient(url, token=token) as hub:
         for info in await hub.sessions.list():
             stream.write((msgspec.json.encode(info).decode() if raw else _session_line(info)) + "\n")
+        # Here, not at the interpreter's exit: a closed pipe is then a BrokenPipeError the
+        # command turns into its exit code (hub/cli.py).
+        stream.flush()
     return 0
 
 
