@@ -205,7 +205,7 @@ def _serve_problem(args: argparse.Namespace) -> str | None:
             return f"{flag} {value} is not a finite number"
         if value < 0 or (value == 0 and name in _POSITIVE):
             return f"{flag} {value} must be {'above' if name in _POSITIVE else 'at least'} 0"
-    source = "--auth-secret" if "--auth-secret" in sys.argv else "--auth-secret ($SESSIONHUB_AUTH_SECRET)"
+    source = "--auth-secret" if "--auth-secret" in args.typed else "--auth-secret ($SESSIONHUB_AUTH_SECRET)"
     problem = _secret_problem(args.auth_secret, source)
     if problem:
         return problem
@@ -306,7 +306,7 @@ def _token(args: argparse.Namespace) -> int:
         )
         return 2
     problem = _secret_problem(
-        args.secret, "--secret" if "--secret" in sys.argv else "$SESSIONHUB_AUTH_SECRET"
+        args.secret, "--secret" if "--secret" in args.typed else "$SESSIONHUB_AUTH_SECRET"
     )
     if problem:
         print(f"sessionhub: {problem}", file=sys.stderr)
@@ -322,6 +322,8 @@ def _token(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # What was typed, to say whether a bad secret came from a flag or the environment.
+    args.typed = list(sys.argv[1:] if argv is None else argv)
     if args.command == "serve":
         return _serve(args)
     if args.command == "token":
