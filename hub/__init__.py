@@ -1,4 +1,12 @@
-"""sessionhub engine: sessions as message trees, context blocks, the registry, event logs."""
+"""sessionhub engine: sessions as message trees, context blocks, the registry, event logs.
+
+:class:`PostgresStore` needs the ``sessionhub[postgres]`` extra and is imported on first
+use: ``import hub`` on SQLite loads neither asyncpg nor redis.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from protocol import Compaction, ContextBlock, Event, Message, SearchResult, SessionInfo
 
@@ -21,9 +29,11 @@ from .manager import SessionManager
 from .providers import ReadonlyText, StoreContextProvider, StoreSearchProvider
 from .session import Session
 from .skills import FileSkillProvider
-from .store import LATEST, REGISTRY, PostgresStore, SqliteStore, Store, session_stream
+from .store import LATEST, REGISTRY, SqliteStore, Store, session_stream
 from .tools import Tool
 
+if TYPE_CHECKING:
+    from .store.postgres import PostgresStore
 __all__ = [
     "LATEST",
     "REGISTRY",
@@ -60,3 +70,18 @@ __all__ = [
     "context_entry_key",
     "session_stream",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PostgresStore":
+        from .extras import load
+
+        return load("hub.store.postgres", "postgres").PostgresStore
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("sessionhub")
+        except PackageNotFoundError:  # a source checkout that was never installed
+            return "0+unknown"
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

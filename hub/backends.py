@@ -1,28 +1,94 @@
 """From the two strings an operator writes (``--db``, ``--bus``) to a running store.
 
-``--db`` is a SQLite path (the default) or a ``postgresql://`` DSN. ``--bus`` is
-``memory`` (one node), ``postgres`` (LISTEN/NOTIFY on the store's own database: the
-default with a Postgres store) or a ``redis://`` URL. A cross-node bus is started before
-the store is used and closed after it.
+``--db`` is a SQLite path (the default; also ``sqlite:///relative.db``,
+``sqlite:////absolute.db`` or ``sqlite:///:memory:``) or a ``postgresql://`` DSN (extra
+``sessionhub[postgres]``). ``--bus`` is ``memory`` (one node), ``postgres`` (LISTEN/NOTIFY
+on the store's own database: the default with a Postgres store) or a ``redis://`` URL
+(extra ``sessionhub[redis]``). A cross-node bus is started before the store is used and
+closed after it.
+
+The database records the bus it is served with (setting ``bus``): a node on another bus
+would miss the other nodes' live events, so it refuses to start (:class:`BusMismatch`)
+unless told to record its own (``bus_override``, ``sessionhub serve --bus-override``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from protocol import InvalidInput
 
-from .bus import Bus, MemoryBus, PgListenBus, RedisBus, RemoteBus
+from .bus import Bus, MemoryBus, RemoteBus
+from .bus.doorbell import CHANNEL
+from .extras import MissingExtra, load
 from .store.base import Store
 
-__all__ = ["BackendUnavailable", "is_postgres", "make_bus", "open_backend", "probe", "redact"]
+if TYPE_CHECKING:
+    from .bus import PgListenBus
+
+__all__ = [
+    "BackendUnavailable",
+    "BusMismatch",
+    "bus_identity",
+    "is_postgres",
+    "make_bus",
+    "open_backend",
+    "probe",
+    "record_bus",
+    "redact",
+    "resolve_db",
+]
+
+#: What ``--db`` accepts, for messages.
+DB_FORMS = "a SQLite path, sqlite:///PATH, or postgresql://USER@HOST:PORT/DB"
+#: What ``--bus`` accepts, for messages.
+BUS_FORMS = "memory, postgres or a redis:// URL"
+
+# "word:" at the start names a URL scheme; a single letter is a Windows drive ("C:\\x.db").
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
 
 
 class BackendUnavailable(Exception):
     """The store or the bus cannot be reached or opened; the message says which and why."""
+
+
+class BusMismatch(InvalidInput):
+    """The database is recorded as served with another bus than this node's."""
+
+    def __init__(self, recorded: str, mine: str) -> None:
+        super().__init__(
+            f"this database is served with bus {recorded}, not {mine}: nodes on different buses "
+            f"miss each other's live events. Start this node with --bus {recorded}, or pass "
+            f"--bus-override to record {mine} (after moving every node to it)"
+        )
+        self.recorded = recorded
+        self.mine = mine
+
+
+def resolve_db(db: str | Path) -> str | Path:
+    """The Postgres DSN or SQLite path ``db`` names; :class:`InvalidInput` for any other
+    scheme (rather than a SQLite file named ``mysql://...``)."""
+    if isinstance(db, Path):
+        return db
+    if db.startswith(("postgresql://", "postgres://")):
+        return db
+    if db.startswith("sqlite:"):
+        # SQLAlchemy's form: sqlite:///relative.db, sqlite:////absolute.db, sqlite:///:memory:.
+        if not db.startswith("sqlite:///") or db == "sqlite:///":
+            raise InvalidInput(f"--db {db!r}: write sqlite:///PATH (three slashes), or a plain path")
+        return db[len("sqlite:///") :]
+    found = _SCHEME.match(db)
+    if found:
+        raise InvalidInput(f"--db {redact(db)!r}: unsupported scheme {found.group(1)!r}; use {DB_FORMS}")
+    if not db:
+        raise InvalidInput(f"--db is empty; use {DB_FORMS}")
+    return db
 
 
 def is_postgres(db: str | Path) -> bool:
@@ -37,30 +103,100 @@ def make_bus(db: str | Path, bus: str | None) -> Bus:
     if choice == "postgres":
         if not is_postgres(db):
             raise InvalidInput("--bus postgres needs a Postgres --db (it listens on that database)")
-        return PgListenBus(str(db))
+        bus_type: type[PgListenBus] = load("hub.bus.postgres", "postgres").PgListenBus
+        return bus_type(str(db))
     if choice.startswith(("redis://", "rediss://", "unix://")):
-        return RedisBus(choice)
-    raise InvalidInput(f"unknown bus {choice!r}: use memory, postgres or a redis:// URL")
+        _redis_address(choice)  # a malformed URL is refused here, not at the first connect
+        return load("hub.bus.redis", "redis").RedisBus(choice)  # type: ignore[no-any-return]
+    raise InvalidInput(f"unknown bus {redact(choice)!r}: use {BUS_FORMS}")
+
+
+def _redis_address(url: str) -> str:
+    """``redis://host:port/db`` without user or password, defaults filled in: two URLs for
+    the same Redis database compare equal."""
+    parts = urlsplit(url)
+    query = parse_qs(parts.query)
+    try:
+        if parts.scheme == "unix":
+            db = int(query.get("db", ["0"])[0])
+            if not parts.path:
+                raise ValueError("no socket path")
+            return f"unix://{parts.path}?db={db}"
+        port = parts.port or 6379
+        db = int(parts.path.strip("/") or query.get("db", ["0"])[0])
+    except ValueError as exc:
+        raise InvalidInput(f"--bus {redact(url)!r} is not a Redis URL ({exc}); use {BUS_FORMS}") from None
+    if not parts.hostname:
+        raise InvalidInput(f"--bus {redact(url)!r} names no host; use {BUS_FORMS}")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{parts.scheme}://{host}:{port}/{db}"
+
+
+def _is(obj: object, module: str, name: str) -> bool:
+    # A bus class whose module was never imported cannot be the type of ``obj``: checking
+    # this way keeps asyncpg and redis unloaded on a SQLite hub.
+    loaded = sys.modules.get(module)
+    return loaded is not None and isinstance(obj, getattr(loaded, name))
+
+
+def bus_identity(ring: Bus) -> str:
+    """What the database records about ``ring``: ``memory``, ``postgres`` or the Redis
+    address (host, port and db; never the password); ``#channel`` when not the default."""
+    channel: str | None = None
+    if _is(ring, "hub.bus.redis", "RedisBus"):
+        name = _redis_address(str(getattr(ring, "url", "")))
+        channel = getattr(ring, "channel", None)
+    elif _is(ring, "hub.bus.postgres", "PgListenBus"):
+        name = "postgres"
+        channel = getattr(ring, "channel", None)
+    elif isinstance(ring, MemoryBus) and not isinstance(ring, RemoteBus):
+        name = "memory"
+    else:
+        name = f"{type(ring).__module__}.{type(ring).__qualname__}"
+    return name if channel in (None, CHANNEL) else f"{name}#{channel}"
+
+
+async def record_bus(store: Store, ring: Bus, *, override: bool = False) -> str:
+    """Record ``ring`` as the bus the store's database is served with, or raise
+    :class:`BusMismatch` if another is recorded (``override``: record this one anyway).
+    Returns the identity recorded. Stores without settings (a custom store) are skipped."""
+    mine = bus_identity(ring)
+    claim: Any = getattr(store, "claim_setting", None)
+    if claim is None:
+        return mine
+    recorded = str(await claim("bus", mine, replace=override))
+    if recorded != mine:
+        raise BusMismatch(recorded, mine)
+    return mine
 
 
 @contextlib.asynccontextmanager
-async def open_backend(db: str | Path, bus: str | Bus | None = None) -> AsyncIterator[Store]:
-    """Open the store for ``db`` with the bus ``bus`` names (or is), closing both at the end."""
+async def open_backend(
+    db: str | Path, bus: str | Bus | None = None, *, bus_override: bool = False
+) -> AsyncIterator[Store]:
+    """Open the store for ``db`` with the bus ``bus`` names (or is), closing both at the
+    end. Refuses (:class:`BusMismatch`) a bus other than the one the database records."""
+    db = resolve_db(db)
     ring = bus if bus is not None and not isinstance(bus, str) else make_bus(db, bus)
     if isinstance(ring, RemoteBus):
         await ring.start()
     try:
         store: Store
         if is_postgres(db):
-            from .store.postgres import PostgresStore
-
+            postgres = load("hub.store.postgres", "postgres")
             # NOTIFY rides in the store's transactions only when somebody LISTENs for it.
-            store = await PostgresStore.connect(str(db), bus=ring, notify=isinstance(ring, PgListenBus))
+            notify = _is(ring, "hub.bus.postgres", "PgListenBus")
+            store = await postgres.PostgresStore.connect(str(db), bus=ring, notify=notify)
         else:
             from .store.sqlite import SqliteStore
 
+            folder = Path(db).parent
+            if str(db) != ":memory:" and not folder.is_dir():
+                # Refused here: aiosqlite's failed open leaves a thread that outlives the loop.
+                raise InvalidInput(f"--db {str(db)!r}: the directory {str(folder)!r} does not exist")
             store = await SqliteStore.open(db, bus=ring)
         try:
+            await record_bus(store, ring, override=bus_override)
             yield store
         finally:
             await store.close()
@@ -69,13 +205,14 @@ async def open_backend(db: str | Path, bus: str | Bus | None = None) -> AsyncIte
             await ring.close()
 
 
-async def probe(db: str | Path, bus: str | None = None) -> None:
-    """Open and close the store and its bus once (migrating the store if needed), so that
-    ``sessionhub serve`` can refuse to start with one clear line instead of a traceback."""
+async def probe(db: str | Path, bus: str | None = None, *, bus_override: bool = False) -> None:
+    """Open and close the store and its bus once (migrating the store if needed, recording
+    the bus), so that ``sessionhub serve`` can refuse to start with one clear line instead
+    of a traceback."""
     try:
-        async with open_backend(db, bus):
+        async with open_backend(db, bus, bus_override=bus_override):
             pass
-    except InvalidInput:
+    except (InvalidInput, MissingExtra):
         raise
     except Exception as exc:
         ring = bus or ("postgres" if is_postgres(db) else "memory")
@@ -86,7 +223,11 @@ async def probe(db: str | Path, bus: str | None = None) -> None:
 
 def redact(url: str) -> str:
     """A URL without its password, for messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
         return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
+    if password is None:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{password}@", ":***@")))

@@ -1,27 +1,76 @@
-"""The ``sessionhub`` command: ``serve`` the hub; ``tail`` and ``sessions`` for operators."""
+"""The ``sessionhub`` command: ``serve`` the hub; ``tail`` and ``sessions`` for operators.
+
+Every operator mistake is one line on stderr and an exit code (:data:`EXIT_CODES`), never
+a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
+import ipaddress
+import math
 import os
+import re
+import socket
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
-__all__ = ["main"]
+__all__ = ["EXIT_CODES", "main"]
+
+#: The exit codes of every subcommand (also in ``sessionhub --help`` and the README).
+EXIT_CODES = """\
+exit codes:
+  0    done
+  1    the hub answered with an error not listed below
+  2    bad arguments or configuration (one line says which); serve: store or bus unusable
+  3    the hub cannot be reached (sessions, tail); serve: startup failed (e.g. port taken)
+  4    the hub refused the request: no token, or one it does not accept (--token)
+  5    the session does not exist (tail)
+  6    the log no longer holds --after SEQ (pruned, or another epoch): pick another --after
+  130  interrupted (Ctrl-C)
+  141  stdout was closed (e.g. `| head`): stops quietly, as other Unix tools do"""
+
+#: HS256 keys shorter than the hash are guessable offline from one token (RFC 7518 3.2).
+MIN_SECRET_BYTES = 32
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument in one line (``usage:`` goes to ``--help``)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _version() -> str:
+    import hub
+
+    return f"sessionhub {hub.__version__}"
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sessionhub", description="A real-time session hub for AI agents.")
+    parser = _Parser(
+        prog="sessionhub",
+        description="A real-time session hub for AI agents.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=_version())
     commands = parser.add_subparsers(dest="command", required=True)
 
-    serve = commands.add_parser("serve", help="run the hub")
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return commands.add_parser(
+            name, help=help, epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
+
+    serve = command("serve", "run the hub")
     serve.add_argument(
         "--db",
         default=os.environ.get("SESSIONHUB_DB") or "sessionhub.db",
-        help="SQLite file or postgresql:// DSN (default: $SESSIONHUB_DB or %(default)s)",
+        help="SQLite file (a path or sqlite:///PATH) or postgresql:// DSN "
+        "(default: $SESSIONHUB_DB or %(default)s)",
     )
     serve.add_argument(
         "--bus",
@@ -62,9 +111,19 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--insecure", action="store_true", help="allow a non-loopback address without --auth-secret"
     )
+    serve.add_argument(
+        "--bus-override",
+        action="store_true",
+        help="record this node's --bus as the database's, replacing the one recorded by "
+        "earlier nodes (see docs/nodes.md)",
+    )
 
-    token = commands.add_parser("token", help="print an access token")
-    token.add_argument("--secret", required=True, help="the hub's --auth-secret")
+    token = command("token", "print an access token")
+    token.add_argument(
+        "--secret",
+        default=os.environ.get("SESSIONHUB_AUTH_SECRET") or None,
+        help="the hub's --auth-secret (default: $SESSIONHUB_AUTH_SECRET)",
+    )
     token.add_argument(
         "--session", action="append", required=True, help="session id, or '*' for all (repeatable)"
     )
@@ -74,25 +133,87 @@ def _parser() -> argparse.ArgumentParser:
     token.add_argument("--ttl", default="1h", help="lifetime: 90s, 15m, 1h, 7d (default: %(default)s)")
     token.add_argument("--sub", default="sessionhub", help="the token's subject (default: %(default)s)")
 
-    tail = commands.add_parser("tail", help="print a session's events live (resumes across restarts)")
+    tail = command("tail", "print a session's events live (resumes across restarts)")
     tail.add_argument("session_id", help="the session to follow; 'registry' follows session changes")
     tail.add_argument(
         "--url", default="ws://127.0.0.1:8000/ws", help="hub WebSocket URL (default: %(default)s)"
     )
     tail.add_argument("--after", type=int, default=0, help="start after this seq (default: 0, everything)")
     tail.add_argument("--json", action="store_true", help="print raw event frames as JSON lines")
-    tail.add_argument("--token", default=None, help="access token")
+    tail.add_argument("--token", default=_TOKEN, help="access token (default: $SESSIONHUB_TOKEN)")
 
-    sessions = commands.add_parser("sessions", help="list sessions, most recently updated first")
+    sessions = command("sessions", "list sessions, most recently updated first")
     sessions.add_argument(
         "--url", default="ws://127.0.0.1:8000/ws", help="hub WebSocket URL (default: %(default)s)"
     )
     sessions.add_argument("--json", action="store_true", help="print JSON lines")
-    sessions.add_argument("--token", default=None, help="access token")
+    sessions.add_argument("--token", default=_TOKEN, help="access token (default: $SESSIONHUB_TOKEN)")
     return parser
 
 
+_TOKEN = os.environ.get("SESSIONHUB_TOKEN") or None
+
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+_HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
+
+#: serve options that must be above zero (every other number must not be negative).
+_POSITIVE = ("max_frame_bytes", "ping_interval", "ping_timeout", "presence_ttl")
+
+
+def _secret_problem(secret: str | None, where: str) -> str | None:
+    if secret is not None and len(secret.encode()) < MIN_SECRET_BYTES:
+        return (
+            f"{where} is {len(secret.encode())} bytes; HS256 needs at least {MIN_SECRET_BYTES} "
+            "(make one with: python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+        )
+    return None
+
+
+def _host_problem(host: str) -> str | None:
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    if not _HOSTNAME.fullmatch(host):
+        return f"--host {host!r} is neither an IP address nor a host name"
+    try:
+        socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError) as exc:
+        return f"--host {host!r} does not resolve to an address ({exc})"
+    return None
+
+
+def _serve_problem(args: argparse.Namespace) -> str | None:
+    """The first thing wrong with serve's options, as one line; None when they are usable.
+    Checked before anything starts, so a typo is not a traceback from uvicorn or a driver."""
+    from protocol.errors import InvalidInput
+
+    from .backends import make_bus, resolve_db
+    from .extras import MissingExtra
+
+    if not 0 <= args.port <= 65535:
+        return f"--port {args.port} is not a port (0-65535; 0 picks a free one)"
+    problem = _host_problem(args.host)
+    if problem:
+        return problem
+    for name, value in sorted(vars(args).items()):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"{flag} {value} is not a finite number"
+        if value < 0 or (value == 0 and name in _POSITIVE):
+            return f"{flag} {value} must be {'above' if name in _POSITIVE else 'at least'} 0"
+    source = "--auth-secret" if "--auth-secret" in args.typed else "--auth-secret ($SESSIONHUB_AUTH_SECRET)"
+    problem = _secret_problem(args.auth_secret, source)
+    if problem:
+        return problem
+    try:
+        make_bus(resolve_db(args.db), args.bus)  # names only: nothing connects yet
+    except (InvalidInput, MissingExtra) as exc:
+        return str(exc)
+    return None
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -100,8 +221,15 @@ def _serve(args: argparse.Namespace) -> int:
 
     from protocol.errors import InvalidInput
 
+    from .extras import MissingExtra
+    from .logfilter import install_log_filters
     from .server import HubConfig, create_app
 
+    problem = _serve_problem(args)
+    if problem:
+        print(f"sessionhub: {problem}", file=sys.stderr)
+        return 2
+    install_log_filters()
     if (
         args.host not in _LOOPBACK
         and not args.host.startswith("127.")
@@ -127,8 +255,8 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         # Reach the store and the bus once before uvicorn starts: a wrong --db or --bus is
         # one line and exit code 2, not a traceback from the app's startup.
-        asyncio.run(probe(args.db, args.bus))
-    except (InvalidInput, BackendUnavailable) as exc:
+        asyncio.run(probe(args.db, args.bus, bus_override=args.bus_override))
+    except (InvalidInput, MissingExtra, BackendUnavailable) as exc:
         print(f"sessionhub: {exc}", file=sys.stderr)
         return 2
     app = create_app(db=args.db, bus=args.bus, config=config_)
@@ -172,6 +300,17 @@ def _token(args: argparse.Namespace) -> int:
 
     from .auth import issue_token, parse_ttl
 
+    if args.secret is None:
+        print(
+            "sessionhub: token needs --secret or $SESSIONHUB_AUTH_SECRET (the hub's secret)", file=sys.stderr
+        )
+        return 2
+    problem = _secret_problem(
+        args.secret, "--secret" if "--secret" in args.typed else "$SESSIONHUB_AUTH_SECRET"
+    )
+    if problem:
+        print(f"sessionhub: {problem}", file=sys.stderr)
+        return 2
     try:
         ttl = parse_ttl(args.ttl)
         print(issue_token(args.secret, dict.fromkeys(args.session, args.scope), subject=args.sub, ttl=ttl))
@@ -183,19 +322,42 @@ def _token(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # What was typed, to say whether a bad secret came from a flag or the environment.
+    args.typed = list(sys.argv[1:] if argv is None else argv)
     if args.command == "serve":
         return _serve(args)
     if args.command == "token":
         return _token(args)
-    from .operator import run_sessions, run_tail
+    return _operate(args)
 
+
+def _operate(args: argparse.Namespace) -> int:
+    """``tail`` and ``sessions``: what went wrong is one line and an exit code."""
+    from .operator import failure, run_sessions, run_tail
+
+    if args.command == "tail" and args.after < 0:
+        print(f"sessionhub: --after {args.after} must be at least 0", file=sys.stderr)
+        return 2
+    key = None if args.command != "tail" or args.session_id == "registry" else args.session_id
     try:
         if args.command == "tail":
-            key = None if args.session_id == "registry" else args.session_id
             return asyncio.run(run_tail(args.url, key, after=args.after, raw=args.json, token=args.token))
         return asyncio.run(run_sessions(args.url, raw=args.json, token=args.token))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`| head`): nothing to say, and nobody to say it to. Point
+        # stdout at /dev/null so that the interpreter's final flush does not complain.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except Exception as exc:
+        after = getattr(args, "after", 0)
+        code, line = failure(exc, url=args.url, token=args.token, session_id=key, after=after)
+        if line is None:
+            raise  # not an operator's mistake: a bug, whose traceback is wanted
+        print(f"sessionhub: {line}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

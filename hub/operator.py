@@ -8,9 +8,9 @@ from typing import Any, TextIO
 
 import msgspec
 
-from protocol import Event, SessionInfo
+from protocol import Event, NotFound, PositionLost, SessionHubError, SessionInfo
 
-__all__ = ["describe", "run_sessions", "run_tail"]
+__all__ = ["describe", "failure", "run_sessions", "run_tail"]
 
 
 def _clip(text: str, width: int = 60) -> str:
@@ -113,4 +113,42 @@ async def run_sessions(
     async with HubClient(url, token=token) as hub:
         for info in await hub.sessions.list():
             stream.write((msgspec.json.encode(info).decode() if raw else _session_line(info)) + "\n")
+        # Here, not at the interpreter's exit: a closed pipe is then a BrokenPipeError the
+        # command turns into its exit code (hub/cli.py).
+        stream.flush()
     return 0
+
+
+def failure(
+    exc: BaseException, *, url: str, token: str | None, session_id: str | None, after: int = 0
+) -> tuple[int, str | None]:
+    """The exit code and the one line (without the ``sessionhub:`` prefix) for what ended a
+    ``tail`` or ``sessions``; ``(1, None)`` for an exception that is not the hub's answer
+    (a bug: the caller re-raises it). Exit codes: ``hub.cli.EXIT_CODES``."""
+    from clients import ConnectionLost
+
+    if isinstance(exc, ConnectionLost):
+        return 3, f"cannot reach the hub at {url} ({exc}); is `sessionhub serve` running there? (--url)"
+    if isinstance(exc, SessionHubError) and exc.code == "forbidden":
+        what = "the registry" if session_id is None else f"session {session_id!r}"
+        if token is None:
+            return 4, (
+                f"the hub at {url} needs a token for {what}: pass --token TOKEN or set $SESSIONHUB_TOKEN "
+                "(`sessionhub token --scope read --session '*'` prints one)"
+            )
+        return 4, (
+            f"the hub at {url} refused the token for {what}: it is expired, signed with another "
+            "secret, or does not cover it (--token)"
+        )
+    if isinstance(exc, NotFound):
+        return 5, f"no session {session_id!r} on the hub at {url} (`sessionhub sessions` lists them)"
+    if isinstance(exc, PositionLost):
+        return 6, (
+            f"the log of {session_id or 'the registry'!r} cannot resume after seq {after} (pruned, "
+            f"another epoch or beyond its end): it holds {exc.first_seq}..{exc.last_seq} "
+            f"(epoch {exc.epoch}); pass --after {exc.last_seq} to follow "
+            f"from now, or --after {max(exc.first_seq - 1, 0)} for everything it still has"
+        )
+    if isinstance(exc, SessionHubError):
+        return 1, f"the hub answered {exc.code}: {exc}"
+    return 1, None

@@ -35,7 +35,6 @@ from starlette.applications import Starlette
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
-from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from protocol import Event, Forbidden, Message, PositionLost, SessionHubError, SessionNotFound
@@ -47,10 +46,12 @@ from .auth import Grant, verify_token
 from .backends import open_backend
 from .bus import Bus, RemoteBus
 from .compaction import CompactResult
+from .logfilter import install_log_filters
 from .manager import SessionManager
 from .mcp import create_endpoint as create_mcp_endpoint
 from .relay import Relay
 from .session import Session
+from .static import WEB_DIR, InspectorFiles
 from .store.base import LATEST, REGISTRY, ParentArg, Store, session_stream
 from .streams import Streams
 from .tools import Tool
@@ -1162,7 +1163,9 @@ def create_app(
         routes.append(mcp_endpoint.route())
     # The browser inspector and the JS client (web/, see docs/inspector.md): static files,
     # no build step, mounted last so that every other route wins.
-    web = Path(__file__).resolve().parent.parent / "web"
-    if web.is_dir():
-        routes.append(Mount("/", app=StaticFiles(directory=web, html=True), name="web"))
+    # Only the files the inspector needs (hub/static.py), not web/test/.
+    if WEB_DIR.is_dir():
+        routes.append(Mount("/", app=InspectorFiles(WEB_DIR), name="web"))
+    # uvicorn's traceback per invalid UTF-8 frame becomes one rate-limited line.
+    install_log_filters()
     return Starlette(routes=routes, lifespan=lifespan)

@@ -13,6 +13,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
 import uvicorn
 
 from hub import Event, SessionManager, SqliteStore
@@ -195,3 +196,70 @@ async def test_keepalive_drops_a_silent_peer(tmp_path: Path) -> None:
     finally:
         server.should_exit = True
         await task
+
+
+async def test_invalid_utf8_frames_are_one_log_line_not_a_traceback_each(tmp_path: Path) -> None:
+    # uvicorn logs a traceback per invalid UTF-8 text frame; `sessionhub serve` makes that
+    # one line for the whole burst (rate limit: one such line per 60 s).
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosedError
+
+    proc, port = await start_serve(tmp_path / "hub.db")
+    try:
+        for _ in range(8):
+            async with connect(f"ws://127.0.0.1:{port}/ws") as ws:
+                await ws.send(b"\xff\xfe not utf-8", text=True)
+                # uvicorn logs before it closes: the line is written once the close arrives.
+                with pytest.raises(ConnectionClosedError) as closed:
+                    await asyncio.wait_for(ws.recv(), 5)
+                assert closed.value.rcvd is not None and closed.value.rcvd.code == 1007
+        from clients import HubClient
+
+        async with HubClient(f"ws://127.0.0.1:{port}/ws") as hub:  # still serving
+            await hub.ping()
+    finally:
+        await stop(proc)
+    assert proc.stderr is not None
+    log = (await proc.stderr.read()).decode()
+    assert "Traceback" not in log
+    noisy = [line for line in log.splitlines() if "UTF-8" in line]
+    assert len(noisy) == 1, log
+    assert "closed with 1007" in noisy[0]
+
+
+def test_peer_noise_filter_reports_what_it_suppressed() -> None:
+    # The rate limit over time, with a clock the test advances (a real logger and records).
+    import logging
+
+    from hub.logfilter import PeerNoiseFilter
+
+    now = [0.0]
+    logger = logging.getLogger("sessionhub.test.peer-noise")
+    logger.propagate = False
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    handler = Keep()
+    logger.addHandler(handler)
+    noise = PeerNoiseFilter(window=10.0, burst=2, clock=lambda: now[0])
+    logger.addFilter(noise)
+    try:
+        for t in (0.0, 1.0, 2.0, 3.0, 9.0, 10.0, 11.0):
+            now[0] = t
+            try:
+                b"\xff".decode()
+            except UnicodeDecodeError:
+                logger.exception("Invalid UTF-8 sequence received from client.")
+        logger.error("something else")
+    finally:
+        logger.removeHandler(handler)
+        logger.removeFilter(noise)
+    lines = [r.getMessage() for r in seen]
+    assert all(r.exc_info is None for r in seen[:-1])
+    assert len(lines) == 5  # 0 and 1 pass, 2, 3, 9 are suppressed; 10 and 11 pass
+    assert "3 more since the last such line" in lines[2]
+    assert "more since" not in lines[3]
+    assert lines[4] == "something else"

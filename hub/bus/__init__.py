@@ -2,20 +2,34 @@
 the event log is the truth, and a listener reads what it missed from it.
 
 One node needs only :class:`MemoryBus`. Several nodes on one database ring each other
-through :class:`PgListenBus` (Postgres LISTEN/NOTIFY) or :class:`RedisBus` (Redis
-pub/sub); both are :class:`RemoteBus`\\ es and must be started before use.
+through :class:`PgListenBus` (Postgres LISTEN/NOTIFY, extra ``sessionhub[postgres]``) or
+:class:`RedisBus` (Redis pub/sub, extra ``sessionhub[redis]``); both are
+:class:`RemoteBus`\\ es and must be started before use. Those two are imported on first
+use, so that a SQLite hub loads neither driver.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from ..extras import load
 from .memory import MemoryBus
-from .postgres import PgListenBus
-from .redis import RedisBus
 from .remote import RemoteBus
 
+if TYPE_CHECKING:
+    from .postgres import PgListenBus
+    from .redis import RedisBus
+
 __all__ = ["Bus", "MemoryBus", "PgListenBus", "RedisBus", "RemoteBus"]
+
+_LAZY = {"PgListenBus": ("hub.bus.postgres", "postgres"), "RedisBus": ("hub.bus.redis", "redis")}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module, extra = _LAZY[name]
+        return getattr(load(module, extra), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Bus(Protocol):

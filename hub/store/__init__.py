@@ -1,5 +1,14 @@
-"""Storage backends. Nothing outside this package writes SQL."""
+"""Storage backends. Nothing outside this package writes SQL.
 
+:class:`PostgresStore` (extra ``sessionhub[postgres]``) is imported on first use, so that
+a SQLite hub does not load asyncpg.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..extras import load
 from .base import (
     LATEST,
     REGISTRY,
@@ -11,8 +20,10 @@ from .base import (
     StreamPosition,
     session_stream,
 )
-from .postgres import PostgresStore
 from .sqlite import SqliteStore
+
+if TYPE_CHECKING:
+    from .postgres import PostgresStore
 
 __all__ = [
     "LATEST",
@@ -27,3 +38,9 @@ __all__ = [
     "StreamPosition",
     "session_stream",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PostgresStore":
+        return load("hub.store.postgres", "postgres").PostgresStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -101,7 +101,13 @@ SCHEMA_SQL: str = resources.files("hub.store").joinpath("postgres_schema.sql").r
 
 # Versioned migrations: index i brings the schema from version i to i + 1. Migration 1 is
 # the shipped file itself, so the file and what connect() creates cannot drift apart.
-MIGRATIONS: list[str] = [SCHEMA_SQL]
+#: Migration 2 adds the settings table (already in the file, hence IF NOT EXISTS) to
+#: databases created at version 1.
+MIGRATIONS: list[str] = [
+    SCHEMA_SQL,
+    "CREATE TABLE IF NOT EXISTS settings ("
+    "key text PRIMARY KEY, value text NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())",
+]
 
 #: Ranking costs per matching row; a query is ranked over its newest SEARCH_WINDOW matches
 #: (as SqliteStore does).
@@ -1322,5 +1328,27 @@ class PostgresStore(Store):
             if row is None:
                 return StreamPosition(stream=stream, epoch="", first_seq=1, last_seq=0)
             return StreamPosition(stream=stream, epoch=row[0], first_seq=row[1], last_seq=row[2])
+
+        return await self._read(fn)
+
+    # -- settings ------------------------------------------------------------------------
+    async def claim_setting(self, key: str, value: str, *, replace: bool = False) -> str:
+        """Record ``value`` under ``key`` unless another value is recorded (or ``replace``);
+        returns the value recorded afterwards. One statement: two nodes starting at once
+        agree on which one recorded first."""
+
+        async def fn(conn: Conn) -> str:
+            return str(
+                await conn.fetchval(
+                    "INSERT INTO settings (key, value) VALUES ($1, $2) "
+                    "ON CONFLICT (key) DO UPDATE SET "
+                    "value = CASE WHEN $3 THEN excluded.value ELSE settings.value END, "
+                    "updated_at = CASE WHEN $3 THEN now() ELSE settings.updated_at END "
+                    "RETURNING value",
+                    key,
+                    value,
+                    replace,
+                )
+            )
 
         return await self._read(fn)

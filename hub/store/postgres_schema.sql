@@ -1,10 +1,11 @@
--- sessionhub's Postgres schema, version 1.
+-- sessionhub's Postgres schema, version 2.
 --
 -- PostgresStore.connect() runs this file as migration 1 when the schema is missing, inside a
--- transaction holding an advisory lock. If the database role sessionhub runs as may not
--- create objects, have an administrator run this file once (in the schema on that role's
--- search_path, e.g. `psql -1 -f postgres_schema.sql`); connect() then finds version 1
--- stamped in schema_migrations and creates nothing.
+-- transaction holding an advisory lock; it also holds what later migrations add to older
+-- databases (migration 2: settings), and stamps their versions. If the database role
+-- sessionhub runs as may not create objects, have an administrator run this file once (in
+-- the schema on that role's search_path, e.g. `psql -1 -f postgres_schema.sql`); connect()
+-- then finds the newest version stamped in schema_migrations and creates nothing.
 
 CREATE TABLE IF NOT EXISTS schema_migrations (
     version integer PRIMARY KEY,
@@ -112,4 +113,12 @@ CREATE TABLE session_stats (
     messages bigint NOT NULL
 );
 
-INSERT INTO schema_migrations (version) VALUES (1) ON CONFLICT (version) DO NOTHING;
+-- Facts about how the database is served: the bus its nodes ring each other on
+-- ("bus", see docs/nodes.md), so that a node on another bus refuses to start.
+CREATE TABLE settings (
+    key text PRIMARY KEY,
+    value text NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+
+INSERT INTO schema_migrations (version) VALUES (1), (2) ON CONFLICT (version) DO NOTHING;

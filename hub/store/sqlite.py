@@ -176,6 +176,15 @@ MIGRATIONS: list[str] = [
     INSERT INTO session_stats (session_id, messages)
         SELECT session_id, COUNT(*) FROM messages GROUP BY session_id;
     """,
+    # Facts about how the database is served, e.g. the bus its nodes ring each other on
+    # (hub/backends.py: a node on another bus would miss their live events).
+    """
+    CREATE TABLE settings (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL,
+        updated_at REAL NOT NULL
+    ) WITHOUT ROWID;
+    """,
 ]
 
 
@@ -1425,6 +1434,25 @@ class SqliteStore(Store):
 
     async def stream_position(self, stream: str) -> StreamPosition:
         return await self._read(_position, stream)
+
+    # -- settings ------------------------------------------------------------------------
+    async def claim_setting(self, key: str, value: str, *, replace: bool = False) -> str:
+        """Record ``value`` under ``key`` unless another value is recorded (or ``replace``);
+        returns the value recorded afterwards. One statement: two nodes starting at once
+        agree on which one recorded first."""
+
+        def fn(conn: Conn, notes: Notes, now: float) -> str:
+            row = conn.execute(
+                "INSERT INTO settings (key, value, updated_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET "
+                "value = CASE WHEN ? THEN excluded.value ELSE value END, "
+                "updated_at = CASE WHEN ? THEN excluded.updated_at ELSE updated_at END "
+                "RETURNING value",
+                (key, value, now, replace, replace),
+            ).fetchone()
+            return str(row[0])
+
+        return await self._write(fn)
 
 
 def _position(conn: Conn, stream: str) -> StreamPosition:
