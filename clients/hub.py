@@ -86,6 +86,7 @@ __all__ = [
     "RemoteSession",
     "RemoteSessions",
     "RemoteTool",
+    "TokenExpired",
 ]
 
 log = logging.getLogger("sessionhub.client")
@@ -125,6 +126,19 @@ class ConnectionLost(HubError):
     def __init__(self, message: str = "the connection to the hub was lost") -> None:
         super().__init__("unavailable", message)
 
+
+class TokenExpired(HubError):
+    """The hub closed the connection (code 4001) because its token reached ``exp`` and
+    was not renewed (:meth:`HubClient.renew`). Code ``forbidden``. The client does not
+    reconnect with the expired token: its subscriptions end with this error, and so does
+    every later request until :meth:`HubClient.renew` brings a new token."""
+
+    def __init__(self, message: str = "the token expired (close 4001): renew it before its exp") -> None:
+        super().__init__("forbidden", message)
+
+
+#: The close code of a connection whose token expired (hub.server.CLOSE_TOKEN_EXPIRED).
+CLOSE_TOKEN_EXPIRED = 4001
 
 _SESSION_NOT_FOUND = re.compile(r"session not found: ('.*'|\".*\")\Z", re.DOTALL)
 _INVALID_MESSAGE = re.compile(r"invalid message: (\S+) (.*)\Z", re.DOTALL)
@@ -662,7 +676,8 @@ class RemoteSession:
 class HubClient:
     """A connection to a hub, kept open across drops.
 
-    ``token`` is sent as ``Authorization: Bearer <token>``. ``name`` and ``role`` (e.g.
+    ``token`` is sent as ``Authorization: Bearer <token>``; :meth:`renew` replaces it
+    before it expires, on the open socket and for every later reconnect. ``name`` and ``role`` (e.g.
     ``"worker"``, ``"observer"``) are announced to the hub on every (re)connect, with the
     ``sessions`` this client is on besides the ones it subscribes to; they are what
     :meth:`presence` lists. With ``on_presence(frame)`` (sync or async), subscriptions
@@ -716,6 +731,10 @@ class HubClient:
         #: Set when the client cannot go on (a refused reconnect, a drop without reconnect):
         #: makes the error every later request raises.
         self._failure: Callable[[], SessionHubError] | None = None
+        #: The token the hub holds for the current socket (sent when it opened, or renewed).
+        self._presented: str | None = None
+        #: The hub closed the socket because that token expired (4001): see :meth:`renew`.
+        self._expired = False
 
     # -- lifecycle -----------------------------------------------------------------------
     async def __aenter__(self) -> Self:
@@ -782,6 +801,49 @@ class HubClient:
             return await future
         finally:
             self._forget(rid, future)
+
+    async def renew(self, token: str) -> dict[str, Any]:
+        """Replace this client's token with ``token``, in band (an ``auth`` request): the
+        connection and its subscriptions outlive the old token's ``exp``, and every later
+        reconnect (and the resubscriptions after it) presents the new one.
+
+        Returns the hub's reply, ``{"sub", "exp", "ended"}``. Subscriptions the new token
+        no longer covers (``ended``) raise :class:`HubError` ``forbidden``. A token the hub
+        refuses raises :class:`HubError` ``forbidden`` and the old one stays in use. When
+        the socket is down (reconnecting), the new token is kept for the next one. After
+        the hub closed the connection for an expired token (:class:`TokenExpired`), this
+        reconnects with the new token (the ended subscriptions stay ended)."""
+        if self._closed:
+            raise ConnectionLost("the client is closed")
+        if self._expired:
+            previous, self.token = self.token, token
+            self._expired, self._failure, self._supervisor = False, None, None
+            try:
+                await self.connect()
+            except BaseException:
+                self._expired, self._failure = True, functools.partial(TokenExpired)
+                self.token = previous
+                raise
+            # and the auth below checks the token (a connection's handshake does not)
+        try:
+            result = await self.request("auth", token=token)
+        except ConnectionLost:
+            self.token = token  # the next socket presents it
+            return {"sub": None, "exp": None, "ended": []}
+        # (A refusal raises here, and the old token stays.) A socket opened meanwhile
+        # presented the old token, and the auth went over it: either way, the new one.
+        self.token = token
+        self._presented = token
+        reply: dict[str, Any] = dict(result) if isinstance(result, dict) else {}
+        for key in reply.get("ended") or []:
+            self._protocol.positions.pop(key, None)
+            self._protocol.presence.discard(key)
+            subscription = self._subscriptions.get(key)
+            if subscription is not None:
+                what = "the registry" if key is None else repr(key)
+                error = HubError("forbidden", f"the renewed token does not cover {what}: subscription ended")
+                subscription.queue.put_nowait(error)
+        return reply
 
     async def ping(self) -> float:
         """A round trip through the hub's request loop; returns its duration in seconds."""
@@ -919,7 +981,8 @@ class HubClient:
 
     # -- the socket ----------------------------------------------------------------------
     async def _open(self) -> Socket:
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token is not None else None
+        token = self.token
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else None
         socket = await connect(
             self.url,
             additional_headers=headers,
@@ -931,6 +994,7 @@ class HubClient:
             hello: dict[str, Any] = {"op": "hello", "id": "hello", "name": self.name, "role": self.role}
             hello |= {"sessions": self.present_on, "summarizer": self.summarize is not None}
             await socket.send(msgspec.json.encode(hello).decode(), text=True)
+        self._presented = token
         return socket
 
     async def presence(self, session_id: str) -> list[dict[str, Any]]:
@@ -977,6 +1041,16 @@ class HubClient:
             message = f"the connection to the hub was lost ({socket.close_code}: {reason})"
             self._fail(message)
             if self._closed:
+                return
+            if socket.close_code == CLOSE_TOKEN_EXPIRED and self.token == self._presented:
+                # Reconnecting with the token that expired would only be refused: stop
+                # until renew() brings a new one.
+                self._expired = True
+                self._failure = functools.partial(
+                    TokenExpired,
+                    f"the token expired ({socket.close_code}: {reason}); renew() brings a new one",
+                )
+                self._end_all(self._failure)
                 return
             if not self.reconnect:
                 self._failure = functools.partial(ConnectionLost, message)
@@ -1052,6 +1126,9 @@ class HubClient:
             error = error_from(effect.code, effect.message)
             if effect.id is None:
                 log.warning("the hub could not read a frame: %s", effect.message)
+                return
+            if effect.id == "hello":  # sent on every (re)connect, its reply not awaited
+                log.warning("the hub refused this client's hello (%s): %s", effect.code, effect.message)
                 return
             subscription = self._subscribe_ids.pop(effect.id, None)
             if subscription is not None:

@@ -10,8 +10,11 @@ levels, each including the ones before it:
   fork, compact_and_split) and the registry stream.
 
 Operations not about one session (``list``, cross-session ``search``, the manager's tools)
-need the level on ``*``. Verification failures never say why: a forged, expired or
-malformed token is simply :class:`~protocol.errors.Forbidden`.
+need the level on ``*``. Being sent a session's summary prompts (a ``hello`` with
+``summarizer: true``) needs ``write`` on that session: a summarizer reads the history and
+writes the overlay. ``ping`` and ``auth`` (presenting a new token) need no grant.
+Verification failures never say why: a forged, expired or malformed token is simply
+:class:`~protocol.errors.Forbidden`. docs/security.md has the whole model.
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ OP_LEVELS: dict[str, Level] = {
     "ping": "read",
     "hello": "read",
     "summary": "read",
+    # always allowed: how a connection presents a new token (hub.server checks the token)
+    "auth": "read",
     # write
     "append": "write",
     "upsert": "write",
@@ -74,6 +79,8 @@ OP_LEVELS: dict[str, Level] = {
     "stream_start": "write",
     "stream_delta": "write",
     "stream_end": "write",
+    # not a request: being sent this session's summary prompts (hello ``summarizer: true``)
+    "summarize": "write",
     # admin
     "create": "admin",
     "rename": "admin",
@@ -107,11 +114,19 @@ class Grant:
         needed = OP_LEVELS.get(op)
         if needed is None:
             return False
-        if op == "ping":
+        if op in ("ping", "auth"):
             return True
         if registry:
             return self.level(None) >= _RANK["admin"]
         return self.level(session_id) >= _RANK[needed]
+
+    def expired(self) -> bool:
+        return time.time() >= self.expires_at
+
+    def summarizes(self) -> bool:
+        """Whether this grant may summarize some session (``write`` on any session or on
+        ``*``): what a ``hello`` with ``summarizer: true`` needs."""
+        return time.time() < self.expires_at and any(_RANK[v] >= _RANK["write"] for v in self.scopes.values())
 
 
 def issue_token(

@@ -100,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
         "--allowed-origin",
         action="append",
         default=[],
-        help="a browser origin allowed to connect (repeatable; default: the hub's own origin)",
+        help="a browser origin allowed to connect, also a name of the hub (repeatable; default: loopback)",
     )
     serve.add_argument(
         "--presence-ttl",
@@ -247,6 +247,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_frame_bytes=args.max_frame_bytes,
         auth_secret=args.auth_secret,
         allowed_origins=tuple(args.allowed_origin),
+        bind_host=args.host,
         presence_ttl=args.presence_ttl,
         presence_heartbeat=min(10.0, args.presence_ttl / 3),
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -39,6 +40,7 @@ __all__ = [
     "find_tail_cut_by_tokens",
     "is_compaction_message",
     "sanitize_tool_pairs",
+    "summarizing_session",
     "truncate_older_messages",
     "truncate_tool_output",
 ]
@@ -90,9 +92,18 @@ class CompactResult:
 
 @dataclass(frozen=True)
 class CompactContext:
-    """Passed to a compaction function: the session's token counter, when configured."""
+    """Passed to a compaction function: the session's token counter, when configured, and
+    the id of the session being compacted."""
 
     token_counter: Callable[[dict[str, Any]], Any] | None = None
+    session_id: str | None = None
+
+
+#: The session a summary prompt is about, while :func:`create_compact_function`'s
+#: compaction waits for its summarizer (from ``CompactContext.session_id``). A summarizer
+#: that serves several sessions reads it to know whose history it holds: the hub's
+#: :class:`~hub.workers.WorkerSummarizer` sends a prompt only to workers allowed on it.
+summarizing_session: ContextVar[str | None] = ContextVar("summarizing_session", default=None)
 
 
 CompactFunction = Callable[[list[Message], CompactContext], Any]
@@ -353,7 +364,15 @@ def create_compact_function(
                 if p.get("type") == "text" and isinstance(p.get("text"), str)
             )
         prompt = build_summary_prompt(middle, previous_summary, compute_summary_budget(middle))
-        summary = await call(summarize, prompt)
+        session_id = None if context is None else context.session_id
+        if session_id is None:
+            summary = await call(summarize, prompt)
+        else:
+            about = summarizing_session.set(session_id)
+            try:
+                summary = await call(summarize, prompt)
+            finally:
+                summarizing_session.reset(about)
         if not isinstance(summary, str) or not summary.strip():
             return None
         return CompactResult(middle[0].id, middle[-1].id, summary)

@@ -19,6 +19,7 @@ import asyncio
 import collections
 import contextlib
 import functools
+import ipaddress
 import itertools
 import logging
 import time
@@ -27,14 +28,18 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.middleware import Middleware
 from starlette.requests import Request as HttpRequest
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from protocol import Event, Forbidden, Message, PositionLost, SessionHubError, SessionNotFound
@@ -63,6 +68,8 @@ log = logging.getLogger("sessionhub.server")
 
 #: Close code for a subscriber evicted because it does not read fast enough.
 CLOSE_SLOW_CONSUMER = 4008
+#: Close code for a connection whose token reached its ``exp`` without an ``auth`` renewal.
+CLOSE_TOKEN_EXPIRED = 4001
 CLOSE_GOING_AWAY = 1001
 CLOSE_UNSUPPORTED = 1003
 
@@ -75,8 +82,12 @@ class HubConfig:
     max_frame_bytes: int = 1 << 20
     #: HS256 secret: when set, every WebSocket request needs a token granting it.
     auth_secret: str | None = None
-    #: Origins a browser may connect from; empty: the hub's own origin only.
+    #: Origins a browser may connect from, besides loopback ones and the bind host's
+    #: (docs/security.md); their hosts are names of the hub too. ``*``: any.
     allowed_origins: tuple[str, ...] = ()
+    #: The address the hub listens on (``--host``): without a secret, a Host header must
+    #: name it, a loopback name, or an allowed origin's host.
+    bind_host: str | None = None
     max_subscriptions: int = 64
     queue_frames: int = 1024
     send_timeout: float = 10.0
@@ -405,6 +416,7 @@ class Connection:
         "closing_output",
         "connection_id",
         "drainer",
+        "expiry",
         "grant",
         "hub",
         "name",
@@ -437,6 +449,7 @@ class Connection:
         self.drainer: asyncio.Task[None] | None = None
         self.closing_output = False
         self.grant: Grant | None = None
+        self.expiry: asyncio.TimerHandle | None = None  # closes the socket at the grant's exp
         self.connection_id = uuid.uuid4().hex[:12]
         self.name: str | None = None
         self.role: str | None = None
@@ -557,6 +570,10 @@ class Connection:
             # One message whatever the reason (no token, bad signature, expired, no scope).
             self._spawn(self.send(f.ErrorFrame(id=parsed.id, code="forbidden", message="forbidden")))
             return
+        if isinstance(parsed, f.Auth):
+            # Here, not in a task: the requests read after it are judged by the new grant.
+            self._spawn(self.send(self._auth(parsed)))
+            return
         if isinstance(parsed, f.Subscribe):
             key = parsed.session_id
             if parsed.presence and key is not None:
@@ -576,7 +593,12 @@ class Connection:
             return
         if isinstance(parsed, f.Summary):
             workers = self.hub.worker_summarizer
-            if workers is not None and workers.answer(self, parsed):
+            try:
+                answered = workers is not None and workers.answer(self, parsed)
+            except Forbidden:  # asked, but its token no longer allows it
+                self._spawn(self.send(f.ErrorFrame(id=parsed.id, code="forbidden", message="forbidden")))
+                return
+            if answered:
                 self._spawn(self.send(f.ReplyFrame(id=parsed.id, result=None)))
             else:
                 message = "no summary was asked of this connection with that request_id"
@@ -593,18 +615,89 @@ class Connection:
         self._spawn(self._run(parsed))
 
     def _allowed(self, request: f.Request) -> bool:
-        if isinstance(request, f.Ping):
+        if isinstance(request, f.Ping | f.Auth):  # auth checks the token it brings
             return True
-        if self.grant is None:
+        if self.grant is None or self.grant.expired():
             return False
         if isinstance(request, f.Hello):  # any valid token; each session named is checked
+            if request.summarizer and not self.grant.summarizes():
+                return False  # a summarizer needs write somewhere (prompts: on their session)
             return all(self.grant.allows("presence", sid) for sid in request.sessions)
         if isinstance(request, f.Summary):  # answers only what this connection was asked
-            return True
+            return True  # and, with auth, only while the token allows summarizing its session
         op = str(type(request).__struct_config__.tag)
         session_id = getattr(request, "session_id", None)
         registry = isinstance(request, f.Subscribe | f.Unsubscribe) and session_id is None
         return self.grant.allows(op, session_id if isinstance(session_id, str) else None, registry=registry)
+
+    # -- the token -----------------------------------------------------------------------
+    def set_grant(self, grant: Grant | None) -> None:
+        """Make ``grant`` this connection's. When it expires, unless an ``auth`` request
+        has replaced it, the socket is closed with 4001: nothing, not even a subscription
+        opened before, outlives the token."""
+        self.grant = grant
+        if self.expiry is not None:
+            self.expiry.cancel()
+            self.expiry = None
+        if grant is not None and not self.closed:
+            self._watch_expiry(grant)
+
+    def _watch_expiry(self, grant: Grant) -> None:
+        delay = max(0.0, grant.expires_at - time.time())
+        self.expiry = asyncio.get_running_loop().call_later(delay, self._expired, grant)
+
+    def _expired(self, grant: Grant) -> None:
+        self.expiry = None
+        if self.closed or self.grant is not grant:
+            return
+        if time.time() < grant.expires_at:  # the loop's clock ran ahead of the wall clock
+            self._watch_expiry(grant)
+            return
+        reason = "token expired: connect with a new token, or renew it (auth) before exp"
+        self._spawn(self.close(CLOSE_TOKEN_EXPIRED, reason))
+
+    def may_summarize(self, session_id: str | None) -> bool:
+        """Whether this connection may be sent summary prompts about ``session_id`` (None:
+        a session not named, judged on ``*``) and answer them: ``write`` on it."""
+        if self.hub.config.auth_secret is None:
+            return True
+        return self.grant is not None and self.grant.allows("summarize", session_id)
+
+    def _auth(self, request: f.Auth) -> f.ReplyFrame | f.ErrorFrame:
+        """Replace the grant with the token's, if it verifies; end what it does not cover."""
+        secret = self.hub.config.auth_secret
+        if secret is None:  # no auth: tokens are not checked and nothing expires
+            return f.ReplyFrame(id=request.id, result={"sub": None, "exp": None, "ended": []})
+        try:
+            grant = verify_token(secret, request.token)
+        except Forbidden:
+            return f.ErrorFrame(id=request.id, code="forbidden", message="forbidden")
+        self.set_grant(grant)
+        ended = self._end_uncovered(grant)
+        result = {"sub": grant.subject, "exp": int(grant.expires_at), "ended": ended}
+        return f.ReplyFrame(id=request.id, result=result)
+
+    def _end_uncovered(self, grant: Grant) -> list[StreamKey]:
+        """End the subscriptions and presence announcements ``grant`` does not allow; the
+        streams ended (the ``auth`` reply lists them: no event of theirs follows it)."""
+        ended: list[StreamKey] = []
+        for key in list(dict.fromkeys([*self.subscriptions, *self.parked])):
+            if grant.allows("subscribe", key, registry=key is None):
+                continue
+            ended.append(key)
+            if key is not None:
+                self.presence_watch = self.presence_watch - {key}
+            task = self.subscriptions.pop(key, None)
+            if task is not None:
+                task.cancel()  # its done callback does the bookkeeping
+            if self._unpark(key) and task is None:
+                self._subscription_done(key)
+        for sid in self.announced:
+            if not grant.allows("presence", sid):
+                self.announced = self.announced - {sid}
+                if not self.follows(sid):
+                    self.hub.leave(self, sid)
+        return ended
 
     def _spawn(self, coro: Awaitable[object]) -> None:
         async def guarded() -> None:
@@ -944,9 +1037,10 @@ class Hub:
         await websocket.accept(subprotocol=subprotocol)
         connection = Connection(self, websocket)
         if self.config.auth_secret is not None:
-            # A bad token does not close the socket: each request is answered `forbidden`.
+            # A bad token does not close the socket: each request is answered `forbidden`
+            # (an `auth` request may still bring a good one).
             with contextlib.suppress(Forbidden):
-                connection.grant = verify_token(self.config.auth_secret, token)
+                connection.set_grant(verify_token(self.config.auth_secret, token))
         connection.serve_task = asyncio.current_task()
         self.connections.add(connection)
         self.metrics.connections.inc()
@@ -968,6 +1062,8 @@ class Hub:
             pass
         finally:
             connection.closed = True
+            if connection.expiry is not None:  # no expiry timer outlives the connection
+                connection.expiry.cancel()
             for task in connection.subscriptions.values():
                 task.cancel()
             connection.unpark_all()
@@ -998,16 +1094,123 @@ def _token_of(websocket: WebSocket) -> tuple[str | None, str | None]:
     return token, ("sessionhub" if "sessionhub" in offered else None)
 
 
-def _origin_allowed(websocket: WebSocket, allowed: tuple[str, ...]) -> bool:
-    """Non-browser clients send no Origin and are judged by their token alone; a browser's
-    Origin must be the hub's own or one of ``allowed`` (``*``: any)."""
+# -- Origin and Host (docs/security.md) -----------------------------------------------------
+
+_WILDCARD_HOSTS = {"", "0.0.0.0", "::"}
+
+
+def _hostname(netloc: str) -> str | None:
+    """The lowercased host of ``host[:port]`` (brackets of an IPv6 literal dropped), or
+    None when it is not a well-formed authority."""
+    try:
+        parts = urlsplit("//" + netloc)
+        _ = parts.port  # raises on a malformed port
+    except ValueError:
+        return None
+    if parts.username is not None or parts.password is not None or parts.path:
+        return None
+    return parts.hostname or None
+
+
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+def _is_loopback(host: str) -> bool:
+    address = _ip(host)
+    return host == "localhost" if address is None else address.is_loopback
+
+
+def _bind_host(config: HubConfig) -> str | None:
+    host = config.bind_host
+    if host is None:
+        return None
+    host = host.strip().strip("[]").lower()
+    return None if host in _WILDCARD_HOSTS else host
+
+
+def _is_hub_name(host: str, config: HubConfig) -> bool:
+    """Whether ``host`` (from a Host header) names this hub: a loopback name or address,
+    the bind host, an allowed origin's host, or, on a wildcard bind (``0.0.0.0``), any IP
+    address (a rebinding page always sends its own DNS name, never an address)."""
+    if _is_loopback(host) or host == _bind_host(config):
+        return True
+    wildcard = config.bind_host is not None and config.bind_host.strip().strip("[]") in _WILDCARD_HOSTS
+    if wildcard and _ip(host) is not None:
+        return True
+    return any(_origin_host(o) == host for o in config.allowed_origins if o != "*")
+
+
+def _origin_host(origin: str) -> str | None:
+    scheme, _, rest = origin.rstrip("/").partition("://")
+    if scheme.lower() not in ("http", "https") or not rest:
+        return None
+    return _hostname(rest)
+
+
+def _host_allowed(host: str | None, config: HubConfig) -> bool:
+    """The Host rule: with a secret the token is what counts (a proxy may use any name);
+    without one, a Host that is not one of the hub's names is a page that rebound its DNS
+    name to this address."""
+    if config.auth_secret is not None or "*" in config.allowed_origins or host is None:
+        return True
+    name = _hostname(host)
+    return name is not None and _is_hub_name(name, config)
+
+
+def _origin_allowed(websocket: WebSocket, config: HubConfig) -> bool:
+    """Non-browser clients send no Origin and are judged by their token alone. A browser's
+    Origin must be one of ``allowed_origins`` (``*``: any), or have a loopback host (any
+    port) or the bind host. Its match with the Host header counts only for an IP address
+    (the hub reached by address on a wildcard bind) or with a secret set (behind a proxy;
+    a page without a token gets nothing)."""
     origin = websocket.headers.get("origin")
     if origin is None:
         return True
-    if origin in allowed or "*" in allowed:
+    allowed = {o.rstrip("/").lower() for o in config.allowed_origins}
+    if origin.lower() in allowed or "*" in allowed:
         return True
-    host = websocket.headers.get("host", "")
-    return origin.split("://", 1)[-1] == host
+    host = _origin_host(origin)
+    if host is None:  # "null" (a sandboxed frame, a file), or not a web origin
+        return False
+    if _is_loopback(host) or host == _bind_host(config):
+        return True
+    same = origin.split("://", 1)[-1].lower() == websocket.headers.get("host", "").lower()
+    return same and (_ip(host) is not None or config.auth_secret is not None)
+
+
+class _HostCheck:
+    """ASGI middleware: requests (HTTP and WebSocket) whose Host is not one of the hub's
+    names get 421 and a one-line body, before any route runs (see :func:`_host_allowed`)."""
+
+    BODY = "misdirected request: this hub does not answer to that Host name (see docs/security.md)\n"
+
+    def __init__(self, app: ASGIApp, config: HubConfig) -> None:
+        self.app = app
+        self.config = config
+        self.logged = -60.0  # when a refusal was last logged: one line a minute at most
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            host = Headers(scope=scope).get("host")
+            if not _host_allowed(host, self.config):
+                if time.monotonic() - self.logged >= 60:
+                    self.logged = time.monotonic()
+                    log.warning(
+                        "421 for Host %.100r: not one of this hub's names (pass --allowed-origin to add one; "
+                        "more refusals in the next minute are not logged)",
+                        host,
+                    )
+                response = PlainTextResponse(self.BODY, status_code=421)
+                if scope["type"] == "http" or "websocket.http.response" in scope.get("extensions", {}):
+                    await response(scope, receive, send)
+                else:  # no denial responses: a close before accepting is an HTTP 403
+                    await send({"type": "websocket.close", "code": 1008, "reason": "misdirected request"})
+                return
+        await self.app(scope, receive, send)
 
 
 def _operations(hub: Hub) -> dict[str, Callable[[Any], Awaitable[Any]]]:
@@ -1071,7 +1274,9 @@ def _operations(hub: Hub) -> dict[str, Callable[[Any], Awaitable[Any]]]:
     on_session("freeze_system_prompt", lambda s, r: s.freeze_system_prompt())
     on_session("refresh_system_prompt", lambda s, r: s.refresh_system_prompt())
     on_session("compact", lambda s, r: s.compact(r.leaf_id))
-    missing = set(f.REQUEST_TYPES) - set(ops) - {"subscribe", "unsubscribe", "hello", "presence", "summary"}
+    missing = (
+        set(f.REQUEST_TYPES) - set(ops) - {"subscribe", "unsubscribe", "hello", "presence", "summary", "auth"}
+    )
     missing -= {"stream_start", "stream_delta", "stream_end"}
     assert not missing, f"ops without a handler: {missing}"
     return ops
@@ -1143,7 +1348,7 @@ def create_app(
 
     async def ws(websocket: WebSocket) -> None:
         hub: Hub = websocket.app.state.hub
-        if not _origin_allowed(websocket, hub.config.allowed_origins):
+        if not _origin_allowed(websocket, hub.config):
             await websocket.close(1008, "origin not allowed")  # before accept: HTTP 403
             return
         if hub.closing:
@@ -1168,4 +1373,4 @@ def create_app(
         routes.append(Mount("/", app=InspectorFiles(WEB_DIR), name="web"))
     # uvicorn's traceback per invalid UTF-8 frame becomes one rate-limited line.
     install_log_filters()
-    return Starlette(routes=routes, lifespan=lifespan)
+    return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(_HostCheck, config=settings)])

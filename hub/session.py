@@ -304,7 +304,9 @@ class Session:
             await self._status("compacting", before)
             history = await self.get_history(leaf_id)
             try:
-                raw = await call(self._compact_fn, history, CompactContext(self._token_counter))
+                raw = await call(
+                    self._compact_fn, history, CompactContext(self._token_counter, self.session_id)
+                )
                 result = CompactResult.coerce(raw)
             except Exception as exc:
                 await self._log_change("error", {"error": str(exc)})

@@ -6,6 +6,11 @@ handed to ``create_app(worker_summarizer=...)`` and used as a session's summariz
 turn, and returns its answer. No worker, a timeout, a worker error or a worker that
 disconnects is a :class:`~protocol.errors.SummarizerError` (so the compaction fails with an
 ``error`` event) — never a hang.
+
+A prompt carries a session's history, and its answer becomes that session's overlay: with
+auth on, it goes only to a worker whose token has ``write`` on that session (on ``*`` when
+the compaction does not say which session; see :data:`hub.compaction.summarizing_session`),
+and only the worker asked may answer, while its token still allows it.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from protocol import frames as f
-from protocol.errors import SummarizerError
+from protocol.errors import Forbidden, SummarizerError
+
+from .compaction import summarizing_session
 
 if TYPE_CHECKING:
     from .server import Connection, Hub
@@ -28,6 +35,7 @@ __all__ = ["WorkerSummarizer"]
 @dataclass
 class _Pending:
     worker: Connection
+    session_id: str | None
     future: asyncio.Future[str]
 
 
@@ -50,17 +58,26 @@ class WorkerSummarizer:
             (c for c in self._hub.connections if c.summarizer and not c.closed), key=lambda c: c.connection_id
         )
 
-    async def __call__(self, prompt: str) -> str:
-        workers = self._workers()
-        if not workers:
+    async def __call__(self, prompt: str, *, session_id: str | None = None) -> str:
+        """The summary of ``prompt``, a summary prompt about ``session_id`` (default: the
+        session being compacted, :data:`hub.compaction.summarizing_session`)."""
+        if session_id is None:
+            session_id = summarizing_session.get()
+        connected = self._workers()
+        if not connected:
             raise SummarizerError("no connected worker can summarize")
+        workers = [c for c in connected if c.may_summarize(session_id)]
+        if not workers:
+            raise SummarizerError(
+                "no connected worker may summarize this session (a summarizer's token needs write on it)"
+            )
         worker = workers[next(self._turn) % len(workers)]
         request_id = uuid.uuid4().hex
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = _Pending(worker, future)
+        self._pending[request_id] = _Pending(worker, session_id, future)
         label = worker.name or worker.connection_id
         try:
-            await worker.send(f.SummarizeFrame(request_id=request_id, session_id=None, prompt=prompt))
+            await worker.send(f.SummarizeFrame(request_id=request_id, session_id=session_id, prompt=prompt))
             async with asyncio.timeout(self.timeout):
                 return await future
         except TimeoutError:
@@ -73,12 +90,20 @@ class WorkerSummarizer:
             self._pending.pop(request_id, None)
 
     def answer(self, worker: Connection, request: f.Summary) -> bool:
-        """A worker's answer; False if it answers nothing this worker was asked."""
+        """A worker's answer; False if it answers nothing this worker was asked. Raises
+        :class:`Forbidden` (and fails the compaction) when the worker's token no longer
+        allows it to summarize the session (expired, or renewed with less)."""
         pending = self._pending.get(request.request_id)
         if pending is None or pending.worker is not worker:
             return False
+        label = worker.name or worker.connection_id
+        if not worker.may_summarize(pending.session_id):
+            if not pending.future.done():
+                pending.future.set_exception(
+                    SummarizerError(f"worker {label} may no longer summarize this session")
+                )
+            raise Forbidden("forbidden")
         if not pending.future.done():
-            label = worker.name or worker.connection_id
             if request.error is not None or request.summary is None:
                 pending.future.set_exception(
                     SummarizerError(f"worker {label} failed: {request.error or 'no summary'}")

@@ -280,6 +280,15 @@ class Hello(_Req, tag="hello"):
     summarizer: bool = False
 
 
+class Auth(_Req, tag="auth"):
+    """Present a new token on this connection (renewal before ``exp``, or a first token).
+    A token that verifies replaces the connection's grant, and the subscriptions it no
+    longer covers end: the reply is ``{"sub", "exp", "ended": [session id or null]}``. A
+    token that does not verify is ``forbidden`` and the previous grant stays."""
+
+    token: str
+
+
 class Summary(_Req, tag="summary"):
     """A worker's answer to a ``summarize`` frame: the summary, or why there is none."""
 
@@ -365,6 +374,7 @@ Request = (
     | Hello
     | Presence
     | Summary
+    | Auth
     | StreamStart
     | StreamDelta
     | StreamEnd
@@ -427,8 +437,11 @@ class PresenceFrame(_Frame, tag="presence"):
 
 
 class SummarizeFrame(_Frame, tag="summarize"):
-    """The hub asks a worker (one that said ``summarizer: true`` in ``hello``) to write a
-    summary; the worker answers with a ``summary`` request carrying ``request_id``."""
+    """The hub asks a worker (one that said ``summarizer: true`` in ``hello``, and, with
+    auth on, whose token has ``write`` on ``session_id``) to write a summary of that
+    session; the worker answers with a ``summary`` request carrying ``request_id``.
+    ``session_id`` is ``null`` when the compaction did not say which session it is for
+    (then only a worker with ``write`` on ``*`` is asked)."""
 
     request_id: str
     session_id: str | None

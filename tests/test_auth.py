@@ -13,7 +13,7 @@ import pytest
 
 from hub import Forbidden, InvalidInput, SessionManager, SqliteStore
 from hub.auth import OP_LEVELS, issue_token, parse_ttl, verify_token
-from hub.server import HubConfig, create_app
+from hub.server import HubConfig, _host_allowed, _origin_allowed, create_app
 from protocol.frames import REQUEST_TYPES
 
 from .hubtest import served, text
@@ -132,6 +132,7 @@ def request_for(op: str, session_id: str) -> dict[str, Any]:
         "hello": {"name": "me", "role": "worker", "sessions": []},
         "presence": {"session_id": session_id},
         "summary": {"request_id": "nothing-was-asked", "summary": "x"},
+        "auth": {"token": "replaced by the connection's own token"},
         "stream_start": {"session_id": session_id, "message_id": "streamed", "role": "assistant"},
         "stream_delta": {"session_id": session_id, "message_id": "streamed", "kind": "text", "text": "x"},
         "stream_end": {"session_id": session_id, "message_id": "streamed"},
@@ -144,8 +145,9 @@ GLOBAL_OPS = {"create", "list", "search"}  # not about one session: judged on "*
 
 
 def expected_allowed(op: str, scopes: dict[str, str], target: str) -> bool:
-    if op in ("ping", "hello", "summary"):  # any valid token (hello's sessions are checked one by one;
-        return True  # a summary answers only what this connection was asked)
+    if op in ("ping", "hello", "summary", "auth"):  # any valid token (hello's sessions are checked
+        return True  # one by one; a summary answers only what this connection was asked; auth
+        # checks the token it brings, here the connection's own)
     needed = RANK[OP_LEVELS[op]]
     keys = ["*"] if op in GLOBAL_OPS else ["*", target]
     have = max((RANK[scopes[k]] for k in keys if k in scopes), default=-1)
@@ -182,7 +184,8 @@ async def test_every_op_against_every_scope(tmp_path: Path) -> None:
                 token = issue_token(SECRET, real)
                 async with hub.client(additional_headers={"Authorization": f"Bearer {token}"}) as client:
                     for op in ops:
-                        frame = await client.request(op, **request_for(op, a.id))
+                        fields = {"token": token} if op == "auth" else request_for(op, a.id)
+                        frame = await client.request(op, **fields)
                         forbidden = frame.get("frame") == "error" and frame.get("code") == "forbidden"
                         allowed = expected_allowed(op, real, a.id)
                         assert forbidden != allowed, f"{name}: {op} -> {frame}"
@@ -276,3 +279,76 @@ async def test_the_python_client_sends_its_token(tmp_path: Path) -> None:
             with pytest.raises(Exception, match="forbidden") as failure:
                 await client.sessions.create("not allowed")
             assert getattr(failure.value, "code", None) == "forbidden"
+
+
+def test_a_summarizer_needs_write() -> None:
+    worker = verify_token(SECRET, issue_token(SECRET, {"b": "write", "a": "read"}))
+    assert worker.summarizes()
+    assert worker.allows("summarize", "b") and not worker.allows("summarize", "a")
+    assert not worker.allows("summarize", None)  # a session not named: judged on "*"
+    assert verify_token(SECRET, issue_token(SECRET, {"*": "write"})).allows("summarize", None)
+    reader = verify_token(SECRET, issue_token(SECRET, {"*": "read"}))
+    assert not reader.summarizes() and not reader.allows("summarize", "a")
+    assert reader.allows("auth", None) and reader.allows("auth", "zzz")
+
+
+class _Headers:
+    def __init__(self, **headers: str) -> None:
+        self.headers = headers
+
+
+@pytest.mark.parametrize(
+    ("host", "config", "ok"),
+    [
+        ("127.0.0.1:8000", HubConfig(), True),
+        ("127.9.9.9", HubConfig(), True),
+        ("localhost:8000", HubConfig(), True),
+        ("LOCALHOST", HubConfig(), True),
+        ("[::1]:8000", HubConfig(), True),
+        (None, HubConfig(), True),  # no Host at all (HTTP/1.0): not a browser page
+        ("evil.example:8000", HubConfig(), False),
+        ("localhost.evil.example", HubConfig(), False),
+        ("127.0.0.1.evil.example", HubConfig(), False),
+        ("10.0.0.5:8000", HubConfig(), False),
+        ("evil.example:http", HubConfig(), False),  # malformed
+        ("user@127.0.0.1", HubConfig(), False),
+        ("", HubConfig(), False),
+        ("hub.lan:8000", HubConfig(bind_host="hub.lan"), True),
+        ("10.0.0.5:8000", HubConfig(bind_host="10.0.0.5"), True),
+        ("10.0.0.5:8000", HubConfig(bind_host="0.0.0.0"), True),  # wildcard: any address...
+        ("[fe80::1]:8000", HubConfig(bind_host="::"), True),
+        ("evil.example", HubConfig(bind_host="0.0.0.0"), False),  # ...but no name
+        ("app.example", HubConfig(allowed_origins=("https://app.example",)), True),
+        ("evil.example", HubConfig(allowed_origins=("https://app.example",)), False),
+        ("evil.example", HubConfig(allowed_origins=("*",)), True),
+        ("evil.example", HubConfig(auth_secret=SECRET), True),  # the token decides
+    ],
+)
+def test_the_host_rule(host: str | None, config: HubConfig, ok: bool) -> None:
+    assert _host_allowed(host, config) is ok
+
+
+@pytest.mark.parametrize(
+    ("origin", "host", "config", "ok"),
+    [
+        (None, "evil.example", HubConfig(), True),  # not a browser: the token decides
+        ("http://127.0.0.1:8000", "127.0.0.1:8000", HubConfig(), True),
+        ("http://localhost:5173", "127.0.0.1:8000", HubConfig(), True),  # any loopback port
+        ("https://[::1]:8443", "[::1]:8000", HubConfig(), True),
+        ("http://evil.example:8000", "evil.example:8000", HubConfig(), False),  # rebinding
+        ("http://evil.example", "127.0.0.1:8000", HubConfig(), False),
+        ("null", "127.0.0.1:8000", HubConfig(), False),
+        ("file://", "127.0.0.1:8000", HubConfig(), False),
+        ("http://hub.lan:8000", "hub.lan:8000", HubConfig(bind_host="hub.lan"), True),
+        ("http://10.0.0.5:8000", "10.0.0.5:8000", HubConfig(bind_host="0.0.0.0"), True),
+        ("http://10.0.0.5:9000", "10.0.0.5:8000", HubConfig(bind_host="0.0.0.0"), False),
+        ("https://app.example", "app.example", HubConfig(allowed_origins=("https://app.example",)), True),
+        ("http://app.example", "app.example", HubConfig(allowed_origins=("https://app.example",)), False),
+        ("http://anything.example", "x", HubConfig(allowed_origins=("*",)), True),
+        ("https://hub.example", "hub.example", HubConfig(auth_secret=SECRET), True),  # behind a proxy
+        ("https://evil.example", "hub.example", HubConfig(auth_secret=SECRET), False),
+    ],
+)
+def test_the_origin_rule(origin: str | None, host: str, config: HubConfig, ok: bool) -> None:
+    headers = {"host": host} if origin is None else {"host": host, "origin": origin}
+    assert _origin_allowed(_Headers(**headers), config) is ok  # type: ignore[arg-type]

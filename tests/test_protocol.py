@@ -79,6 +79,7 @@ VALID: dict[str, dict[str, Any]] = {
     "hello": {"name": "worker-1", "role": "worker", "sessions": ["s1"]},
     "presence": {"session_id": "s1"},
     "summary": {"request_id": "r1", "summary": "the summary"},
+    "auth": {"token": "a.new.token"},
     "stream_start": {"session_id": "s1", "message_id": "a1", "role": "assistant", "parent_id": None},
     "stream_delta": {"session_id": "s1", "message_id": "a1", "kind": "text", "text": "Hel"},
     "stream_end": {"session_id": "s1", "message_id": "a1", "status": "aborted"},

@@ -1,5 +1,6 @@
 """Summaries delegated to connected workers: one that answers, one that times out, one that
-errors, none at all, and one that disconnects mid-request."""
+errors, none at all, and one that disconnects mid-request; with auth, only workers allowed
+on the session (tests/test_security.py has the same end to end)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import pytest
 
 from clients import HubClient
 from hub import SessionHubError, SessionManager, SqliteStore
-from hub.compaction import create_compact_function
-from hub.server import create_app
+from hub.auth import issue_token
+from hub.compaction import create_compact_function, summarizing_session
+from hub.server import HubConfig, create_app
 from hub.workers import WorkerSummarizer
+from protocol.errors import SummarizerError
 
 from .hubtest import served, text
 
@@ -160,3 +163,72 @@ async def test_only_the_asked_worker_can_answer(tmp_path: Path) -> None:
         with pytest.raises(SessionHubError) as refused:
             await client.request("summary", request_id="made-up", summary="hijack")
         assert refused.value.code == "not_found"
+
+
+async def test_the_prompt_names_its_session(tmp_path: Path) -> None:
+    store, manager, workers = await setup(tmp_path)
+    try:
+        async with (
+            served(app=create_app(manager=manager, worker_summarizer=workers)) as hub,
+            hub.client() as worker,
+            HubClient(hub.ws_url) as ui,
+        ):
+            await worker.call("hello", name="raw", summarizer=True)
+            sid = await fill(ui)
+            compaction = asyncio.create_task(ui.session(sid).compact())
+            ask = await worker.take(lambda f: f["frame"] == "summarize")
+            assert ask["session_id"] == sid
+            await worker.call("summary", request_id=ask["request_id"], summary="## Topic\nNamed.")
+            assert (await asyncio.wait_for(compaction, 5)) is not None
+    finally:
+        await store.close()
+
+
+async def test_a_compaction_tells_its_summarizer_the_session(tmp_path: Path) -> None:
+    seen: list[str | None] = []
+
+    def summarize(prompt: str) -> str:
+        seen.append(summarizing_session.get())
+        return "## Topic\nx"
+
+    async with await SqliteStore.open(tmp_path / "hub.db") as store:
+        manager = SessionManager(store).on_compaction(
+            create_compact_function(summarize, tail_token_budget=10)
+        )
+        info = await manager.create("chat")
+        await manager.append_all(info.id, [text(f"m{i}", f"turn {i}") for i in range(8)])
+        assert await manager.get_session(info.id).compact() is not None
+        assert seen == [info.id]
+        assert summarizing_session.get() is None  # only while the summarizer runs
+
+
+SECRET = "a-test-secret-that-is-long-enough-for-hs256"
+
+
+async def test_with_auth_a_prompt_needs_write_on_its_session(tmp_path: Path) -> None:
+    store, manager, workers = await setup(tmp_path)
+    try:
+        app = create_app(manager=manager, worker_summarizer=workers, config=HubConfig(auth_secret=SECRET))
+        admin = issue_token(SECRET, {"*": "admin"})
+        async with served(app=app) as hub, HubClient(hub.ws_url, token=admin) as ui:
+            a, b = await fill(ui), await fill(ui)
+            bearer = {"Authorization": f"Bearer {issue_token(SECRET, {b: 'write'})}"}
+            async with hub.client(additional_headers=bearer) as worker:
+                await worker.call("hello", name="b-only", summarizer=True)
+                # Not asked about A, nor about a session no one named (that needs "*").
+                assert await ui.session(a).compact() is None
+                with pytest.raises(SummarizerError, match="may summarize this session"):
+                    await workers("a prompt about an unnamed session")
+                assert not [f for f in worker.received if f["frame"] == "summarize"]
+                # Asked about B; but it renews to a token without write before answering.
+                compaction = asyncio.create_task(ui.session(b).compact())
+                ask = await worker.take(lambda f: f["frame"] == "summarize")
+                assert ask["session_id"] == b
+                await worker.call("auth", token=issue_token(SECRET, {b: "read"}))
+                late = await worker.request("summary", request_id=ask["request_id"], summary="x")
+                assert (late["frame"], late["code"]) == ("error", "forbidden")
+                assert await asyncio.wait_for(compaction, 5) is None
+            errors = [e.data["error"] for e in await store.read_events(f"s:{b}") if e.type == "error"]
+            assert errors == ["worker b-only may no longer summarize this session"]
+    finally:
+        await store.close()

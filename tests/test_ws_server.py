@@ -85,6 +85,8 @@ async def test_every_op_matches_in_process(store: SqliteStore) -> None:
         ]
         unasked = await c.request("summary", request_id="nobody-asked", summary="x")
         assert (unasked["frame"], unasked["code"]) == ("error", "not_found")
+        # Without a secret a token is not checked: auth is accepted and changes nothing.
+        assert await c.call("auth", token="anything") == {"sub": None, "exp": None, "ended": []}
         streamed = (await c.call("create", name="streamed"))["id"]
         assert await c.call("stream_start", session_id=streamed, message_id="a1") == {"index": 0}
         assert await c.call("stream_delta", session_id=streamed, message_id="a1", kind="text", text="Hi") == 1

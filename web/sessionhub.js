@@ -416,6 +416,42 @@ export class HubClient {
   }
 
   /**
+   * Replace the token in band (an `auth` request) before it expires: the connection and
+   * its subscriptions go on, and every later reconnect presents the new token. Resolves
+   * with {sub, exp, ended}; subscriptions the new token does not cover (`ended`) get
+   * onError(HubError "forbidden"). A refused token rejects with HubError "forbidden" and
+   * the old one stays. While the socket is down the token is kept for the next one.
+   */
+  async renew(token) {
+    if (!this.socketOpen()) {
+      this.token = token;
+      return { sub: null, exp: null, ended: [] };
+    }
+    let result;
+    try {
+      result = await this._send(...this.protocol.request("auth", { token }));
+    } catch (err) {
+      if (!(err instanceof ConnectionLost)) throw err;
+      this.token = token; // the next socket presents it
+      return { sub: null, exp: null, ended: [] };
+    }
+    this.token = token;
+    for (const sessionId of result?.ended ?? []) {
+      const key = keyOf(sessionId);
+      this.protocol.positions.delete(key);
+      this.protocol.presence.delete(key);
+      const sub = this.subscriptions.get(key);
+      if (sub) {
+        this.subscriptions.delete(key);
+        sub.active = false;
+        const what = key === REGISTRY ? "the registry" : key;
+        sub.options.onError?.(new HubError("forbidden", `the renewed token does not cover ${what}: subscription ended`));
+      }
+    }
+    return result;
+  }
+
+  /**
    * Follow a session's events (sessionId null: the registry) after `afterSeq`, across
    * reconnects. options: {afterSeq, epoch, presence, reload, onEvent, onReset, onError,
    * onReady}. With `reload`, a reset calls onReset(frame) and continues from the reset's
