@@ -607,6 +607,7 @@ class Connection:
     __slots__ = (
         "announced",
         "closed",
+        "closer",
         "closing_output",
         "connection_id",
         "drainer",
@@ -655,6 +656,8 @@ class Connection:
         self.replay = 0  # bytes of backlog batches read for catching-up subscriptions
         #: Set while the reader waits for requests in flight to drop below the bound.
         self.room: asyncio.Future[None] | None = None
+        #: Sends the close frame (or cuts the peer off); the app must not end before it.
+        self.closer: asyncio.Task[None] | None = None
 
     def entry(self) -> dict[str, Any]:
         return {"connection_id": self.connection_id, "name": self.name, "role": self.role}
@@ -775,13 +778,9 @@ class Connection:
         drainer = self.drainer
         if drainer is not None and drainer is not asyncio.current_task():
             drainer.cancel()
-        task = asyncio.get_running_loop().create_task(
+        self.closer = asyncio.get_running_loop().create_task(
             self._close_frame(CLOSE_SLOW_CONSUMER, reason[:120], self.hub.config.close_grace)
         )
-        if not isinstance(self.requests, set):
-            self.requests = set()
-        self.requests.add(task)
-        task.add_done_callback(self.requests.discard)
 
     def _stop(self) -> None:
         self.closed = True
@@ -798,7 +797,8 @@ class Connection:
         if self.closed:
             return
         self._stop()
-        await self._close_frame(code, reason, 2.0)
+        self.closer = asyncio.get_running_loop().create_task(self._close_frame(code, reason, 2.0))
+        await self.closer
 
     async def _close_frame(self, code: int, reason: str, grace: float) -> None:
         """Send the close frame; uvicorn writes it once the transport is below its high
@@ -817,7 +817,7 @@ class Connection:
 
     def _abort(self, transport: object) -> None:
         if isinstance(transport, asyncio.WriteTransport):
-            transport.abort()
+            _abort_if_stuck(transport)
         elif self.serve_task is not None and self.serve_task is not asyncio.current_task():
             self.serve_task.cancel()  # another ASGI server: end the app, it closes the socket
 
@@ -1168,8 +1168,9 @@ class Connection:
 
 
 def _abort_if_stuck(transport: asyncio.WriteTransport) -> None:
-    """The close frame went out a grace period ago; a peer that has not read it by now
-    never will, and a graceful transport close would keep its buffer forever."""
+    """A grace period is over: a peer that has not read its close frame by now never will,
+    and a graceful transport close would keep its buffer forever. (A closing transport
+    with an empty buffer is gone already: asyncio cannot abort it twice.)"""
     if not transport.is_closing() or transport.get_write_buffer_size():
         transport.abort()
 
@@ -1338,6 +1339,10 @@ class Hub:
         except RuntimeError:  # the socket went away while we were receiving
             pass
         finally:
+            if connection.closer is not None:
+                # Returning from the app would close the transport before the close frame.
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(connection.closer)
             connection.closed = True
             for task in connection.subscriptions.values():
                 task.cancel()
