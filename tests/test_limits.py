@@ -20,9 +20,8 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, ConnectionClosedError
+from websockets.exceptions import ConnectionClosed
 
 from hub.server import Connection, Hub, HubConfig
 
@@ -373,8 +372,7 @@ async def test_a_peer_that_never_reads_its_close_frame_is_cut_off(tmp_path: Path
             await until(lambda: not sockets, config.close_grace + 3, "the hub kept the socket open")
             assert time.perf_counter() - evicted < config.close_grace + 2
             assert conn not in h.hub.connections
-            with pytest.raises(ConnectionClosedError):
-                async with asyncio.timeout(10):
-                    async for _ in slow:
-                        pass
+            # Whatever reached its kernel buffer before the abort, then the end.
+            _, code, _reason = await read_until_closed(slow)
+            assert code in (4008, 1006)
             assert sample(h.hub, "sessionhub_evictions_total") == 1
