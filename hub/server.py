@@ -109,7 +109,7 @@ class HubConfig:
     #: hub stops reading that socket until replies go out.
     max_in_flight: int = 64
     #: How long an evicted peer has to take its close frame before the TCP connection is cut.
-    close_grace: float = 2.0
+    close_grace: float = 5.0
 
     def __post_init__(self) -> None:
         for name in (
