@@ -34,7 +34,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -232,13 +232,18 @@ async def stall(repo: Path, tmp: Path, n: int) -> dict[str, Any]:
             await call(slow, "subscribe", session_id=sid, after_seq=0)
         h.start_sampling()
         started = time.monotonic()
-        for i in range(n):
-            for sid in sids:
-                await call(writer, "append", session_id=sid, message=message(i, body))
-        elapsed = time.monotonic() - started
-        evicted_after = await evicted(h, 30)
+
+        async def write() -> float:
+            for i in range(n):
+                for sid in sids:
+                    await call(writer, "append", session_id=sid, message=message(i, body))
+            return time.monotonic() - started
+
+        appends = asyncio.create_task(write())
+        evicted_after = await evicted(h, 60)
         await asyncio.sleep(1.0)  # the peer comes back to read 1 s after its eviction
         frames, code = await read_close(slow)
+        elapsed = await appends
         return {
             "subscriptions": 4,
             "messages": 4 * n,
@@ -326,6 +331,7 @@ async def main() -> None:
     parser.add_argument("--repo", type=Path, default=REPO, help="checkout to serve the hub from")
     parser.add_argument("--quick", action="store_true", help="smaller runs")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--only", action="append", help="run only this scenario (repeatable)")
     parser.add_argument("--flood-worker", nargs=2, metavar=("PORT", "SECONDS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.flood_worker:
@@ -334,12 +340,15 @@ async def main() -> None:
     scale = 4 if args.quick else 1
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, run in (
-            ("follow", lambda: follow(args.repo, Path(tmp), 400 // scale)),
-            ("replay", lambda: replay(args.repo, Path(tmp), 400 // scale)),
-            ("stalled", lambda: stall(args.repo, Path(tmp), 200 // scale)),
-            ("ping_flood", lambda: flood(args.repo, Path(tmp), 20 / scale)),
-        ):
+        scenarios: dict[str, Callable[[], Awaitable[dict[str, Any]]]] = {
+            "follow": lambda: follow(args.repo, Path(tmp), 400 // scale),
+            "replay": lambda: replay(args.repo, Path(tmp), 400 // scale),
+            "stalled": lambda: stall(args.repo, Path(tmp), 200 // scale),
+            "ping_flood": lambda: flood(args.repo, Path(tmp), 20 / scale),
+        }
+        for name, run in scenarios.items():
+            if args.only and name not in args.only:
+                continue
             results[name] = await run()
             if not args.json:
                 print(name, results[name], flush=True)
