@@ -117,6 +117,27 @@ def _parser() -> argparse.ArgumentParser:
         help="record this node's --bus as the database's, replacing the one recorded by "
         "earlier nodes (see docs/nodes.md)",
     )
+    # Memory limits (docs/security.md, "Limits"): sizes take K, M, G suffixes (powers of 2).
+    for flag, default, what in (
+        ("--outbox-bytes", "16M", "unsent frames one connection may hold"),
+        ("--outbox-bytes-total", "1G", "unsent bytes of all connections; past it the heaviest is evicted"),
+        ("--tail-bytes", "8M", "events one stream keeps in memory for its subscribers"),
+        ("--tail-bytes-total", "256M", "events all streams keep in memory"),
+        ("--replay-bytes", "8M", "backlog one connection's catching-up subscriptions hold"),
+    ):
+        serve.add_argument(flag, type=_size, default=_size(default), help=f"{what} (default: {default})")
+    serve.add_argument(
+        "--max-in-flight",
+        type=_positive,
+        default=64,
+        help="requests of one connection unanswered before its socket stops being read (default: 64)",
+    )
+    serve.add_argument(
+        "--send-timeout",
+        type=float,
+        default=10.0,
+        help="evict (4008) a peer whose outbox stays full this long, in s (default: 10)",
+    )
 
     token = command("token", "print an access token")
     token.add_argument(
@@ -216,6 +237,32 @@ def _serve_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def _size(text: str) -> int:
+    """A byte count: 1048576, 512K, 16M, 1G (also KiB, MiB, GiB)."""
+    value = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = value[-1:] if value[-1:] in ("K", "M", "G") else ""
+    try:
+        number = int(value[: len(value) - len(unit)])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (say 65536, 512K, 16M or 1G)") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"a size must be at least 1 byte, not {text!r}")
+    return number * _UNITS[unit]
+
+
+def _positive(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {number}")
+    return number
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -243,14 +290,25 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    config_ = HubConfig(
-        max_frame_bytes=args.max_frame_bytes,
-        auth_secret=args.auth_secret,
-        allowed_origins=tuple(args.allowed_origin),
-        bind_host=args.host,
-        presence_ttl=args.presence_ttl,
-        presence_heartbeat=min(10.0, args.presence_ttl / 3),
-    )
+    try:
+        config_ = HubConfig(
+            max_frame_bytes=args.max_frame_bytes,
+            auth_secret=args.auth_secret,
+            allowed_origins=tuple(args.allowed_origin),
+            bind_host=args.host,
+            presence_ttl=args.presence_ttl,
+            presence_heartbeat=min(10.0, args.presence_ttl / 3),
+            outbox_bytes=args.outbox_bytes,
+            outbox_bytes_total=args.outbox_bytes_total,
+            tail_bytes=args.tail_bytes,
+            tail_bytes_total=args.tail_bytes_total,
+            replay_bytes=args.replay_bytes,
+            max_in_flight=args.max_in_flight,
+            send_timeout=args.send_timeout,
+        )
+    except ValueError as exc:  # HubConfig checks its limits: one line, exit 2
+        print(f"sessionhub: {exc}", file=sys.stderr)
+        return 2
     from .backends import BackendUnavailable, probe
 
     try:

@@ -76,8 +76,15 @@ CLOSE_UNSUPPORTED = 1003
 
 @dataclass(frozen=True)
 class HubConfig:
-    """Limits of one hub. ``queue_frames`` bounds each connection's outgoing queue;
-    ``send_timeout`` is how long a full queue may stay full before the peer is evicted."""
+    """Limits of one hub (docs/security.md, "Limits").
+
+    Every buffer is bounded in bytes as well as in frames: a connection's outbox
+    (``outbox_bytes``), the replies waiting for room in it (``outbox_bytes`` again), the
+    backlog a catching-up subscription holds (``replay_bytes``), each stream's tail cache
+    (``tail_bytes``), and all of it across the hub (``outbox_bytes_total``,
+    ``tail_bytes_total``). ``send_timeout`` is how long a full outbox may stay full before
+    the peer is evicted (close code 4008); ``close_grace`` how long an evicted peer has to
+    take the close frame before its transport is aborted."""
 
     max_frame_bytes: int = 1 << 20
     #: HS256 secret: when set, every WebSocket request needs a token granting it.
@@ -98,6 +105,42 @@ class HubConfig:
     #: node's connections stay listed.
     presence_heartbeat: float = 10.0
     presence_ttl: float = 30.0
+    #: Unsent frames one connection may hold (its outbox).
+    outbox_bytes: int = 16 << 20
+    #: Unsent bytes of all connections together (outboxes, waiting replies, replay
+    #: batches); past it the connection holding the most is evicted.
+    outbox_bytes_total: int = 1 << 30
+    #: Encoded event frames one stream's tail keeps in memory.
+    tail_bytes: int = 8 << 20
+    #: Tail caches of all streams together; past it the largest caches shrink.
+    tail_bytes_total: int = 256 << 20
+    #: Backlog one connection's catching-up subscriptions hold, read from the log.
+    replay_bytes: int = 8 << 20
+    #: Requests of one connection running or waiting to be answered; at the bound the
+    #: hub stops reading that socket until replies go out.
+    max_in_flight: int = 64
+    #: How long an evicted peer has to take its close frame before the TCP connection is cut.
+    close_grace: float = 5.0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_frame_bytes",
+            "max_subscriptions",
+            "queue_frames",
+            "tail_events",
+            "backlog_batch",
+            "outbox_bytes",
+            "outbox_bytes_total",
+            "tail_bytes",
+            "tail_bytes_total",
+            "replay_bytes",
+            "max_in_flight",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"HubConfig.{name} must be at least 1, not {getattr(self, name)}")
+        for name in ("send_timeout", "close_grace", "shutdown_grace"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"HubConfig.{name} must be more than 0, not {getattr(self, name)}")
 
 
 # -- wire conversion -----------------------------------------------------------------------
@@ -160,7 +203,19 @@ class Metrics:
             "sessionhub_events_delivered", "Event frames queued to subscribers", registry=self.registry
         )
         self.evictions = Counter(
-            "sessionhub_evictions", "Connections closed for reading too slowly", registry=self.registry
+            "sessionhub_evictions",
+            "Connections evicted (close code 4008): too slow, or over a byte limit; once each",
+            registry=self.registry,
+        )
+        self.tail_evictions = Counter(
+            "sessionhub_tail_evictions",
+            "Events dropped from tail caches to stay within tail_bytes or tail_bytes_total",
+            registry=self.registry,
+        )
+        self.reads_paused = Counter(
+            "sessionhub_reads_paused",
+            "Times a connection's socket stopped being read: max_in_flight requests unanswered",
+            registry=self.registry,
         )
         self.bad_frames = Counter(
             "sessionhub_bad_frames",
@@ -175,6 +230,17 @@ class Metrics:
             registry=self.registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0),
         )
+
+    def watch_held(self, held: Held) -> None:
+        """Export the bytes the hub holds for its peers (read at scrape time)."""
+        for name, help_, attr in (
+            ("sessionhub_outbox_bytes", "Frames queued in outboxes, in bytes", "outbox"),
+            ("sessionhub_waiting_bytes", "Replies waiting for room in an outbox, in bytes", "waiting"),
+            ("sessionhub_replay_bytes", "Backlog held by catching-up subscriptions, in bytes", "replay"),
+            ("sessionhub_tail_bytes", "Event frames cached by stream tails, in bytes", "tail"),
+        ):
+            gauge = Gauge(name, help_, registry=self.registry)
+            gauge.set_function(functools.partial(_read_held, held, attr))
 
     def watch_bus(self, bus: RemoteBus) -> None:
         """Export a cross-node bus's state (read at scrape time)."""
@@ -191,37 +257,87 @@ class Metrics:
         ).set_function(lambda: float(bus.relay_dropped))
 
 
+def _read_held(held: Held, attr: str) -> float:
+    return float(getattr(held, attr))
+
+
 # -- stream tails --------------------------------------------------------------------------
 
 
+class Held:
+    """Bytes the hub holds for its peers, summed over connections and tails: what
+    ``outbox_bytes_total`` and ``tail_bytes_total`` bound and ``/metrics`` shows."""
+
+    __slots__ = ("outbox", "replay", "tail", "waiting")
+
+    def __init__(self) -> None:
+        self.outbox = 0
+        self.waiting = 0
+        self.replay = 0
+        self.tail = 0
+
+    @property
+    def unsent(self) -> int:
+        return self.outbox + self.waiting + self.replay
+
+
+def frame_cost(data: str | None) -> int:
+    """What a queued frame costs: its characters (the JSON is ASCII but for non-ASCII text,
+    and CPython stores an ASCII str in one byte a character) and the str header."""
+    return 0 if data is None else len(data) + _STR_HEADER
+
+
+#: sys.getsizeof("") on 64-bit CPython: the header of a compact ASCII str.
+_STR_HEADER = 49
+
+
 class Outbox:
-    """One connection's bounded FIFO of outgoing frames.
+    """One connection's bounded FIFO of outgoing frames, bounded in frames (``maxsize``)
+    and in bytes (``max_bytes``; an empty outbox takes one frame of any size, or a large
+    reply could never be sent).
 
     ``asyncio.Queue`` allocates three deques and an event up front (about 2.5 KiB); this
     allocates its deque when a frame is queued and drops it when drained, so an idle
     subscriber costs less (docs/benchmarks.md). What the hub uses: ``put_nowait`` raises
     ``asyncio.QueueFull``, ``put`` waits for room, ``get_nowait`` raises
-    ``asyncio.QueueEmpty``."""
+    ``asyncio.QueueEmpty``, ``close`` drops everything (an evicted peer's frames go at once)."""
 
-    __slots__ = ("_items", "_putters", "maxsize")
+    __slots__ = ("_items", "_putters", "bytes", "closed", "held", "max_bytes", "maxsize")
 
-    def __init__(self, maxsize: int) -> None:
+    def __init__(self, maxsize: int, max_bytes: int = 1 << 62, held: Held | None = None) -> None:
         self.maxsize = maxsize
+        self.max_bytes = max_bytes
+        self.held = held if held is not None else Held()
+        self.bytes = 0
+        self.closed = False
         self._items: collections.deque[str | None] | None = None
         self._putters: list[asyncio.Future[None]] | None = None
 
     def qsize(self) -> int:
         return 0 if self._items is None else len(self._items)
 
-    def put_nowait(self, item: str | None) -> None:
-        if self.qsize() >= self.maxsize:
+    def fits(self, item: str | None, *, count_frames: bool = True) -> bool:
+        if not self._items:
+            return True
+        if count_frames and len(self._items) >= self.maxsize:
+            return False
+        return self.bytes + frame_cost(item) <= self.max_bytes
+
+    def put_nowait(self, item: str | None, *, count_frames: bool = True) -> None:
+        """Queue ``item`` if it fits; ``count_frames=False``: bounded by bytes only."""
+        if self.closed:
+            return  # the peer was evicted: nothing more is sent to it
+        if not self.fits(item, count_frames=count_frames):
             raise asyncio.QueueFull
         if self._items is None:
             self._items = collections.deque()
         self._items.append(item)
+        cost = frame_cost(item)
+        self.bytes += cost
+        self.held.outbox += cost
 
     async def put(self, item: str | None) -> None:
-        while self.qsize() >= self.maxsize:
+        while not self.closed and not self.fits(item):
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             if self._putters is None:
                 self._putters = []
@@ -237,6 +353,9 @@ class Outbox:
         if not self._items:
             raise asyncio.QueueEmpty
         item = self._items.popleft()
+        cost = frame_cost(item)
+        self.bytes -= cost
+        self.held.outbox -= cost
         if not self._items:
             self._items = None
         if self._putters:
@@ -245,6 +364,16 @@ class Outbox:
                     waiter.set_result(None)
                     break
         return item
+
+    def close(self) -> None:
+        """Drop every queued frame and refuse new ones; waiting putters return."""
+        self.closed = True
+        self.held.outbox -= self.bytes
+        self.bytes = 0
+        self._items = None
+        for waiter in self._putters or ():
+            if not waiter.done():
+                waiter.set_result(None)
 
 
 @dataclass(slots=True)
@@ -260,25 +389,39 @@ class _Live:
     resume: Callable[[_Live], None]
 
 
+#: One cached event: its seq, its epoch and its encoded frame (the only large part; the
+#: tail keeps no decoded Event, which would cost as much again).
+Entry = tuple[int, str, str]
+
+
 class Tail:
     """The newest events of one stream, read once from the log for all its subscribers.
 
     Subscribers that have caught up are *live*: the tail puts each new frame straight into
     their queues (no task wakes per subscriber per event). One whose queue is full, or that
-    meets an epoch change, is woken to continue on its own, with backpressure."""
+    meets an epoch change, is woken to continue on its own, with backpressure.
 
-    def __init__(self, store: Store, stream: str, size: int) -> None:
+    The cache is bounded in events (``size``) and in bytes (``max_bytes``, and the hub's
+    ``tail_bytes_total`` through :class:`Tails`): what falls out is read from the log by
+    whoever is behind it."""
+
+    def __init__(self, store: Store, stream: str, size: int, max_bytes: int = 1 << 62) -> None:
         self.store = store
         self.stream = stream
-        self.events: collections.deque[Event] = collections.deque(maxlen=size)
-        # The event frames, encoded once here for every subscriber (same positions).
-        self.frames: collections.deque[str] = collections.deque(maxlen=size)
+        self.size = size
+        self.max_bytes = max_bytes
+        self.entries: collections.deque[Entry] = collections.deque()
+        self.bytes = 0
+        #: The largest frame this tail has read: how catching-up subscribers size a batch.
+        self.largest = 0
         self.last_seq = 0
         self.changed = asyncio.Event()
         self.users = 0
         self.task: asyncio.Task[None] | None = None
         self.live: dict[int, _Live] = {}
         self.on_delivered: Callable[[int], None] = lambda n: None
+        #: Called with the change in cached bytes and the number of entries dropped.
+        self.on_resized: Callable[[Tail, int, int], None] = lambda tail, delta, dropped: None
 
     async def start(self) -> None:
         bus = self.store.bus
@@ -296,6 +439,7 @@ class Tail:
             await self._follow(generation)
         finally:
             self.store.bus.unfollow(self.stream)
+            self.clear()
 
     async def _follow(self, generation: int) -> None:
         bus = self.store.bus
@@ -308,8 +452,7 @@ class Tail:
             except PositionLost as exc:
                 # Pruned or re-epoched under us: start over at the log's end; subscribers
                 # notice the gap or the epoch and get a reset.
-                self.events.clear()
-                self.frames.clear()
+                self.clear()
                 self.last_seq = exc.last_seq
                 events = []
             except Exception:
@@ -317,25 +460,51 @@ class Tail:
                 await asyncio.sleep(0.5)
                 continue
             if events:
-                frames = [encode(event_frame(e)).decode() for e in events]
-                self.events.extend(events)
-                self.frames.extend(frames)
-                self.last_seq = events[-1].seq
-                self._push(events, frames)
+                entries = [(e.seq, e.epoch, encode(event_frame(e)).decode()) for e in events]
+                del events  # the decoded events are not kept: the frames are what is sent
+                added = 0
+                for entry in entries:
+                    added += frame_cost(entry[2])
+                    self.largest = max(self.largest, len(entry[2]))
+                self.entries.extend(entries)
+                self.bytes += added
+                self.last_seq = entries[-1][0]
+                self.trim(self.max_bytes, added)
+                self._push(entries)
             waiter, self.changed = self.changed, asyncio.Event()
             waiter.set()
 
-    def _push(self, events: list[Event], frames: list[str]) -> None:
+    def trim(self, max_bytes: int, added: int = 0) -> None:
+        """Drop the oldest entries until the cache is within ``size`` and ``max_bytes``."""
+        delta, dropped = added, 0
+        entries = self.entries
+        while entries and (len(entries) > self.size or self.bytes > max_bytes):
+            cost = frame_cost(entries.popleft()[2])
+            self.bytes -= cost
+            delta -= cost
+            dropped += 1
+        if delta or dropped:
+            self.on_resized(self, delta, dropped)
+
+    def clear(self) -> None:
+        dropped = len(self.entries)
+        freed = self.bytes
+        self.entries.clear()
+        self.bytes = 0
+        if freed or dropped:
+            self.on_resized(self, -freed, 0)
+
+    def _push(self, entries: list[Entry]) -> None:
         delivered = 0
         for key, live in list(self.live.items()):
-            for event, data in zip(events, frames, strict=True):
-                if event.seq <= live.seq:
+            for seq, epoch, data in entries:
+                if seq <= live.seq:
                     continue
-                if event.epoch != live.epoch or not live.connection.try_put(data):
+                if epoch != live.epoch or not live.connection.try_put(data):
                     del self.live[key]
                     live.resume(live)
                     break
-                live.seq = event.seq
+                live.seq = seq
                 delivered += 1
         if delivered:
             self.on_delivered(delivered)
@@ -349,38 +518,68 @@ class Tail:
     def leave(self, live: _Live) -> None:
         self.live.pop(id(live), None)
 
-    def after(self, seq: int) -> list[tuple[Event, str]] | None:
-        """Events after ``seq`` (with their encoded frames) if this tail holds all of them,
-        else None. The deque is contiguous in seq, so this is a slice, not a scan."""
+    def after(self, seq: int) -> list[Entry] | None:
+        """Entries after ``seq`` if this tail holds all of them, else None. The deque is
+        contiguous in seq, so this is a slice, not a scan."""
         if seq >= self.last_seq:
             return []
-        if not self.events:
+        if not self.entries:
             return None
-        first = self.events[0].seq
+        first = self.entries[0][0]
         if seq + 1 < first:
             return None
-        start = seq + 1 - first
-        events = itertools.islice(self.events, start, None)
-        return list(zip(events, itertools.islice(self.frames, start, None), strict=True))
+        return list(itertools.islice(self.entries, seq + 1 - first, None))
 
 
 class Tails:
-    def __init__(self, store: Store, size: int) -> None:
+    """The tails of the followed streams, and their bytes across the hub."""
+
+    def __init__(
+        self,
+        store: Store,
+        size: int,
+        max_bytes: int = 1 << 62,
+        max_total: int = 1 << 62,
+        held: Held | None = None,
+    ) -> None:
         self.store = store
         self.size = size
+        self.max_bytes = max_bytes
+        self.max_total = max_total
+        self.held = held if held is not None else Held()
         self._tails: dict[str, Tail] = {}
         self._lock = asyncio.Lock()
         self.on_delivered: Callable[[int], None] = lambda n: None
+        self.on_dropped: Callable[[int], None] = lambda n: None
 
     async def acquire(self, stream: str) -> Tail:
         async with self._lock:
             tail = self._tails.get(stream)
             if tail is None:
-                tail = self._tails[stream] = Tail(self.store, stream, self.size)
+                tail = Tail(self.store, stream, self.size, self.max_bytes)
                 tail.on_delivered = self.on_delivered
+                tail.on_resized = self._resized
                 await tail.start()
+                self._tails[stream] = tail
             tail.users += 1
             return tail
+
+    def _resized(self, tail: Tail, delta: int, dropped: int) -> None:
+        self.held.tail += delta
+        if dropped:
+            self.on_dropped(dropped)
+        if delta > 0 and self.held.tail > self.max_total:
+            self._shrink()
+
+    def _shrink(self) -> None:
+        """Over ``tail_bytes_total``: halve the largest caches until the hub is 10 % under
+        it, so that the scan over tails runs once per many events, not on every one."""
+        goal = self.max_total * 9 // 10
+        while self.held.tail > goal:
+            largest = max(self._tails.values(), key=lambda t: t.bytes, default=None)
+            if largest is None or largest.bytes == 0:
+                return
+            largest.trim(min(largest.bytes // 2, largest.bytes - (self.held.tail - goal)))
 
     def release(self, tail: Tail) -> None:
         tail.users -= 1
@@ -388,6 +587,8 @@ class Tails:
             del self._tails[tail.stream]
             if tail.task is not None:
                 tail.task.cancel()
+            else:
+                tail.clear()
 
     async def close(self) -> None:
         for tail in list(self._tails.values()):
@@ -405,6 +606,10 @@ class Evicted(Exception):
     pass
 
 
+#: Where the ASGI server's transport is kept in a WebSocket's scope (see ``_KeepTransport``).
+TRANSPORT = "sessionhub.transport"
+
+
 class Connection:
     """One client socket: a bounded outgoing queue, drained by a task that runs only while
     frames wait (an idle connection keeps no writer task)."""
@@ -413,6 +618,7 @@ class Connection:
     __slots__ = (
         "announced",
         "closed",
+        "closer",
         "closing_output",
         "connection_id",
         "drainer",
@@ -424,11 +630,14 @@ class Connection:
         "presence_watch",
         "protocol",
         "queue",
+        "replay",
         "requests",
         "role",
+        "room",
         "serve_task",
         "subscriptions",
         "summarizer",
+        "waiting",
         "websocket",
     )
 
@@ -438,7 +647,7 @@ class Connection:
         self.protocol = ServerConnection(
             max_frame_bytes=hub.config.max_frame_bytes, max_subscriptions=hub.config.max_subscriptions
         )
-        self.queue = Outbox(hub.config.queue_frames)
+        self.queue = Outbox(hub.config.queue_frames, hub.config.outbox_bytes, hub.held)
         # Empty sets cost ~200 bytes each; thousands of idle connections have none of these
         # in use, so they start as the shared empty frozenset and become sets when needed.
         self.requests: set[asyncio.Task[None]] | frozenset[asyncio.Task[None]] = frozenset()
@@ -456,9 +665,20 @@ class Connection:
         self.announced: frozenset[str] = frozenset()  # sessions declared with hello
         self.summarizer = False  # declared with hello: this peer writes summaries
         self.presence_watch: frozenset[str] = frozenset()  # subscriptions asking for join/leave
+        self.waiting = 0  # bytes of replies waiting for room in the outbox
+        self.replay = 0  # bytes of backlog batches read for catching-up subscriptions
+        #: Set while the reader waits for requests in flight to drop below the bound.
+        self.room: asyncio.Future[None] | None = None
+        #: Sends the close frame (or cuts the peer off); the app must not end before it.
+        self.closer: asyncio.Task[None] | None = None
 
     def entry(self) -> dict[str, Any]:
         return {"connection_id": self.connection_id, "name": self.name, "role": self.role}
+
+    @property
+    def unsent(self) -> int:
+        """Bytes held for this peer: its outbox, replies waiting for room, replay batches."""
+        return self.queue.bytes + self.waiting + self.replay
 
     async def send(self, frame: Any) -> None:
         """Queue a frame; if the queue stays full past the send timeout, evict the peer."""
@@ -472,46 +692,71 @@ class Connection:
             self.queue.put_nowait(data)
         except asyncio.QueueFull:
             return False
-        self._kick()
+        self._queued()
         return True
 
-    async def send_text(self, data: str) -> None:
-        """Queue an encoded frame (see :meth:`send`)."""
+    async def send_text(self, data: str, *, reply: bool = True) -> None:
+        """Queue an encoded frame (see :meth:`send`). ``reply=False``: a subscription's
+        event, whose waiting is bounded by the subscription count, not in bytes."""
         if self.closed:
             raise Evicted
         try:
             self.queue.put_nowait(data)
-            self._kick()
         except asyncio.QueueFull:
-            if not await self._wait_to_send(data):
+            if not await self._wait_to_send(data, reply=reply):
                 raise Evicted from None
+            return
+        self._queued()
 
     def offer(self, data: str) -> None:
-        """Queue an already-encoded frame without waiting (fan-out): when the queue is full,
-        a task waits for room, and evicts the peer if none comes in time."""
+        """Queue an already-encoded frame without waiting (fan-out). Bounded by bytes only
+        (a burst of small frames is not a slow peer); a peer that has ``outbox_bytes``
+        unread already is evicted, rather than a task per frame waiting for room."""
         if self.closed:
             return
         try:
-            self.queue.put_nowait(data)
-            self._kick()
+            self.queue.put_nowait(data, count_frames=False)
         except asyncio.QueueFull:
-            self._spawn(self._wait_to_send(data))
+            self.evict(
+                f"slow consumer: over {self.hub.config.outbox_bytes} bytes unread; resume from your last seq"
+            )
+            return
+        self._queued()
 
-    async def _wait_to_send(self, data: str) -> bool:
+    async def _wait_to_send(self, data: str, *, reply: bool = True) -> bool:
         """The queue is full: wait for room up to the send timeout, else evict the peer.
-        Returns whether the frame was queued."""
-        try:
-            await asyncio.wait_for(self.queue.put(data), self.hub.config.send_timeout)
-        except TimeoutError:
-            self.hub.metrics.evictions.inc()
-            await self.close(
-                CLOSE_SLOW_CONSUMER,
-                f"slow consumer: outgoing queue full for {self.hub.config.send_timeout:g}s; "
-                "resume from your last seq",
+        Replies waiting are bounded in bytes too (``outbox_bytes``): past it, the peer is
+        evicted at once. Returns whether the frame was queued."""
+        config = self.hub.config
+        cost = frame_cost(data)
+        if reply and self.waiting and self.waiting + cost > config.outbox_bytes:
+            self.evict(
+                f"slow consumer: over {config.outbox_bytes} bytes of replies unread; "
+                "resume from your last seq"
             )
             return False
-        self._kick()
+        self.waiting += cost
+        self.hub.held.waiting += cost
+        self.hub.check_total()
+        try:
+            await asyncio.wait_for(self.queue.put(data), config.send_timeout)
+        except TimeoutError:
+            self.evict(
+                f"slow consumer: outgoing queue full for {config.send_timeout:g}s; resume from your last seq"
+            )
+            return False
+        finally:
+            self.waiting -= cost
+            self.hub.held.waiting -= cost
+        if self.closed:
+            return False
+        self._queued()
         return True
+
+    def _queued(self) -> None:
+        self._kick()
+        if self.hub.held.unsent > self.hub.config.outbox_bytes_total:
+            self.hub.check_total()
 
     def _kick(self) -> None:
         """Make sure a drainer runs. It exists only while frames wait, so an idle
@@ -532,23 +777,77 @@ class Connection:
                 continue
             await self.websocket.send_text(data)
 
-    async def close(self, code: int, reason: str) -> None:
-        """Close with ``code``. Called from a subscription task too (eviction), so it never
-        cancels the task it runs in; a peer that cannot even take the close frame within
-        two seconds is cut off."""
+    def evict(self, reason: str) -> None:
+        """Close with 4008 now, dropping every frame not yet sent: the peer resumes from
+        the last seq it read. Counted once per connection, whatever called it."""
         if self.closed:
             return
+        self.hub.metrics.evictions.inc()
+        log.info("evicting connection %s: %s", self.connection_id, reason)
+        self._stop()
+        # Not behind the backlog: the drainer is gone, so the close frame is the next
+        # thing written once the transport has room (see _close_frame).
+        self.queue.close()
+        drainer = self.drainer
+        if drainer is not None and drainer is not asyncio.current_task():
+            drainer.cancel()
+        self.closer = asyncio.get_running_loop().create_task(
+            self._close_frame(CLOSE_SLOW_CONSUMER, reason[:120], self.hub.config.close_grace)
+        )
+
+    def _stop(self) -> None:
         self.closed = True
         current = asyncio.current_task()
         for task in self.subscriptions.values():
             if task is not current:
                 task.cancel()
+        self._make_room()
+
+    async def close(self, code: int, reason: str) -> None:
+        """Close with ``code`` after what is queued. Called from a subscription task too,
+        so it never cancels the task it runs in; a peer that cannot even take the close
+        frame within two seconds is cut off."""
+        if self.closed:
+            return
+        self._stop()
+        self.closer = asyncio.get_running_loop().create_task(self._close_frame(code, reason, 2.0))
+        await self.closer
+
+    async def _close_frame(self, code: int, reason: str, grace: float) -> None:
+        """Send the close frame; uvicorn writes it once the transport is below its high
+        water mark. A peer that does not read even that within ``grace`` has its TCP
+        connection aborted (a graceful transport close would wait forever on a peer
+        that never reads), and so does one that stops reading after the close frame."""
+        transport = self.websocket.scope.get(TRANSPORT)
         try:
-            async with asyncio.timeout(2.0):
+            async with asyncio.timeout(grace):
                 await self.websocket.close(code, reason)
         except Exception:
-            if self.serve_task is not None and self.serve_task is not current:
-                self.serve_task.cancel()
+            self._abort(transport)
+            return
+        if isinstance(transport, asyncio.WriteTransport):
+            asyncio.get_running_loop().call_later(grace, _abort_if_stuck, transport)
+
+    def _abort(self, transport: object) -> None:
+        if isinstance(transport, asyncio.WriteTransport):
+            _abort_if_stuck(transport)
+        elif self.serve_task is not None and self.serve_task is not asyncio.current_task():
+            self.serve_task.cancel()  # another ASGI server: end the app, it closes the socket
+
+    def _make_room(self) -> None:
+        room = self.room
+        if room is not None and not room.done():
+            room.set_result(None)
+
+    async def wait_for_room(self) -> None:
+        """Wait until fewer than ``max_in_flight`` requests are unanswered (or the
+        connection closes). Meanwhile the socket is not read: the peer's sends back up."""
+        self.hub.metrics.reads_paused.inc()
+        self.room = asyncio.get_running_loop().create_future()
+        try:
+            await self.room
+        finally:
+            self.room = None
 
     # -- requests ------------------------------------------------------------------------
     def on_frame(self, data: str) -> None:
@@ -709,7 +1008,13 @@ class Connection:
             self.requests = set()
         requests = self.requests
         requests.add(task)
-        task.add_done_callback(requests.discard)
+        task.add_done_callback(self._request_done)
+
+    def _request_done(self, task: asyncio.Task[None]) -> None:
+        if isinstance(self.requests, set):
+            self.requests.discard(task)
+        if self.room is not None and len(self.requests) < self.hub.config.max_in_flight:
+            self._make_room()
 
     def _unpark(self, key: StreamKey) -> bool:
         """End a live subscription that has no task; True if there was one."""
@@ -861,17 +1166,26 @@ class Connection:
     ) -> None:
         store = self.hub.store
         parked = False
+        largest = tail.largest  # of the frames seen: sizes the next batch read from the log
         try:
             while True:
                 waiter = tail.changed
                 events = tail.after(seq)
+                replaying = events is None
                 if events is None:
                     try:
-                        backlog = await store.read_events(stream, seq, self.hub.config.backlog_batch)
+                        backlog = await store.read_events(stream, seq, self._batch(tail, largest))
                     except PositionLost as exc:
                         await self._reset(key, seq, exc.epoch, exc.first_seq, exc.last_seq)
                         return
-                    events = [(e, encode(event_frame(e)).decode()) for e in backlog]
+                    events = [(e.seq, e.epoch, encode(event_frame(e)).decode()) for e in backlog]
+                    del backlog
+                    largest = max((len(data) for _, _, data in events), default=largest)
+                    held = sum(frame_cost(data) for _, _, data in events)
+                    self.replay += held
+                    self.hub.held.replay += held
+                    if self.hub.held.unsent > self.hub.config.outbox_bytes_total:
+                        self.hub.check_total()
                 if not events:
                     if tail.last_seq <= seq:
                         if not caught_up and key is not None:
@@ -892,24 +1206,46 @@ class Connection:
                         return
                     continue
                 sent = 0
+                batch = collections.deque(events)
+                events = None  # the deque holds what is not sent yet, and lets go of the rest
                 try:
-                    for event, data in events:
+                    while batch:
+                        event_seq, event_epoch, data = batch.popleft()
+                        if replaying:
+                            held = frame_cost(data)
+                            self.replay -= held
+                            self.hub.held.replay -= held
                         if epoch is None:
-                            epoch = event.epoch
-                        if event.epoch != epoch:
+                            epoch = event_epoch
+                        if event_epoch != epoch:
                             current = await store.stream_position(stream)
                             await self._reset(key, seq, current.epoch, current.first_seq, current.last_seq)
                             return
-                        await self.send_text(data)
+                        await self.send_text(data, reply=False)
                         sent += 1
-                        seq = event.seq
+                        seq = event_seq
                 finally:
                     self.hub.metrics.delivered.inc(sent)  # once per batch: the counter takes a lock
+                    if replaying and batch:
+                        held = sum(frame_cost(data) for _, _, data in batch)
+                        self.replay -= held
+                        self.hub.held.replay -= held
+                    batch.clear()
         except Evicted:
             return
         finally:
             if not parked:
                 self.hub.tails.release(tail)
+
+    def _batch(self, tail: Tail, largest: int) -> int:
+        """How many events to read from the log: what fits in the connection's
+        ``replay_bytes`` left, judged by the largest frame seen, at least one (progress),
+        at most ``backlog_batch``; a few while nothing is known of the stream's sizes."""
+        config = self.hub.config
+        if largest <= 0:
+            return min(config.backlog_batch, 8)
+        room = config.replay_bytes - self.replay
+        return max(1, min(config.backlog_batch, room // (largest + _STR_HEADER)))
 
     async def _reset(self, key: StreamKey, seq: int, epoch: str, first: int, last: int) -> None:
         await self.send(
@@ -922,6 +1258,14 @@ class Connection:
                 message="the log cannot serve events after this position; reload and resubscribe",
             )
         )
+
+
+def _abort_if_stuck(transport: asyncio.WriteTransport) -> None:
+    """A grace period is over: a peer that has not read its close frame by now never will,
+    and a graceful transport close would keep its buffer forever. (A closing transport
+    with an empty buffer is gone already: asyncio cannot abort it twice.)"""
+    if not transport.is_closing() or transport.get_write_buffer_size():
+        transport.abort()
 
 
 def _code(exc: SessionHubError) -> f.ErrorCode:
@@ -949,8 +1293,11 @@ class Hub:
         self.manager = manager
         self.config = config
         self.metrics = Metrics()
-        self.tails = Tails(store, config.tail_events)
+        self.held = Held()
+        self.metrics.watch_held(self.held)
+        self.tails = Tails(store, config.tail_events, config.tail_bytes, config.tail_bytes_total, self.held)
         self.tails.on_delivered = self.metrics.delivered.inc
+        self.tails.on_dropped = self.metrics.tail_evictions.inc
         self.streams = Streams(self)
         self.connections: set[Connection] = set()
         #: session id -> connection id -> connection: who is on each session.
@@ -963,6 +1310,25 @@ class Hub:
             self.metrics.watch_bus(store.bus)
         self.closing = False
         self.ops: dict[str, Callable[[Any], Awaitable[Any]]] = _operations(self)
+
+    def check_total(self) -> None:
+        """Over ``outbox_bytes_total``: evict the connections holding the most unsent bytes
+        until the hub is back under it, rather than refusing frames to everyone."""
+        limit = self.config.outbox_bytes_total
+        # What an evicted connection still holds (a reply waiting, a batch being dropped)
+        # goes as its tasks end: count it as gone now, or one overflow would evict several.
+        excess = self.held.unsent - limit
+        while excess > 0:
+            heaviest = max(
+                (c for c in self.connections if not c.closed), key=lambda c: c.unsent, default=None
+            )
+            if heaviest is None or heaviest.unsent == 0:
+                return
+            excess -= heaviest.unsent
+            heaviest.evict(
+                f"slow consumer: the hub holds over {limit} unsent bytes, this connection the most; "
+                "resume from your last seq"
+            )
 
     def present_on(self, connection: Connection) -> list[str]:
         return [sid for sid, present in self.presence.items() if connection.connection_id in present]
@@ -1044,8 +1410,14 @@ class Hub:
         connection.serve_task = asyncio.current_task()
         self.connections.add(connection)
         self.metrics.connections.inc()
+        in_flight = self.config.max_in_flight
         try:
             while not connection.closed:
+                if len(connection.requests) >= in_flight:
+                    # Backpressure: leave the next frames in the socket (uvicorn pauses
+                    # reading until we receive) until replies have gone out.
+                    await connection.wait_for_room()
+                    continue
                 message = await websocket.receive()
                 if message["type"] == "websocket.disconnect":
                     break
@@ -1061,6 +1433,10 @@ class Hub:
         except RuntimeError:  # the socket went away while we were receiving
             pass
         finally:
+            if connection.closer is not None:
+                # Returning from the app would close the transport before the close frame.
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(connection.closer)
             connection.closed = True
             if connection.expiry is not None:  # no expiry timer outlives the connection
                 connection.expiry.cancel()
@@ -1079,6 +1455,23 @@ class Hub:
             for sid in self.present_on(connection):
                 self.leave(connection, sid)
             self.metrics.connections.dec()
+
+
+class _KeepTransport:
+    """ASGI middleware: keep the server's transport in a WebSocket's scope, so that an
+    evicted peer that reads nothing, not even its close frame, can be cut off. uvicorn
+    passes its protocol's bound ``send``, whose ``transport`` this is; under another
+    server nothing is kept and eviction ends the app instead."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            transport = getattr(getattr(send, "__self__", None), "transport", None)
+            if isinstance(transport, asyncio.WriteTransport):
+                scope[TRANSPORT] = transport
+        await self.app(scope, receive, send)
 
 
 def _token_of(websocket: WebSocket) -> tuple[str | None, str | None]:
@@ -1373,4 +1766,6 @@ def create_app(
         routes.append(Mount("/", app=InspectorFiles(WEB_DIR), name="web"))
     # uvicorn's traceback per invalid UTF-8 frame becomes one rate-limited line.
     install_log_filters()
-    return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(_HostCheck, config=settings)])
+    # The Host check first, so a rebound name is refused before anything else runs.
+    middleware = [Middleware(_HostCheck, config=settings), Middleware(_KeepTransport)]
+    return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
