@@ -18,7 +18,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from clients import LATEST, ConnectionLost, HubClient, HubError, RemoteTool
-from clients.hub import error_from
+from clients.errors import error_from
 from hub import LATEST as ENGINE_LATEST
 from hub import SessionManager, SqliteStore
 from hub.server import Hub, create_app

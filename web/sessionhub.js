@@ -5,7 +5,7 @@
 // event they delivered: after a dropped connection the client reconnects with exponential
 // backoff and resubscribes from there, so every event is delivered once, in order. A request
 // in flight when the socket drops rejects with ConnectionLost (it is not retried: it may have
-// been applied). Same guarantees as the Python client (clients/hub.py); the protocol state is
+// been applied). Same guarantees as the Python client (clients/client.py); the protocol state is
 // a port of protocol/connection.py's ClientConnection. See docs/js-client.md.
 
 /** Error frames become HubError (`code` is the wire code: invalid, not_found, forbidden...). */
