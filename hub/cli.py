@@ -187,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(args)
     if args.command == "token":
         return _token(args)
-    from .operator import run_sessions, run_tail
+    from clients.operator import run_sessions, run_tail
 
     try:
         if args.command == "tail":

@@ -1,4 +1,4 @@
-"""Terminal tools for operators: ``sessionhub tail`` and ``sessionhub sessions``."""
+"""Terminal tools for operators, built on the client: ``sessionhub tail`` and ``sessions``."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ async def run_tail(
 ) -> int:
     """Print every event of the session (or the registry) after ``after``, then live, until
     interrupted; reconnects and resumes by itself when the hub restarts."""
-    from clients import HubClient
+    from .client import HubClient
 
     stream = out or sys.stdout
     async with HubClient(url, token=token) as hub:
@@ -107,7 +107,7 @@ def _session_line(info: SessionInfo) -> str:
 async def run_sessions(
     url: str, *, raw: bool = False, token: str | None = None, out: TextIO | None = None
 ) -> int:
-    from clients import HubClient
+    from .client import HubClient
 
     stream = out or sys.stdout
     async with HubClient(url, token=token) as hub:
