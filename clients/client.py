@@ -47,6 +47,8 @@ from protocol.connection import (
     Resolved,
     Streamed,
     StreamKey,
+    Subscribed,
+    SubscribeFailed,
     SummaryWanted,
 )
 from protocol.frames import EventFrame, PresenceFrame, StreamFrame, SummarizeFrame
@@ -105,7 +107,6 @@ class _Subscription:
     key: StreamKey
     reload: bool
     queue: asyncio.Queue[Event | BaseException | _End] = field(default_factory=asyncio.Queue)
-    request_id: str | int | None = None
     closing: bool = False
     closed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -164,7 +165,6 @@ class HubClient:
         self._connected = asyncio.Event()
         self._futures: dict[str | int, asyncio.Future[Any]] = {}
         self._subscriptions: dict[StreamKey, _Subscription] = {}
-        self._subscribe_ids: dict[str | int, _Subscription] = {}
         self._supervisor: asyncio.Task[None] | None = None
         self._closed = False
         #: Set when the client cannot go on (a refused reconnect, a drop without reconnect):
@@ -303,9 +303,7 @@ class HubClient:
         try:
             socket = await self._ready()
             watch = self.on_presence is not None and key is not None
-            rid, data = self._protocol.subscribe(key, after_seq, epoch, presence=watch)
-            subscription.request_id = rid
-            self._subscribe_ids[rid] = subscription
+            _, data = self._protocol.subscribe(key, after_seq, epoch, presence=watch, reload=reload)
             # A failed send is not an error: the position is registered, and the reconnect
             # that follows the drop resubscribes from it.
             with contextlib.suppress(ConnectionClosed):
@@ -324,21 +322,18 @@ class HubClient:
         key = subscription.key
         subscription.closing = True
         try:
-            if subscription.request_id is not None:
-                self._subscribe_ids.pop(subscription.request_id, None)
             if (
                 self._subscriptions.get(key) is subscription
                 and key in self._protocol.positions
                 and self._socket is not None
                 and not self._closed
             ):
-                subscription.request_id = None
                 # Wait for the reply: the server's events for this stream all come before
                 # it, so a new subscription to the stream cannot receive a stale one.
                 with contextlib.suppress(SessionHubError, TimeoutError):
                     await asyncio.wait_for(self._unsubscribe(key), self.open_timeout)
             else:
-                self._protocol.positions.pop(key, None)
+                self._protocol.forget(key)
         finally:
             if self._subscriptions.get(key) is subscription:
                 del self._subscriptions[key]
@@ -347,7 +342,7 @@ class HubClient:
     async def _unsubscribe(self, key: StreamKey) -> None:
         socket = self._socket
         if socket is None:
-            self._protocol.positions.pop(key, None)
+            self._protocol.forget(key)
             return
         rid, data = self._protocol.unsubscribe(key)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -365,7 +360,7 @@ class HubClient:
         """The caller is done with the request (answered, failed or cancelled)."""
         if self._futures.get(rid) is future:
             del self._futures[rid]
-        self._protocol.pending.discard(rid)
+        self._protocol.abandon(rid)
         if not future.done():
             future.cancel()
         elif not future.cancelled():
@@ -380,11 +375,11 @@ class HubClient:
             max_size=MAX_FRAME_BYTES,
             open_timeout=self.open_timeout,
         )
-        if self.name is not None or self.role is not None or self.present_on or self.summarize:
-            # First frame on every socket; its reply (id "hello") is not awaited.
-            hello: dict[str, Any] = {"op": "hello", "id": "hello", "name": self.name, "role": self.role}
-            hello |= {"sessions": self.present_on, "summarizer": self.summarize is not None}
-            await socket.send(msgspec.json.encode(hello).decode(), text=True)
+        hello = self._protocol.hello(
+            self.name, self.role, self.present_on, summarizer=self.summarize is not None
+        )
+        if hello is not None:
+            await socket.send(hello, text=True)
         return socket
 
     async def presence(self, session_id: str) -> list[dict[str, Any]]:
@@ -406,7 +401,6 @@ class HubClient:
         for future in futures.values():
             if not future.done():
                 future.set_exception(ConnectionLost(message))
-        self._subscribe_ids.clear()
 
     async def _run(self, socket: Socket) -> None:
         try:
@@ -457,13 +451,7 @@ class HubClient:
     async def _resume(self, socket: Socket) -> None:
         # All synchronous up to the first send: the positions resubscribed here are exactly
         # the streams followed when the new socket becomes current.
-        keys = list(self._protocol.positions)
         frames = self._protocol.resubscribe()
-        for key, (rid, _) in zip(keys, frames, strict=True):
-            subscription = self._subscriptions.get(key)
-            if subscription is not None:
-                subscription.request_id = rid
-                self._subscribe_ids[rid] = subscription
         self._socket = socket
         self._connected.set()
         for _, data in frames:
@@ -475,7 +463,7 @@ class HubClient:
     def _end_all(self, error: Callable[[], SessionHubError]) -> None:
         for subscription in self._subscriptions.values():
             subscription.queue.put_nowait(error())
-        self._protocol.positions.clear()
+        self._protocol.clear()
 
     async def _read(self, socket: Socket) -> None:
         try:
@@ -495,45 +483,30 @@ class HubClient:
             if subscription is not None:
                 subscription.queue.put_nowait(_event(effect.event))
         elif isinstance(effect, Resolved):
-            subscription = self._subscribe_ids.pop(effect.id, None)
-            if subscription is not None:
-                self._acknowledged(subscription, effect.result)
-                return
             future = self._futures.get(effect.id)
             if future is not None and not future.done():
                 future.set_result(effect.result)
         elif isinstance(effect, Failed):
-            error = error_from(effect.code, effect.message)
             if effect.id is None:
                 log.warning("the hub could not read a frame: %s", effect.message)
                 return
-            subscription = self._subscribe_ids.pop(effect.id, None)
-            if subscription is not None:
-                # The server ended the subscription (unknown session...): so does the client.
-                self._protocol.positions.pop(subscription.key, None)
-                subscription.request_id = None
-                subscription.queue.put_nowait(error)
-                return
             future = self._futures.get(effect.id)
             if future is not None and not future.done():
-                future.set_exception(error)
+                future.set_exception(error_from(effect.code, effect.message, effect.detail))
+        elif isinstance(effect, SubscribeFailed):
+            # The server ended the subscription (unknown session...): so does the client.
+            subscription = self._subscriptions.get(effect.key)
+            if subscription is not None:
+                subscription.queue.put_nowait(error_from(effect.code, effect.message, effect.detail))
         elif isinstance(effect, Reset):
             subscription = self._subscriptions.get(effect.key)
             if subscription is None:
                 return
-            if subscription.request_id is not None:
-                # A reset answers the subscribe request in place of its reply.
-                self._subscribe_ids.pop(subscription.request_id, None)
-                self._protocol.pending.discard(subscription.request_id)
-                subscription.request_id = None
-            if not subscription.reload:
+            if effect.resubscribe is None:
                 subscription.queue.put_nowait(position_lost(effect.frame))
                 return
-            rid, data = self._protocol.subscribe(effect.key, effect.frame.last_seq, effect.frame.epoch)
-            subscription.request_id = rid
-            self._subscribe_ids[rid] = subscription
             with contextlib.suppress(ConnectionClosed):
-                await socket.send(data, text=True)
+                await socket.send(effect.resubscribe[1], text=True)
         elif isinstance(effect, PresenceChanged):
             await _notify(self.on_presence, effect.frame)
         elif isinstance(effect, Streamed):
@@ -542,34 +515,24 @@ class HubClient:
             task = asyncio.get_running_loop().create_task(self._write_summary(socket, effect.frame))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
+        elif isinstance(effect, Subscribed):
+            pass  # the epoch is in the position already; the events follow
         elif isinstance(effect, Ignored):
             log.debug("ignored frame: %s", effect.reason)
 
     async def _write_summary(self, socket: Socket, frame: SummarizeFrame) -> None:
         """Answer the hub's ``summarize`` frame with this worker's summary (or its error)."""
-        answer: dict[str, Any] = {"op": "summary", "id": f"summary-{frame.request_id}"}
-        answer["request_id"] = frame.request_id
         try:
             if self.summarize is None:
                 raise RuntimeError("this client does not summarize")
             summary = self.summarize(frame.prompt)
             if inspect.isawaitable(summary):
                 summary = await summary
-            answer["summary"] = str(summary)
+            answer = self._protocol.summary(frame.request_id, summary=str(summary))
         except Exception as exc:
-            answer["error"] = f"{type(exc).__name__}: {exc}"
+            answer = self._protocol.summary(frame.request_id, error=f"{type(exc).__name__}: {exc}")
         with contextlib.suppress(ConnectionClosed):
-            await socket.send(msgspec.json.encode(answer).decode(), text=True)
-
-    def _acknowledged(self, subscription: _Subscription, result: Any) -> None:
-        """The subscribe reply (``{epoch, last_seq}``): remember the epoch, so a resubscribe
-        made before the first event still names it and the hub can tell a changed log."""
-        subscription.request_id = None
-        position = self._protocol.positions.get(subscription.key)
-        if position is not None and position.epoch is None and isinstance(result, dict):
-            epoch = result.get("epoch")
-            if isinstance(epoch, str):
-                position.epoch = epoch
+            await socket.send(answer, text=True)
 
 
 def _grow(backoff: float, cap: float) -> float:

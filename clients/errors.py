@@ -4,32 +4,32 @@ exception the engine would have raised."""
 
 from __future__ import annotations
 
-import ast
-import re
+from typing import Any
 
-from protocol import (
-    Conflict,
-    InvalidInput,
-    InvalidMessage,
-    NotFound,
-    PositionLost,
-    SessionHubError,
-    SessionNotFound,
-    StoreError,
-    SummarizerError,
-)
+from protocol import PositionLost, SessionHubError
+from protocol.errors import from_wire
 from protocol.frames import ResetFrame
 
-__all__ = ["ConnectionLost", "HubError", "error_from", "position_lost"]
+__all__ = ["CONNECTION_LOST_CODE", "ConnectionLost", "HubError", "error_from", "position_lost"]
+
+#: The code of :class:`ConnectionLost`: a wire code (the closed set of ``ERROR_CODES``), so
+#: that code-based handling covers it; the JS client's ``ConnectionLost`` uses the same one.
+CONNECTION_LOST_CODE = "unavailable"
 
 
 class HubError(SessionHubError):
     """An error frame whose code has no engine exception (``bad_frame``, ``unknown_op``,
-    ``too_large``, ``too_many``, ``forbidden``, ``unavailable``). ``code`` is the wire code."""
+    ``too_large``, ``too_many``, ``forbidden``, ``unavailable``). ``code`` is the wire code,
+    ``detail`` the frame's structured detail (or None)."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, detail: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self._detail = detail
+
+    @property
+    def detail(self) -> dict[str, Any] | None:
+        return self._detail
 
 
 class ConnectionLost(HubError):
@@ -37,38 +37,15 @@ class ConnectionLost(HubError):
     could not be reached, or the client was closed. Code ``unavailable``."""
 
     def __init__(self, message: str = "the connection to the hub was lost") -> None:
-        super().__init__("unavailable", message)
+        super().__init__(CONNECTION_LOST_CODE, message)
 
 
-_SESSION_NOT_FOUND = re.compile(r"session not found: ('.*'|\".*\")\Z", re.DOTALL)
-_INVALID_MESSAGE = re.compile(r"invalid message: (\S+) (.*)\Z", re.DOTALL)
-
-
-def error_from(code: str, message: str) -> SessionHubError:
-    """The exception the engine would have raised for an error frame, as near as the frame
-    tells: ``SessionNotFound`` and ``InvalidMessage`` are recognised by their messages."""
-    if code == "invalid":
-        found = _INVALID_MESSAGE.match(message)
-        if found:
-            return InvalidMessage(found.group(1), found.group(2))
-        return InvalidInput(message)
-    if code == "not_found":
-        found = _SESSION_NOT_FOUND.match(message)
-        if found:
-            try:
-                session_id = ast.literal_eval(found.group(1))
-            except (ValueError, SyntaxError):
-                session_id = None
-            if isinstance(session_id, str):
-                return SessionNotFound(session_id)
-        return NotFound(message)
-    if code == "conflict":
-        return Conflict(message)
-    if code == "upstream":
-        return SummarizerError(message)
-    if code == "internal":
-        return StoreError(message)
-    return HubError(code, message)
+def error_from(code: str, message: str, detail: dict[str, Any] | None = None) -> SessionHubError:
+    """The exception the engine raised for an error frame: rebuilt from its ``detail``
+    (``SessionNotFound(session_id)``, ``InvalidMessage(field, problem)``) by
+    :func:`protocol.errors.from_wire`, or a :class:`HubError` carrying the wire code."""
+    error = from_wire(code, message, detail)
+    return HubError(code, message, detail) if error is None else error
 
 
 def position_lost(frame: ResetFrame) -> PositionLost:
