@@ -75,7 +75,8 @@ class LiveMessages:
     """Messages being streamed, as a reader sees them: feed every ``StreamFrame`` (from
     ``HubClient(on_stream=...)``) to :meth:`apply`; it returns the message as it stands now.
     Deltas are applied once each, in index order; a delta that arrives before the ``state``
-    it follows is kept until that state comes."""
+    it follows is kept until that state comes. ``status[message_id]`` is ``streaming`` from
+    the first frame until the end's status (``finished``, ``aborted``, ``interrupted``)."""
 
     def __init__(self) -> None:
         self.messages: dict[str, dict[str, Any]] = {}
@@ -90,8 +91,12 @@ class LiveMessages:
                 return self.messages.get(mid)
             self.messages[mid] = {**frame.message, "parts": [dict(p) for p in frame.message.get("parts", [])]}
             self.index[mid] = frame.index
+            # A message held without an end is "streaming", as in the JS client: a reader
+            # can show it as in progress from its first frame on.
             if frame.status is not None:
                 self.status[mid] = frame.status
+            elif frame.action != "end":
+                self.status[mid] = "streaming"
         elif frame.action == "delta":
             pending = self._early.setdefault(mid, {})
             for delta in frame.deltas or []:
