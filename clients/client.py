@@ -2,9 +2,10 @@
 
 One socket, one reader task. Requests run concurrently on it (each gets an id, and its reply
 resolves a future); events are dispatched to per-stream queues. The protocol state (request
-ids, each subscription's ``(epoch, seq)``, dropping events already delivered, resubscribing
-after a reconnect) lives in :class:`protocol.connection.ClientConnection`; this module only
-does the I/O around it.
+ids, each subscription's ``(epoch, seq)`` and the epoch of its subscribe reply, dropping
+events already delivered, resubscribing after a reconnect or a reset with ``reload``,
+forgetting a refused subscribe, the ``hello`` and ``summary`` frames) lives in
+:class:`protocol.connection.ClientConnection`; this module only moves bytes and awaits.
 
 Reconnects: when the socket drops, requests in flight fail with :class:`ConnectionLost`
 (they are not retried: a request may have run before the socket went away), the client
@@ -12,7 +13,6 @@ reconnects with exponential backoff (capped by ``max_backoff``), and every subsc
 resumes from the last event it delivered: each event is delivered exactly once, in order.
 Requests made while the client is reconnecting wait for the new socket (up to
 ``open_timeout`` seconds).
-
 """
 
 from __future__ import annotations
@@ -105,7 +105,6 @@ _END = _End()
 @dataclass(eq=False)
 class _Subscription:
     key: StreamKey
-    reload: bool
     queue: asyncio.Queue[Event | BaseException | _End] = field(default_factory=asyncio.Queue)
     closing: bool = False
     closed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -298,7 +297,7 @@ class HubClient:
                 await asyncio.wait_for(previous.closed.wait(), self.open_timeout)
         if key in self._subscriptions:
             raise InvalidInput(f"already subscribed to {'the registry' if key is None else repr(key)}")
-        subscription = _Subscription(key, reload)
+        subscription = _Subscription(key)
         self._subscriptions[key] = subscription
         try:
             socket = await self._ready()

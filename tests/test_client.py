@@ -682,3 +682,25 @@ async def test_token_is_sent_as_bearer(tmp_path: Path) -> None:
     finally:
         await served.stop()
     assert seen == ["Bearer s3cret", None]
+
+
+def test_public_names_are_where_the_docs_say() -> None:
+    """`from clients import ...` is unchanged by the split into modules, one concept each."""
+    import clients
+    from clients import api, client, errors, streaming
+
+    expected = {
+        "LATEST": api,
+        "RemoteSession": api,
+        "RemoteSessions": api,
+        "RemoteTool": api,
+        "HubClient": client,
+        "ConnectionLost": errors,
+        "HubError": errors,
+        "LiveMessages": streaming,
+        "MessageStream": streaming,
+    }
+    assert set(clients.__all__) == {*expected, "ParentArg"}
+    for name, module in expected.items():
+        assert getattr(clients, name) is getattr(module, name), name
+    assert clients.LATEST is ENGINE_LATEST
