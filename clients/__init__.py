@@ -1,21 +1,17 @@
-"""Python client of the sessionhub WebSocket hub: :class:`HubClient` (see :mod:`clients.hub`).
+"""Python client of the sessionhub WebSocket hub: :class:`HubClient`.
 
-Clients depend on :mod:`protocol` only, never on the engine (:mod:`hub`).
+Clients depend on :mod:`protocol` only, never on the engine (:mod:`hub`). The package, by
+concept: :mod:`clients.client` (the socket, requests, subscriptions, reconnects),
+:mod:`clients.api` (the engine's API over it), :mod:`clients.streaming` (streamed
+messages), :mod:`clients.errors` (the exceptions and error decoding).
 """
 
-from .hub import (
-    LATEST,
-    ConnectionLost,
-    HubClient,
-    HubError,
-    LiveMessages,
-    MessageStream,
-    ParentArg,
-    RemoteSession,
-    RemoteSessions,
-    RemoteTool,
-    TokenExpired,
-)
+from protocol.markers import ParentArg
+
+from .api import LATEST, RemoteSession, RemoteSessions, RemoteTool
+from .client import HubClient
+from .errors import ConnectionLost, HubError, TokenExpired
+from .streaming import LiveMessages, MessageStream
 
 __all__ = [
     "LATEST",

@@ -392,7 +392,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _operate(args: argparse.Namespace) -> int:
     """``tail`` and ``sessions``: what went wrong is one line and an exit code."""
-    from .operator import failure, run_sessions, run_tail
+    from clients.operator import failure, run_sessions, run_tail
 
     if args.command == "tail" and args.after < 0:
         print(f"sessionhub: --after {args.after} must be at least 0", file=sys.stderr)

@@ -1082,7 +1082,7 @@ class Connection:
                 result = None
             frame: Any = f.ReplyFrame(id=request.id, result=result)
         except SessionHubError as exc:
-            frame = f.ErrorFrame(id=request.id, code=_code(exc), message=str(exc))
+            frame = _error_frame(request.id, exc)
         await self.send(frame)
 
     async def _presence(self, request: f.Presence) -> None:
@@ -1095,7 +1095,7 @@ class Connection:
             result = await self.hub.ops[op](request)
             frame: Any = f.ReplyFrame(id=request.id, result=wire(result))
         except SessionHubError as exc:
-            frame = f.ErrorFrame(id=request.id, code=_code(exc), message=str(exc))
+            frame = _error_frame(request.id, exc)
         except Exception:
             log.exception("op %s failed", op)
             frame = f.ErrorFrame(
@@ -1117,7 +1117,7 @@ class Connection:
                     raise SessionNotFound(key)
             tail = await self.hub.tails.acquire(stream)
         except SessionHubError as exc:
-            await self.send(f.ErrorFrame(id=request.id, code=_code(exc), message=str(exc)))
+            await self.send(_error_frame(request.id, exc))
             return
         handed_over = False  # from here on, _pump owns the tail (and releases it)
         try:
@@ -1271,6 +1271,12 @@ def _abort_if_stuck(transport: asyncio.WriteTransport) -> None:
 def _code(exc: SessionHubError) -> f.ErrorCode:
     code = exc.code
     return code if code in f.ERROR_CODES else "internal"  # type: ignore[return-value]
+
+
+def _error_frame(request_id: str | int, exc: SessionHubError) -> f.ErrorFrame:
+    """The error frame that answers a request the engine refused, with the exception's
+    ``detail`` so that clients rebuild it (``SessionNotFound(session_id)``) without parsing."""
+    return f.ErrorFrame(id=request_id, code=_code(exc), message=str(exc), detail=exc.detail)
 
 
 # -- the hub -------------------------------------------------------------------------------

@@ -3,13 +3,17 @@
 :class:`ServerConnection` turns client frames into requests to run (or error frames to send)
 and keeps the connection's subscriptions within its limit. :class:`ClientConnection`
 numbers requests, matches replies, and keeps each subscription's position (epoch and last
-seq) so that after a reconnect it can resubscribe exactly where it stopped, and drops any
-event it has already delivered.
+seq, the epoch taken from the subscribe reply) so that after a reconnect it can resubscribe
+exactly where it stopped, drops any event it has already delivered, resubscribes after a
+reset when asked to (``reload``), forgets a subscription the hub refused, and builds the
+``hello`` and ``summary`` frames. Everything the Python and JS clients must agree on is
+here (and, ported, in ``web/sessionhub.js``); ``tests/vectors/`` holds the cases both run.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +42,8 @@ __all__ = [
     "ServerConnection",
     "StreamKey",
     "Streamed",
+    "SubscribeFailed",
+    "Subscribed",
     "SummaryWanted",
 ]
 
@@ -95,9 +101,34 @@ class Resolved:
 
 @dataclass(frozen=True)
 class Failed:
+    """An error frame for a request (``id``), or for a frame the hub could not read (``id``
+    None). ``detail`` is the frame's structured detail (:func:`protocol.errors.from_wire`)."""
+
     id: str | int | None
     code: str
     message: str
+    detail: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Subscribed:
+    """The reply to a subscribe (``result``: ``{epoch, last_seq}``); its epoch is already in
+    the position, so a resubscribe made before the first event names it."""
+
+    key: StreamKey
+    result: Any
+
+
+@dataclass(frozen=True)
+class SubscribeFailed:
+    """The hub refused or ended a subscription (``forbidden``, ``not_found``...): the stream
+    is no longer followed, and a reconnect does not resume it."""
+
+    key: StreamKey
+    id: str | int
+    code: str
+    message: str
+    detail: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -108,8 +139,13 @@ class Delivered:
 
 @dataclass(frozen=True)
 class Reset:
+    """The log cannot serve the stream's position. ``resubscribe`` is the subscribe to send
+    (from the reset's ``last_seq`` and epoch) when the stream was followed with ``reload``;
+    None when the subscription has ended."""
+
     key: StreamKey
     frame: ResetFrame
+    resubscribe: tuple[str | int, bytes] | None = None
 
 
 @dataclass(frozen=True)
@@ -134,7 +170,18 @@ class Streamed:
     frame: StreamFrame
 
 
-ClientEffect = Resolved | Failed | Delivered | Reset | PresenceChanged | SummaryWanted | Streamed | Ignored
+ClientEffect = (
+    Resolved
+    | Failed
+    | Subscribed
+    | SubscribeFailed
+    | Delivered
+    | Reset
+    | PresenceChanged
+    | SummaryWanted
+    | Streamed
+    | Ignored
+)
 
 
 @dataclass
@@ -144,13 +191,17 @@ class Position:
 
 
 class ClientConnection:
-    """One client, across reconnects: request ids and subscription positions."""
+    """One client, across reconnects: request ids, subscription positions and what each
+    subscribe is waiting for. The I/O shells (``clients.HubClient``, ``web/sessionhub.js``)
+    send the bytes it returns and act on the effects it gives back."""
 
     def __init__(self) -> None:
         self._ids = itertools.count(1)
         self.pending: set[str | int] = set()
         self.positions: dict[StreamKey, Position] = {}
         self.presence: set[StreamKey] = set()  # streams followed with presence frames
+        self.reload: set[StreamKey] = set()  # streams that continue by themselves after a reset
+        self.subscribing: dict[str | int, StreamKey] = {}  # subscribe requests awaiting a reply
 
     def request(self, op: str, **fields: Any) -> tuple[str | int, bytes]:
         """A new request frame and its id."""
@@ -158,30 +209,83 @@ class ClientConnection:
         self.pending.add(rid)
         return rid, encode({"op": op, "id": rid, **fields})
 
+    def abandon(self, rid: str | int) -> None:
+        """No reply to ``rid`` is awaited any more (answered elsewhere, unsent, given up)."""
+        self.pending.discard(rid)
+        self.subscribing.pop(rid, None)
+
     def subscribe(
-        self, key: StreamKey, after_seq: int = 0, epoch: str | None = None, *, presence: bool = False
+        self,
+        key: StreamKey,
+        after_seq: int = 0,
+        epoch: str | None = None,
+        *,
+        presence: bool = False,
+        reload: bool = False,
     ) -> tuple[str | int, bytes]:
         """Start following ``key`` from ``after_seq`` (or continue where it was);
-        ``presence`` asks for the session's join/leave frames too (kept across reconnects)."""
+        ``presence`` asks for the session's join/leave frames too and ``reload`` continues
+        after a reset by itself (both kept across reconnects)."""
         position = self.positions.get(key)
         if position is None:
             position = self.positions[key] = Position(epoch, after_seq)
         if presence:
             self.presence.add(key)
+        if reload:
+            self.reload.add(key)
+        self._drop_subscribing(key)  # an earlier subscribe's reply no longer counts
         extra = {"presence": True} if key in self.presence else {}
-        return self.request(
+        rid, data = self.request(
             "subscribe", session_id=key, after_seq=position.seq, epoch=position.epoch, **extra
         )
+        self.subscribing[rid] = key
+        return rid, data
 
     def unsubscribe(self, key: StreamKey) -> tuple[str | int, bytes]:
+        self.forget(key)
+        return self.request("unsubscribe", session_id=key)
+
+    def forget(self, key: StreamKey) -> None:
+        """Stop following ``key`` without telling the hub (no socket, or the hub ended it)."""
         self.positions.pop(key, None)
         self.presence.discard(key)
-        return self.request("unsubscribe", session_id=key)
+        self.reload.discard(key)
+        self._drop_subscribing(key)
+
+    def clear(self) -> None:
+        """Follow nothing any more (the client cannot go on)."""
+        for key in list(self.positions):
+            self.forget(key)
 
     def resubscribe(self) -> list[tuple[str | int, bytes]]:
         """After a reconnect: one subscribe per followed stream, from its last seq."""
         self.pending.clear()
+        self.subscribing.clear()
         return [self.subscribe(key) for key in list(self.positions)]
+
+    def hello(
+        self,
+        name: str | None = None,
+        role: str | None = None,
+        sessions: Sequence[str] = (),
+        *,
+        summarizer: bool = False,
+    ) -> bytes | None:
+        """The first frame on every socket (id ``hello``; its reply is not awaited), or None
+        when there is nothing to announce."""
+        if name is None and role is None and not sessions and not summarizer:
+            return None
+        hello = {"op": "hello", "id": "hello", "name": name, "role": role}
+        return encode(hello | {"sessions": list(sessions), "summarizer": summarizer})
+
+    def summary(self, request_id: str, summary: str | None = None, error: str | None = None) -> bytes:
+        """A worker's answer to a ``summarize`` frame: its summary, or why there is none."""
+        answer: dict[str, Any] = {"op": "summary", "id": f"summary-{request_id}", "request_id": request_id}
+        if error is not None:
+            answer["error"] = error
+        else:
+            answer["summary"] = summary
+        return encode(answer)
 
     def receive_text(self, data: str | bytes) -> ClientEffect:
         frame = decode_frame(data)
@@ -189,11 +293,18 @@ class ClientConnection:
             if frame.id not in self.pending:
                 return Ignored("reply to an unknown request")
             self.pending.discard(frame.id)
+            if frame.id in self.subscribing:
+                return self._subscribed(self.subscribing.pop(frame.id), frame.result)
             return Resolved(frame.id, frame.result)
         if isinstance(frame, ErrorFrame):
-            if frame.id is not None:
-                self.pending.discard(frame.id)
-            return Failed(frame.id, frame.code, frame.message)
+            if frame.id is None:
+                return Failed(None, frame.code, frame.message, frame.detail)
+            self.pending.discard(frame.id)
+            if frame.id in self.subscribing:
+                ended = self.subscribing.pop(frame.id)
+                self.forget(ended)
+                return SubscribeFailed(ended, frame.id, frame.code, frame.message, frame.detail)
+            return Failed(frame.id, frame.code, frame.message, frame.detail)
         if isinstance(frame, EventFrame):
             key: StreamKey = None if frame.stream == "registry" else frame.session_id
             position = self.positions.get(key)
@@ -209,5 +320,27 @@ class ClientConnection:
             return SummaryWanted(frame)
         if isinstance(frame, StreamFrame):
             return Streamed(frame)
-        self.positions.pop(frame.session_id, None)
-        return Reset(frame.session_id, frame)
+        return self._reset(frame)
+
+    def _subscribed(self, key: StreamKey, result: Any) -> Subscribed:
+        position = self.positions.get(key)
+        if position is not None and position.epoch is None and isinstance(result, dict):
+            epoch = result.get("epoch")
+            if isinstance(epoch, str):
+                position.epoch = epoch
+        return Subscribed(key, result)
+
+    def _reset(self, frame: ResetFrame) -> Reset:
+        # A reset answers the subscribe request in place of its reply.
+        key = frame.session_id
+        self._drop_subscribing(key)
+        self.positions.pop(key, None)
+        if key not in self.reload:
+            self.forget(key)
+            return Reset(key, frame)
+        return Reset(key, frame, self.subscribe(key, frame.last_seq, frame.epoch))
+
+    def _drop_subscribing(self, key: StreamKey) -> None:
+        for rid in [rid for rid, k in self.subscribing.items() if k == key]:
+            del self.subscribing[rid]
+            self.pending.discard(rid)

@@ -21,6 +21,8 @@ same types for the same mistakes.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "Conflict",
     "ContextError",
@@ -34,6 +36,7 @@ __all__ = [
     "StoreClosed",
     "StoreError",
     "SummarizerError",
+    "from_wire",
 ]
 
 
@@ -41,6 +44,12 @@ class SessionHubError(Exception):
     """Base class of every error sessionhub raises on purpose."""
 
     code: str = "internal"
+
+    @property
+    def detail(self) -> dict[str, Any] | None:
+        """What an error frame carries besides the message, so that a client can rebuild
+        this exception without parsing the text (:func:`from_wire`); None for most."""
+        return None
 
 
 class InvalidInput(SessionHubError, ValueError):
@@ -56,6 +65,10 @@ class InvalidMessage(InvalidInput):
         super().__init__(f"invalid message: {field} {problem}")
         self.field = field
         self.problem = problem
+
+    @property
+    def detail(self) -> dict[str, Any]:
+        return {"field": self.field, "problem": self.problem}
 
 
 class ContextError(InvalidInput):
@@ -75,6 +88,10 @@ class SessionNotFound(NotFound):
     def __init__(self, session_id: str) -> None:
         super().__init__(f"session not found: {session_id!r}")
         self.session_id = session_id
+
+    @property
+    def detail(self) -> dict[str, Any]:
+        return {"session_id": self.session_id}
 
 
 class Forbidden(SessionHubError):
@@ -118,6 +135,16 @@ class PositionLost(SessionHubError):
         self.first_seq = first_seq
         self.last_seq = last_seq
 
+    @property
+    def detail(self) -> dict[str, Any]:
+        return {
+            "stream": self.stream,
+            "after_seq": self.after_seq,
+            "epoch": self.epoch,
+            "first_seq": self.first_seq,
+            "last_seq": self.last_seq,
+        }
+
 
 class StoreError(SessionHubError):
     """The storage backend failed. The change, if any, was rolled back."""
@@ -127,3 +154,31 @@ class StoreError(SessionHubError):
 
 class StoreClosed(StoreError):
     """The store was used after it was closed."""
+
+
+def _text(detail: dict[str, Any], key: str) -> str | None:
+    value = detail.get(key)
+    return value if isinstance(value, str) else None
+
+
+def from_wire(code: str, message: str, detail: dict[str, Any] | None = None) -> SessionHubError | None:
+    """The exception the engine raised, rebuilt from an error frame's ``code``, ``message``
+    and ``detail``; None for a code the client answers with its own ``HubError`` (``bad_frame``,
+    ``too_many``, ``forbidden``...).
+    The subclass (``SessionNotFound``, ``InvalidMessage``) comes from ``detail`` only."""
+    detail = detail if isinstance(detail, dict) else {}
+    if code == "invalid":
+        field, problem = _text(detail, "field"), _text(detail, "problem")
+        if field is not None and problem is not None:
+            return InvalidMessage(field, problem)
+        return InvalidInput(message)
+    if code == "not_found":
+        session_id = _text(detail, "session_id")
+        return NotFound(message) if session_id is None else SessionNotFound(session_id)
+    if code == "conflict":
+        return Conflict(message)
+    if code == "upstream":
+        return SummarizerError(message)
+    if code == "internal":
+        return StoreError(message)
+    return None

@@ -13,7 +13,7 @@ hits, blocks) as JSON objects with the field names of :mod:`protocol.records`.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 #: Error codes, a closed set. ``reset`` is not among them: it is its own frame.
-ERROR_CODES = (
+ErrorCode = Literal[
     "bad_frame",  # not JSON, not an object, or not a known request shape
     "unknown_op",  # ``op`` names no operation
     "invalid",  # a field has the wrong type or value; nothing was done
@@ -43,23 +43,11 @@ ERROR_CODES = (
     "too_many",  # too many subscriptions on this connection
     "conflict",  # the state changed under the operation; nothing was written
     "upstream",  # a summarizer or worker failed
-    "unavailable",  # the hub is shutting down
+    "unavailable",  # the hub is shutting down (and the clients' ConnectionLost)
     "internal",  # a bug or a failing database; the operation was rolled back
-)
-
-ErrorCode = Literal[
-    "bad_frame",
-    "unknown_op",
-    "invalid",
-    "not_found",
-    "forbidden",
-    "too_large",
-    "too_many",
-    "conflict",
-    "upstream",
-    "unavailable",
-    "internal",
 ]
+
+ERROR_CODES: tuple[str, ...] = get_args(ErrorCode)
 
 Msg = dict[str, Any]
 ParentId = str | None | UnsetType
@@ -395,10 +383,15 @@ class ReplyFrame(_Frame, tag="reply"):
     result: Any = None
 
 
-class ErrorFrame(_Frame, tag="error"):
+class ErrorFrame(_Frame, tag="error", omit_defaults=True):
+    """``detail``: what the client needs to rebuild the engine's exception without parsing
+    ``message`` (``{"session_id"}`` for an unknown session, ``{"field", "problem"}`` for an
+    invalid message); left out when there is none."""
+
     id: str | int | None
     code: ErrorCode
     message: str
+    detail: dict[str, Any] | None = None
 
 
 class EventFrame(_Frame, tag="event"):

@@ -8,6 +8,7 @@ the server mid-stream and across a hub restart: every seq exactly once, in order
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from clients import LATEST, ConnectionLost, HubClient, HubError, RemoteTool
-from clients.hub import error_from
+from clients.errors import error_from
 from hub import LATEST as ENGINE_LATEST
 from hub import SessionManager, SqliteStore
 from hub.server import Hub, create_app
@@ -217,6 +218,12 @@ async def test_typed_errors(app: Starlette, client: HubClient) -> None:
         assert str(remote.value) == str(engine.value)
         assert remote.value.session_id == "nope"
 
+    # An id that reads as something else in the message: rebuilt from `detail`, exactly.
+    odd = "it's \"odd\"\n: 'x'"
+    with pytest.raises(SessionNotFound) as remote_odd:
+        await client.sessions.get_history(odd)
+    assert remote_odd.value.session_id == odd
+
     info = await client.sessions.create("errors")
     bad = {"id": "m", "role": "user", "parts": [{"text": "no type"}]}
     with pytest.raises(InvalidMessage) as remote_bad:
@@ -262,8 +269,52 @@ async def same_error(
         assert str(over_wire.value) == str(engine.value)
 
 
+async def test_error_frames_carry_detail(app: Starlette) -> None:
+    """The hub's error frames carry the exception's structured detail, on the wire."""
+    from websockets.asyncio.client import connect
+
+    async with connect(app.state.url) as ws:
+        await ws.send('{"op": "get_history", "id": 1, "session_id": "nope"}')
+        missing = json.loads(await ws.recv())
+        await ws.send('{"op": "create", "id": 2, "name": "d"}')
+        sid = json.loads(await ws.recv())["result"]["id"]
+        bad = {
+            "op": "append",
+            "id": 3,
+            "session_id": sid,
+            "message": {"id": "m", "role": "user", "parts": [{}]},
+        }
+        await ws.send(json.dumps(bad))
+        invalid = json.loads(await ws.recv())
+        await ws.send('{"op": "nope", "id": 4}')
+        unknown = json.loads(await ws.recv())
+    assert missing == {
+        "frame": "error",
+        "id": 1,
+        "code": "not_found",
+        "message": "session not found: 'nope'",
+        "detail": {"session_id": "nope"},
+    }
+    assert invalid["code"] == "invalid" and invalid["detail"] == {
+        "field": "parts[0].type",
+        "problem": "must be a string",
+    }
+    assert "detail" not in unknown  # left out when there is none
+
+
 def test_error_mapping() -> None:
-    assert type(error_from("not_found", "session not found: 'a b'")) is SessionNotFound
+    lost = error_from("not_found", "session not found: 'a b'", {"session_id": "a b"})
+    assert type(lost) is SessionNotFound and lost.session_id == "a b"
+    assert str(lost) == "session not found: 'a b'"
+    # The subclass comes from `detail` only: the message text is never parsed.
+    assert type(error_from("not_found", "session not found: 'a b'")) is NotFound
+    bad = error_from(
+        "invalid",
+        "invalid message: parts[0].type is missing",
+        {"field": "parts[0].type", "problem": "is missing"},
+    )
+    assert type(bad) is InvalidMessage and (bad.field, bad.problem) == ("parts[0].type", "is missing")
+    assert error_from("forbidden", "forbidden", {"x": 1}).detail == {"x": 1}
     assert type(error_from("not_found", "message not found")) is NotFound
     assert error_from("too_many", "x").code == "too_many"
     assert type(error_from("invalid", 'Block "m" is readonly')) is InvalidInput
@@ -631,3 +682,26 @@ async def test_token_is_sent_as_bearer(tmp_path: Path) -> None:
     finally:
         await served.stop()
     assert seen == ["Bearer s3cret", None]
+
+
+def test_public_names_are_where_the_docs_say() -> None:
+    """`from clients import ...` is unchanged by the split into modules, one concept each."""
+    import clients
+    from clients import api, client, errors, streaming
+
+    expected = {
+        "LATEST": api,
+        "RemoteSession": api,
+        "RemoteSessions": api,
+        "RemoteTool": api,
+        "HubClient": client,
+        "ConnectionLost": errors,
+        "HubError": errors,
+        "TokenExpired": errors,
+        "LiveMessages": streaming,
+        "MessageStream": streaming,
+    }
+    assert set(clients.__all__) == {*expected, "ParentArg"}
+    for name, module in expected.items():
+        assert getattr(clients, name) is getattr(module, name), name
+    assert clients.LATEST is ENGINE_LATEST

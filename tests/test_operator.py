@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import uvicorn
 
+from clients.operator import describe
 from hub import Event, SessionManager, SqliteStore
-from hub.operator import describe
 from hub.server import create_app
 
 from .hubtest import served, text

@@ -5,24 +5,37 @@
 // event they delivered: after a dropped connection the client reconnects with exponential
 // backoff and resubscribes from there, so every event is delivered once, in order. A request
 // in flight when the socket drops rejects with ConnectionLost (it is not retried: it may have
-// been applied). Same guarantees as the Python client (clients/hub.py); the protocol state is
+// been applied). Same guarantees as the Python client (clients/client.py); the protocol state is
 // a port of protocol/connection.py's ClientConnection. See docs/js-client.md.
 
-/** Error frames become HubError (`code` is the wire code: invalid, not_found, forbidden...). */
+/**
+ * Error frames become HubError: `code` is the wire code (invalid, not_found, forbidden...),
+ * `detail` the frame's structured detail ({session_id} for an unknown session, {field,
+ * problem} for an invalid message) or null.
+ */
 export class HubError extends Error {
-  constructor(code, message) {
+  constructor(code, message, detail = null) {
     super(message);
     this.name = "HubError";
     this.code = code;
+    this.detail = detail ?? null;
   }
 }
 
-/** The socket dropped before the reply came (or the client is closed). */
+/** The code of ConnectionLost: a wire code (the same as the Python client's), not a new one. */
+export const CONNECTION_LOST_CODE = "unavailable";
+
+/** The socket dropped before the reply came (or the client is closed). Code `unavailable`. */
 export class ConnectionLost extends HubError {
   constructor(message = "the connection to the hub was lost") {
-    super("connection_lost", message);
+    super(CONNECTION_LOST_CODE, message);
     this.name = "ConnectionLost";
   }
+}
+
+/** The error an error frame (or a failed effect: {code, message, detail}) stands for. */
+export function errorFrom({ code, message, detail }) {
+  return new HubError(code, message, detail ?? null);
 }
 
 /** A subscription's position cannot be served (pruned, another epoch, beyond the end). */
@@ -42,8 +55,10 @@ const keyOf = (sessionId) => (sessionId === null || sessionId === undefined ? RE
 const idOf = (key) => (key === REGISTRY ? null : key);
 
 /**
- * Sans-I/O client state: request ids, pending requests, each followed stream's position.
- * Frames in, effects out; a port of protocol/connection.py's ClientConnection.
+ * Sans-I/O client state: request ids, pending requests, each followed stream's position
+ * (the epoch taken from the subscribe reply), what each subscribe waits for, the reset
+ * and reload rule, and the hello and summary frames. Frames in, effects out; a port of
+ * protocol/connection.py's ClientConnection, checked against it by tests/vectors/.
  */
 export class ClientConnection {
   constructor() {
@@ -51,6 +66,8 @@ export class ClientConnection {
     this.pending = new Set();
     this.positions = new Map(); // key -> {epoch, seq}
     this.presence = new Set(); // keys followed with presence frames
+    this.reload = new Set(); // keys that continue by themselves after a reset
+    this.subscribing = new Map(); // subscribe request id -> key, awaiting the reply
   }
 
   request(op, fields = {}) {
@@ -59,7 +76,13 @@ export class ClientConnection {
     return [id, JSON.stringify({ op, id, ...fields })];
   }
 
-  subscribe(sessionId, afterSeq = 0, epoch = null, presence = false) {
+  /** No reply to `id` is awaited any more (unsent, or given up). */
+  abandon(id) {
+    this.pending.delete(id);
+    this.subscribing.delete(id);
+  }
+
+  subscribe(sessionId, afterSeq = 0, epoch = null, presence = false, reload = false) {
     const key = keyOf(sessionId);
     let position = this.positions.get(key);
     if (!position) {
@@ -67,35 +90,80 @@ export class ClientConnection {
       this.positions.set(key, position);
     }
     if (presence) this.presence.add(key);
+    if (reload) this.reload.add(key);
+    this._dropSubscribing(key); // an earlier subscribe's reply no longer counts
     const fields = { session_id: idOf(key), after_seq: position.seq, epoch: position.epoch };
     if (this.presence.has(key)) fields.presence = true;
-    return this.request("subscribe", fields);
+    const [id, data] = this.request("subscribe", fields);
+    this.subscribing.set(id, key);
+    return [id, data];
   }
 
   unsubscribe(sessionId) {
+    this.forget(sessionId);
+    return this.request("unsubscribe", { session_id: idOf(keyOf(sessionId)) });
+  }
+
+  /** Stop following a stream without telling the hub (no socket, or the hub ended it). */
+  forget(sessionId) {
     const key = keyOf(sessionId);
     this.positions.delete(key);
     this.presence.delete(key);
-    return this.request("unsubscribe", { session_id: idOf(key) });
+    this.reload.delete(key);
+    this._dropSubscribing(key);
+  }
+
+  /** Follow nothing any more (the client cannot go on). */
+  clear() {
+    for (const key of [...this.positions.keys()]) this.forget(idOf(key));
   }
 
   /** After a reconnect: one subscribe per followed stream, from its last seq. */
   resubscribe() {
     this.pending.clear();
+    this.subscribing.clear();
     return [...this.positions.keys()].map((key) => [key, ...this.subscribe(idOf(key))]);
+  }
+
+  /** The first frame on every socket (id "hello", its reply not awaited), or null. */
+  hello(name = null, role = null, sessions = [], summarizer = false) {
+    if (name === null && role === null && !sessions.length && !summarizer) return null;
+    return JSON.stringify({ op: "hello", id: "hello", name, role, sessions: [...sessions], summarizer });
+  }
+
+  /** A worker's answer to a summarize frame: its summary, or why there is none. */
+  summary(requestId, summary = null, error = null) {
+    const answer = { op: "summary", id: `summary-${requestId}`, request_id: requestId };
+    if (error !== null) answer.error = error;
+    else answer.summary = summary;
+    return JSON.stringify(answer);
   }
 
   /** One incoming text frame -> an effect {kind, ...}. */
   receive(text) {
     const frame = JSON.parse(text);
     switch (frame.frame) {
-      case "reply":
+      case "reply": {
         if (!this.pending.has(frame.id)) return { kind: "ignored", reason: "reply to an unknown request" };
         this.pending.delete(frame.id);
-        return { kind: "resolved", id: frame.id, result: frame.result };
-      case "error":
-        if (frame.id !== null && frame.id !== undefined) this.pending.delete(frame.id);
-        return { kind: "failed", id: frame.id ?? null, code: frame.code, message: frame.message };
+        const key = this.subscribing.get(frame.id);
+        if (key === undefined) return { kind: "resolved", id: frame.id, result: frame.result };
+        this.subscribing.delete(frame.id);
+        const position = this.positions.get(key);
+        const epoch = frame.result?.epoch;
+        if (position && position.epoch === null && typeof epoch === "string") position.epoch = epoch;
+        return { kind: "subscribed", key, result: frame.result };
+      }
+      case "error": {
+        const failure = { id: frame.id ?? null, code: frame.code, message: frame.message, detail: frame.detail ?? null };
+        if (failure.id === null) return { kind: "failed", ...failure };
+        this.pending.delete(failure.id);
+        const key = this.subscribing.get(failure.id);
+        if (key === undefined) return { kind: "failed", ...failure };
+        this.subscribing.delete(failure.id);
+        this.forget(idOf(key));
+        return { kind: "subscribe_failed", key, ...failure };
+      }
       case "event": {
         const key = frame.stream === "registry" ? REGISTRY : frame.session_id;
         const position = this.positions.get(key);
@@ -114,12 +182,27 @@ export class ClientConnection {
       case "summarize":
         return { kind: "summarize", frame };
       case "reset": {
+        // A reset answers the subscribe request in place of its reply.
         const key = keyOf(frame.session_id);
+        this._dropSubscribing(key);
         this.positions.delete(key);
-        return { kind: "reset", key, frame };
+        if (!this.reload.has(key)) {
+          this.forget(idOf(key));
+          return { kind: "reset", key, frame, resubscribe: null };
+        }
+        return { kind: "reset", key, frame, resubscribe: this.subscribe(idOf(key), frame.last_seq, frame.epoch) };
       }
       default:
         return { kind: "ignored", reason: `unknown frame ${frame.frame}` };
+    }
+  }
+
+  _dropSubscribing(key) {
+    for (const [id, k] of [...this.subscribing]) {
+      if (k === key) {
+        this.subscribing.delete(id);
+        this.pending.delete(id);
+      }
     }
   }
 }
@@ -142,7 +225,6 @@ class Subscription {
     this.key = key;
     this.sessionId = idOf(key);
     this.options = options;
-    this.requestId = null;
     this.active = true;
   }
 
@@ -156,7 +238,6 @@ class Subscription {
     this.active = false;
     const client = this.client;
     if (client.subscriptions.get(this.key) === this) client.subscriptions.delete(this.key);
-    if (this.requestId !== null) client.subscribeIds.delete(this.requestId);
     if (client.protocol.positions.has(this.key) && client.socketOpen()) {
       try {
         await client._send(...client.protocol.unsubscribe(this.sessionId));
@@ -164,8 +245,7 @@ class Subscription {
         // the connection dropped: nothing is followed on the next socket anyway
       }
     } else {
-      client.protocol.positions.delete(this.key);
-      client.protocol.presence.delete(this.key);
+      client.protocol.forget(this.sessionId);
     }
   }
 }
@@ -198,7 +278,6 @@ export class HubClient {
     this.protocol = new ClientConnection();
     this.futures = new Map(); // request id -> {resolve, reject}
     this.subscriptions = new Map(); // key -> Subscription
-    this.subscribeIds = new Map(); // subscribe request id -> Subscription
     this.listeners = new Map();
     this.socket = null;
     this.state = "closed";
@@ -284,21 +363,12 @@ export class HubClient {
   }
 
   _hello(ws) {
-    if (this.name === null && this.role === null && !this.sessions.length) return;
-    const hello = { op: "hello", id: "hello", name: this.name, role: this.role, sessions: this.sessions };
-    ws.send(JSON.stringify(hello));
+    const hello = this.protocol.hello(this.name, this.role, this.sessions);
+    if (hello !== null) ws.send(hello);
   }
 
   _resume(ws) {
     const frames = this.protocol.resubscribe();
-    this.subscribeIds.clear();
-    for (const [key, id] of frames) {
-      const sub = this.subscriptions.get(key);
-      if (sub) {
-        sub.requestId = id;
-        this.subscribeIds.set(id, sub);
-      }
-    }
     const again = this.reconnects > 0 || this.state === "reconnecting";
     this._setState("open");
     for (const [, , data] of frames) ws.send(data);
@@ -314,7 +384,6 @@ export class HubClient {
     const futures = this.futures;
     this.futures = new Map();
     for (const f of futures.values()) f.reject(new ConnectionLost(`the connection to the hub was lost (${reason})`));
-    this.subscribeIds.clear();
     this.protocol.pending.clear();
   }
 
@@ -328,7 +397,7 @@ export class HubClient {
       this._failWaiters(new ConnectionLost(`the connection to the hub was lost (${reason})`));
       for (const sub of this.subscriptions.values()) sub.options.onError?.(new ConnectionLost(reason));
       this.subscriptions.clear();
-      this.protocol.positions.clear();
+      this.protocol.clear();
       this._setState("closed", { reason });
       return;
     }
@@ -464,14 +533,18 @@ export class HubClient {
     }
     const sub = new Subscription(this, key, options);
     this.subscriptions.set(key, sub);
-    const [id, data] = this.protocol.subscribe(idOf(key), options.afterSeq ?? 0, options.epoch ?? null, !!options.presence);
+    const [id, data] = this.protocol.subscribe(
+      idOf(key),
+      options.afterSeq ?? 0,
+      options.epoch ?? null,
+      !!options.presence,
+      !!options.reload,
+    );
     if (this.socketOpen()) {
-      sub.requestId = id;
-      this.subscribeIds.set(id, sub);
       this.socket.send(data);
     } else {
       // Registered: the next (re)connect resubscribes from the position.
-      this.protocol.pending.delete(id);
+      this.protocol.abandon(id);
       if (this.state === "closed" && !this.closed) this.connect().catch(() => {});
     }
     return sub;
@@ -523,18 +596,10 @@ export class HubClient {
         sub?.options.onEvent?.(effect.event);
         break;
       }
+      case "subscribed":
+        this.subscriptions.get(effect.key)?.options.onReady?.(effect.result);
+        break;
       case "resolved": {
-        const sub = this.subscribeIds.get(effect.id);
-        if (sub) {
-          this.subscribeIds.delete(effect.id);
-          sub.requestId = null;
-          const position = this.protocol.positions.get(sub.key);
-          if (position && position.epoch === null && effect.result && typeof effect.result.epoch === "string") {
-            position.epoch = effect.result.epoch;
-          }
-          sub.options.onReady?.(effect.result);
-          return;
-        }
         const f = this.futures.get(effect.id);
         if (f) {
           this.futures.delete(effect.id);
@@ -543,46 +608,34 @@ export class HubClient {
         break;
       }
       case "failed": {
-        if (effect.id === null) return;
-        const error = new HubError(effect.code, effect.message);
-        const sub = this.subscribeIds.get(effect.id);
-        if (sub) {
-          // The hub ended (or refused) the subscription: so does the client.
-          this.subscribeIds.delete(effect.id);
-          this.protocol.positions.delete(sub.key);
-          this.protocol.presence.delete(sub.key);
-          if (this.subscriptions.get(sub.key) === sub) this.subscriptions.delete(sub.key);
-          sub.active = false;
-          sub.options.onError?.(error);
-          return;
-        }
-        const f = this.futures.get(effect.id);
+        const f = effect.id === null ? undefined : this.futures.get(effect.id);
         if (f) {
           this.futures.delete(effect.id);
-          f.reject(error);
+          f.reject(errorFrom(effect));
         }
+        break;
+      }
+      case "subscribe_failed": {
+        // The hub ended (or refused) the subscription: so does the client.
+        const sub = this.subscriptions.get(effect.key);
+        if (!sub) return;
+        this.subscriptions.delete(sub.key);
+        sub.active = false;
+        sub.options.onError?.(errorFrom(effect));
         break;
       }
       case "reset": {
         const sub = this.subscriptions.get(effect.key);
         if (!sub) return;
-        if (sub.requestId !== null) {
-          this.subscribeIds.delete(sub.requestId);
-          this.protocol.pending.delete(sub.requestId);
-          sub.requestId = null;
-        }
-        if (!sub.options.reload) {
+        if (effect.resubscribe === null) {
           this.subscriptions.delete(sub.key);
           sub.active = false;
           if (sub.options.onReset) sub.options.onReset(effect.frame);
           else sub.options.onError?.(new PositionLost(effect.frame));
           return;
         }
-        const [id, data] = this.protocol.subscribe(sub.sessionId, effect.frame.last_seq, effect.frame.epoch);
-        sub.requestId = id;
-        this.subscribeIds.set(id, sub);
         sub.options.onReset?.(effect.frame);
-        if (this.socketOpen()) this.socket.send(data);
+        if (this.socketOpen()) this.socket.send(effect.resubscribe[1]);
         break;
       }
       case "presence":
@@ -620,6 +673,7 @@ export class LiveMessages {
       if (!(frame.action === "state" && (this.index.get(mid) ?? -1) >= frame.index)) {
         this.messages.set(mid, { ...frame.message, parts: (frame.message.parts ?? []).map((p) => ({ ...p })) });
         this.index.set(mid, frame.index);
+        // A message held without an end is "streaming" (the Python client agrees).
         if (frame.status) this.status.set(mid, frame.status);
         else if (frame.action !== "end") this.status.set(mid, "streaming");
       }
@@ -657,19 +711,37 @@ export class LiveMessages {
     return null;
   }
 
+  /** One delta onto a message; one that is not valid is skipped (the hub validated them). */
   static applyDelta(message, delta) {
-    const parts = (message.parts ??= []);
-    const { kind, text, part } = delta;
-    if ((kind === "text" || kind === "reasoning") && typeof text === "string") {
-      const last = parts[parts.length - 1];
-      if (last && last.type === kind) last.text = (last.text ?? "") + text;
-      else parts.push({ type: kind, text });
-    } else if (part && typeof part === "object") {
-      const i = part.toolCallId === undefined ? -1 : parts.findIndex((p) => p.toolCallId === part.toolCallId);
-      if (i >= 0) parts[i] = { ...part };
-      else parts.push({ ...part });
+    try {
+      applyDelta((message.parts ??= []), delta.kind, delta.text, delta.part);
+    } catch (err) {
+      if (!(err instanceof HubError)) throw err;
     }
   }
+}
+
+/**
+ * Grow `parts` by one delta, the rule of protocol/deltas.py: text and reasoning extend the
+ * last part of their kind; a tool part replaces the part with its toolCallId (or is added).
+ * A delta that is none of these throws HubError("invalid") and changes nothing.
+ */
+export function applyDelta(parts, kind, text, part) {
+  if (kind === "text" || kind === "reasoning") {
+    if (typeof text !== "string") throw new HubError("invalid", `a ${kind} delta needs \`text\``);
+    const last = parts[parts.length - 1];
+    if (last && last.type === kind && typeof last.text === "string") last.text += text;
+    else parts.push({ type: kind, text });
+    return;
+  }
+  const tool = part !== null && typeof part === "object" && !Array.isArray(part) ? part.type : undefined;
+  if (typeof tool !== "string" || !(tool.startsWith("tool-") || tool === "dynamic-tool")) {
+    throw new HubError("invalid", "a tool delta needs a `part` of type `tool-<name>` or `dynamic-tool`");
+  }
+  const callId = part.toolCallId ?? null;
+  const i = callId === null ? -1 : parts.findIndex((p) => p.toolCallId === callId);
+  if (i >= 0) parts[i] = { ...part };
+  else parts.push({ ...part });
 }
 
 /** The hub's WebSocket URL for a page served by the hub (http -> ws, https -> wss). */

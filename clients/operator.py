@@ -1,4 +1,4 @@
-"""Terminal tools for operators: ``sessionhub tail`` and ``sessionhub sessions``."""
+"""Terminal tools for operators, built on the client: ``sessionhub tail`` and ``sessions``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from typing import Any, TextIO
 import msgspec
 
 from protocol import Event, NotFound, PositionLost, SessionHubError, SessionInfo
+
+from .errors import ConnectionLost
 
 __all__ = ["describe", "failure", "run_sessions", "run_tail"]
 
@@ -82,7 +84,7 @@ async def run_tail(
 ) -> int:
     """Print every event of the session (or the registry) after ``after``, then live, until
     interrupted; reconnects and resumes by itself when the hub restarts."""
-    from clients import HubClient
+    from .client import HubClient
 
     stream = out or sys.stdout
     async with HubClient(url, token=token) as hub:
@@ -107,7 +109,7 @@ def _session_line(info: SessionInfo) -> str:
 async def run_sessions(
     url: str, *, raw: bool = False, token: str | None = None, out: TextIO | None = None
 ) -> int:
-    from clients import HubClient
+    from .client import HubClient
 
     stream = out or sys.stdout
     async with HubClient(url, token=token) as hub:
@@ -125,8 +127,6 @@ def failure(
     """The exit code and the one line (without the ``sessionhub:`` prefix) for what ended a
     ``tail`` or ``sessions``; ``(1, None)`` for an exception that is not the hub's answer
     (a bug: the caller re-raises it). Exit codes: ``hub.cli.EXIT_CODES``."""
-    from clients import ConnectionLost
-
     if isinstance(exc, ConnectionLost):
         return 3, f"cannot reach the hub at {url} ({exc}); is `sessionhub serve` running there? (--url)"
     if isinstance(exc, SessionHubError) and exc.code == "forbidden":

@@ -1,0 +1,600 @@
+"""`HubClient`: a connection to the hub's WebSocket (``/ws``), kept open across drops.
+
+One socket, one reader task. Requests run concurrently on it (each gets an id, and its reply
+resolves a future); events are dispatched to per-stream queues. The protocol state (request
+ids, each subscription's ``(epoch, seq)`` and the epoch of its subscribe reply, dropping
+events already delivered, resubscribing after a reconnect or a reset with ``reload``,
+forgetting a refused subscribe, the ``hello`` and ``summary`` frames) lives in
+:class:`protocol.connection.ClientConnection`; this module only moves bytes and awaits.
+
+Reconnects: when the socket drops, requests in flight fail with :class:`ConnectionLost`
+(they are not retried: a request may have run before the socket went away), the client
+reconnects with exponential backoff (capped by ``max_backoff``), and every subscription
+resumes from the last event it delivered: each event is delivered exactly once, in order.
+Requests made while the client is reconnecting wait for the new socket (up to
+``open_timeout`` seconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import logging
+import random
+import time
+from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Self
+
+import msgspec
+from websockets.asyncio.client import ClientConnection as Socket
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+
+from protocol import Event, InvalidInput, SessionHubError
+from protocol.connection import (
+    ClientConnection,
+    ClientEffect,
+    Delivered,
+    Failed,
+    Ignored,
+    PresenceChanged,
+    Reset,
+    Resolved,
+    Streamed,
+    StreamKey,
+    Subscribed,
+    SubscribeFailed,
+    SummaryWanted,
+)
+from protocol.frames import EventFrame, PresenceFrame, StreamFrame, SummarizeFrame
+
+from .api import RemoteSession, RemoteSessions
+from .errors import CLOSE_TOKEN_EXPIRED, ConnectionLost, HubError, TokenExpired, error_from, position_lost
+
+__all__ = ["MAX_FRAME_BYTES", "HubClient"]
+
+log = logging.getLogger("sessionhub.client")
+
+#: The largest frame the client accepts (a long history is one reply).
+MAX_FRAME_BYTES = 16 * 1024 * 1024
+
+_FIRST_BACKOFF = 0.05
+#: A connection that stayed up this long resets the backoff: the next reconnect is immediate.
+_STABLE_AFTER = 1.0
+
+
+def _event(frame: EventFrame) -> Event:
+    return Event(
+        session_id=frame.session_id,
+        seq=frame.seq,
+        epoch=frame.epoch,
+        type=frame.type,
+        data=frame.data,
+        created_at=datetime.fromisoformat(frame.created_at),
+        stream=frame.stream,
+    )
+
+
+async def _notify(callback: Callable[[Any], Any] | None, frame: Any) -> None:
+    """Call a user's frame callback (sync or async); its failure is logged, not raised."""
+    if callback is None:
+        return
+    try:
+        outcome = callback(frame)
+        if inspect.isawaitable(outcome):
+            await outcome
+    except Exception:
+        log.exception("%r failed on %s", callback, type(frame).__name__)
+
+
+# -- subscriptions -------------------------------------------------------------------------
+
+
+class _End:
+    """Queued when the client closes: the subscription ends without an error."""
+
+
+_END = _End()
+
+
+@dataclass(eq=False)
+class _Subscription:
+    key: StreamKey
+    queue: asyncio.Queue[Event | BaseException | _End] = field(default_factory=asyncio.Queue)
+    closing: bool = False
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+# -- the client ----------------------------------------------------------------------------
+
+
+class HubClient:
+    """A connection to a hub, kept open across drops.
+
+    ``token`` is sent as ``Authorization: Bearer <token>``; :meth:`renew` replaces it
+    before it expires, on the open socket and for every later reconnect. ``name`` and ``role`` (e.g.
+    ``"worker"``, ``"observer"``) are announced to the hub on every (re)connect, with the
+    ``sessions`` this client is on besides the ones it subscribes to; they are what
+    :meth:`presence` lists. With ``on_presence(frame)`` (sync or async), subscriptions
+    ask for the session's join/leave frames and it is called for each. With
+    ``reconnect=False`` a dropped socket ends the client: subscriptions raise
+    :class:`ConnectionLost`, and so does every later request.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        name: str | None = None,
+        role: str | None = None,
+        *,
+        reconnect: bool = True,
+        max_backoff: float = 5.0,
+        open_timeout: float = 10,
+        sessions: Sequence[str] = (),
+        on_presence: Callable[[PresenceFrame], Any] | None = None,
+        summarize: Callable[[str], Any] | None = None,
+        on_stream: Callable[[StreamFrame], Any] | None = None,
+    ) -> None:
+        self.url = url
+        self.token = token
+        self.name = name
+        self.role = role
+        self.present_on = list(sessions)
+        self.on_presence = on_presence
+        #: ``summarize(prompt) -> str`` (sync or async): this client writes summaries the hub
+        #: asks for (a worker; see ``hub.workers.WorkerSummarizer``).
+        self.summarize = summarize
+        #: ``on_stream(frame)`` (sync or async): each streamed-message frame of a subscribed
+        #: session (feed them to a :class:`LiveMessages`).
+        self.on_stream = on_stream
+        self._background: set[asyncio.Task[None]] = set()
+        self.reconnect = reconnect
+        self.max_backoff = max_backoff
+        self.open_timeout = open_timeout
+        #: How many times the socket was re-opened after a drop.
+        self.reconnects = 0
+        self.sessions = RemoteSessions(self)
+        self._protocol = ClientConnection()
+        self._socket: Socket | None = None
+        self._connected = asyncio.Event()
+        self._futures: dict[str | int, asyncio.Future[Any]] = {}
+        self._subscriptions: dict[StreamKey, _Subscription] = {}
+        self._supervisor: asyncio.Task[None] | None = None
+        self._closed = False
+        #: Set when the client cannot go on (a refused reconnect, a drop without reconnect):
+        #: makes the error every later request raises.
+        self._failure: Callable[[], SessionHubError] | None = None
+        #: The token the hub holds for the current socket (sent when it opened, or renewed).
+        self._presented: str | None = None
+        #: The hub closed the socket because that token expired (4001): see :meth:`renew`.
+        self._expired = False
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def __aenter__(self) -> Self:
+        await self.connect()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def connect(self) -> None:
+        """Open the socket (raises :class:`ConnectionLost` if the hub cannot be reached)."""
+        if self._supervisor is not None:
+            return
+        if self._closed:
+            raise ConnectionLost("the client is closed")
+        try:
+            socket = await self._open()
+        except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
+            raise self._open_error(exc) from exc
+        self._socket = socket
+        self._connected.set()
+        self._supervisor = asyncio.get_running_loop().create_task(
+            self._run(socket), name=f"HubClient {self.url}"
+        )
+
+    async def aclose(self) -> None:
+        """Close the socket. Requests in flight fail with :class:`ConnectionLost`; running
+        subscriptions end (their iterators stop)."""
+        if self._closed:
+            return
+        self._closed = True
+        socket = self._socket
+        self._fail("the client is closed")
+        supervisor, self._supervisor = self._supervisor, None
+        if supervisor is not None:
+            supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await supervisor
+        if socket is not None:
+            await socket.close()
+        for subscription in self._subscriptions.values():
+            subscription.queue.put_nowait(_END)
+
+    @property
+    def connected(self) -> bool:
+        return self._socket is not None
+
+    # -- requests ------------------------------------------------------------------------
+    async def request(self, op: str, **fields: Any) -> Any:
+        """Send one request and return its reply's ``result`` (raw JSON data). Raises the
+        engine's exception for an error frame, :class:`HubError` for a protocol error, and
+        :class:`ConnectionLost` when the socket drops before the reply."""
+        socket = await self._ready()
+        rid, data = self._protocol.request(op, **fields)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._futures[rid] = future
+        try:
+            try:
+                await socket.send(data, text=True)
+            except ConnectionClosed:
+                raise ConnectionLost() from None
+            return await future
+        finally:
+            self._forget(rid, future)
+
+    async def renew(self, token: str) -> dict[str, Any]:
+        """Replace this client's token with ``token``, in band (an ``auth`` request): the
+        connection and its subscriptions outlive the old token's ``exp``, and every later
+        reconnect (and the resubscriptions after it) presents the new one.
+
+        Returns the hub's reply, ``{"sub", "exp", "ended"}``. Subscriptions the new token
+        no longer covers (``ended``) raise :class:`HubError` ``forbidden``. A token the hub
+        refuses raises :class:`HubError` ``forbidden`` and the old one stays in use. When
+        the socket is down (reconnecting), the new token is kept for the next one. After
+        the hub closed the connection for an expired token (:class:`TokenExpired`), this
+        reconnects with the new token (the ended subscriptions stay ended)."""
+        if self._closed:
+            raise ConnectionLost("the client is closed")
+        if self._expired:
+            previous, self.token = self.token, token
+            self._expired, self._failure, self._supervisor = False, None, None
+            try:
+                await self.connect()
+            except BaseException:
+                self._expired, self._failure = True, functools.partial(TokenExpired)
+                self.token = previous
+                raise
+            # and the auth below checks the token (a connection's handshake does not)
+        try:
+            result = await self.request("auth", token=token)
+        except ConnectionLost:
+            self.token = token  # the next socket presents it
+            return {"sub": None, "exp": None, "ended": []}
+        # (A refusal raises here, and the old token stays.) A socket opened meanwhile
+        # presented the old token, and the auth went over it: either way, the new one.
+        self.token = token
+        self._presented = token
+        reply: dict[str, Any] = dict(result) if isinstance(result, dict) else {}
+        for key in reply.get("ended") or []:
+            self._protocol.forget(key)
+            subscription = self._subscriptions.get(key)
+            if subscription is not None:
+                what = "the registry" if key is None else repr(key)
+                error = HubError("forbidden", f"the renewed token does not cover {what}: subscription ended")
+                subscription.queue.put_nowait(error)
+        return reply
+
+    async def ping(self) -> float:
+        """A round trip through the hub's request loop; returns its duration in seconds."""
+        started = time.perf_counter()
+        await self.request("ping")
+        return time.perf_counter() - started
+
+    def session(self, session_id: str) -> RemoteSession:
+        """One session's API: context blocks, tools, compaction, events."""
+        return RemoteSession(self, session_id)
+
+    async def _ready(self) -> Socket:
+        """The open socket, waiting for a reconnect up to ``open_timeout``."""
+        if self._socket is not None:
+            return self._socket
+        if self._supervisor is None and not self._closed:
+            raise ConnectionLost("the client is not connected: use `async with HubClient(...)`")
+        deadline = time.monotonic() + self.open_timeout
+        while self._socket is None:
+            self._check_usable()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ConnectionLost(f"no connection to the hub within {self.open_timeout:g}s")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._connected.wait(), remaining)
+        return self._socket
+
+    def _check_usable(self) -> None:
+        if self._failure is not None:
+            raise self._failure()
+        if self._closed:
+            raise ConnectionLost("the client is closed")
+
+    # -- subscriptions -------------------------------------------------------------------
+    async def subscribe(
+        self,
+        session_id: str | None,
+        after_seq: int = 0,
+        *,
+        epoch: str | None = None,
+        reload: bool = False,
+    ) -> AsyncGenerator[Event, None]:
+        """Every event of the session (``None``: the registry) after ``after_seq``: the
+        backlog, then live, each exactly once and in ``seq`` order, across reconnects.
+
+        When the log cannot serve the position (pruned, another epoch, beyond the end), the
+        iterator raises :class:`~protocol.errors.PositionLost` (``epoch``, ``first_seq``,
+        ``last_seq``): reload a snapshot and subscribe again from ``last_seq``. With
+        ``reload=True`` it does that by itself, silently: it continues from the reset's
+        ``last_seq`` and epoch, and the events in between are skipped (the caller is expected
+        to re-read the state it needs). Closing the iterator (``break``, ``aclose()``)
+        unsubscribes. One subscription per stream per client at a time (``InvalidInput``
+        otherwise); any number of streams at once.
+        """
+        key = session_id
+        previous = self._subscriptions.get(key)
+        if previous is not None and previous.closing:
+            # Its unsubscribe is on the way: wait for it rather than refuse.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(previous.closed.wait(), self.open_timeout)
+        if key in self._subscriptions:
+            raise InvalidInput(f"already subscribed to {'the registry' if key is None else repr(key)}")
+        subscription = _Subscription(key)
+        self._subscriptions[key] = subscription
+        try:
+            socket = await self._ready()
+            watch = self.on_presence is not None and key is not None
+            _, data = self._protocol.subscribe(key, after_seq, epoch, presence=watch, reload=reload)
+            # A failed send is not an error: the position is registered, and the reconnect
+            # that follows the drop resubscribes from it.
+            with contextlib.suppress(ConnectionClosed):
+                await socket.send(data, text=True)
+            while True:
+                item = await subscription.queue.get()
+                if isinstance(item, _End):
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            await self._end_subscription(subscription)
+
+    async def _end_subscription(self, subscription: _Subscription) -> None:
+        key = subscription.key
+        subscription.closing = True
+        try:
+            if (
+                self._subscriptions.get(key) is subscription
+                and key in self._protocol.positions
+                and self._socket is not None
+                and not self._closed
+            ):
+                # Wait for the reply: the server's events for this stream all come before
+                # it, so a new subscription to the stream cannot receive a stale one.
+                with contextlib.suppress(SessionHubError, TimeoutError):
+                    await asyncio.wait_for(self._unsubscribe(key), self.open_timeout)
+            else:
+                self._protocol.forget(key)
+        finally:
+            if self._subscriptions.get(key) is subscription:
+                del self._subscriptions[key]
+            subscription.closed.set()
+
+    async def _unsubscribe(self, key: StreamKey) -> None:
+        socket = self._socket
+        if socket is None:
+            self._protocol.forget(key)
+            return
+        rid, data = self._protocol.unsubscribe(key)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._futures[rid] = future
+        try:
+            try:
+                await socket.send(data, text=True)
+            except ConnectionClosed:
+                return
+            await future
+        finally:
+            self._forget(rid, future)
+
+    def _forget(self, rid: str | int, future: asyncio.Future[Any]) -> None:
+        """The caller is done with the request (answered, failed or cancelled)."""
+        if self._futures.get(rid) is future:
+            del self._futures[rid]
+        self._protocol.abandon(rid)
+        if not future.done():
+            future.cancel()
+        elif not future.cancelled():
+            future.exception()  # retrieved: a failure nobody waits for is not logged
+
+    # -- the socket ----------------------------------------------------------------------
+    async def _open(self) -> Socket:
+        token = self.token
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else None
+        socket = await connect(
+            self.url,
+            additional_headers=headers,
+            max_size=MAX_FRAME_BYTES,
+            open_timeout=self.open_timeout,
+        )
+        hello = self._protocol.hello(
+            self.name, self.role, self.present_on, summarizer=self.summarize is not None
+        )
+        if hello is not None:
+            await socket.send(hello, text=True)
+        self._presented = token
+        return socket
+
+    async def presence(self, session_id: str) -> list[dict[str, Any]]:
+        """Who is on ``session_id``: ``[{"connection_id", "name", "role"}]``."""
+        result = await self.request("presence", session_id=session_id)
+        return list(result)
+
+    @staticmethod
+    def _open_error(exc: BaseException) -> SessionHubError:
+        if isinstance(exc, InvalidStatus) and exc.response.status_code in (401, 403):
+            return HubError("forbidden", f"the hub refused the connection: {exc}")
+        return ConnectionLost(f"cannot connect to the hub: {exc}")
+
+    def _fail(self, message: str) -> None:
+        """Fail every request in flight with :class:`ConnectionLost` and forget the socket."""
+        self._socket = None
+        self._connected.clear()
+        futures, self._futures = self._futures, {}
+        for future in futures.values():
+            if not future.done():
+                future.set_exception(ConnectionLost(message))
+
+    async def _run(self, socket: Socket) -> None:
+        try:
+            await self._supervise(socket)
+        except Exception as exc:  # a bug: fail loudly rather than leave callers waiting
+            log.exception("the HubClient reader failed")
+            message = f"the client's reader failed: {exc!r}"
+            current = self._socket
+            self._fail(message)
+            self._failure = functools.partial(ConnectionLost, message)
+            self._end_all(self._failure)
+            if current is not None:
+                with contextlib.suppress(Exception):
+                    await current.close()
+
+    async def _supervise(self, socket: Socket) -> None:
+        backoff = 0.0
+        while True:
+            opened = time.monotonic()
+            await self._read(socket)
+            reason = socket.close_reason or "connection closed"
+            message = f"the connection to the hub was lost ({socket.close_code}: {reason})"
+            self._fail(message)
+            if self._closed:
+                return
+            if socket.close_code == CLOSE_TOKEN_EXPIRED and self.token == self._presented:
+                # Reconnecting with the token that expired would only be refused: stop
+                # until renew() brings a new one.
+                self._expired = True
+                self._failure = functools.partial(
+                    TokenExpired,
+                    f"the token expired ({socket.close_code}: {reason}); renew() brings a new one",
+                )
+                self._end_all(self._failure)
+                return
+            if not self.reconnect:
+                self._failure = functools.partial(ConnectionLost, message)
+                self._end_all(self._failure)
+                return
+            backoff = 0.0 if time.monotonic() - opened >= _STABLE_AFTER else _grow(backoff, self.max_backoff)
+            while True:
+                if backoff:
+                    await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
+                try:
+                    socket = await self._open()
+                except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
+                    if self._open_error(exc).code == "forbidden" or isinstance(exc, InvalidURI):
+                        self._failure = functools.partial(self._open_error, exc)
+                        self._end_all(self._failure)
+                        return
+                    log.debug("reconnecting to %s failed: %s", self.url, exc)
+                    backoff = _grow(backoff, self.max_backoff)
+                    continue
+                break
+            self.reconnects += 1
+            await self._resume(socket)
+
+    async def _resume(self, socket: Socket) -> None:
+        # All synchronous up to the first send: the positions resubscribed here are exactly
+        # the streams followed when the new socket becomes current.
+        frames = self._protocol.resubscribe()
+        self._socket = socket
+        self._connected.set()
+        for _, data in frames:
+            try:
+                await socket.send(data, text=True)
+            except ConnectionClosed:
+                return  # the read loop sees the drop and reconnects again
+
+    def _end_all(self, error: Callable[[], SessionHubError]) -> None:
+        for subscription in self._subscriptions.values():
+            subscription.queue.put_nowait(error())
+        self._protocol.clear()
+
+    async def _read(self, socket: Socket) -> None:
+        try:
+            async for data in socket:
+                try:
+                    effect = self._protocol.receive_text(data)
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    log.warning("unreadable frame from the hub: %s", exc)
+                    continue
+                await self._dispatch(socket, effect)
+        except ConnectionClosed:
+            pass
+
+    async def _dispatch(self, socket: Socket, effect: ClientEffect) -> None:
+        if isinstance(effect, Delivered):
+            subscription = self._subscriptions.get(effect.key)
+            if subscription is not None:
+                subscription.queue.put_nowait(_event(effect.event))
+        elif isinstance(effect, Resolved):
+            future = self._futures.get(effect.id)
+            if future is not None and not future.done():
+                future.set_result(effect.result)
+        elif isinstance(effect, Failed):
+            if effect.id is None:
+                log.warning("the hub could not read a frame: %s", effect.message)
+                return
+            if effect.id == "hello":  # sent on every (re)connect, its reply not awaited
+                log.warning("the hub refused this client's hello (%s): %s", effect.code, effect.message)
+                return
+            future = self._futures.get(effect.id)
+            if future is not None and not future.done():
+                future.set_exception(error_from(effect.code, effect.message, effect.detail))
+        elif isinstance(effect, SubscribeFailed):
+            # The server ended the subscription (unknown session...): so does the client.
+            subscription = self._subscriptions.get(effect.key)
+            if subscription is not None:
+                subscription.queue.put_nowait(error_from(effect.code, effect.message, effect.detail))
+        elif isinstance(effect, Reset):
+            subscription = self._subscriptions.get(effect.key)
+            if subscription is None:
+                return
+            if effect.resubscribe is None:
+                subscription.queue.put_nowait(position_lost(effect.frame))
+                return
+            with contextlib.suppress(ConnectionClosed):
+                await socket.send(effect.resubscribe[1], text=True)
+        elif isinstance(effect, PresenceChanged):
+            await _notify(self.on_presence, effect.frame)
+        elif isinstance(effect, Streamed):
+            await _notify(self.on_stream, effect.frame)
+        elif isinstance(effect, SummaryWanted):
+            task = asyncio.get_running_loop().create_task(self._write_summary(socket, effect.frame))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        elif isinstance(effect, Subscribed):
+            pass  # the epoch is in the position already; the events follow
+        elif isinstance(effect, Ignored):
+            log.debug("ignored frame: %s", effect.reason)
+
+    async def _write_summary(self, socket: Socket, frame: SummarizeFrame) -> None:
+        """Answer the hub's ``summarize`` frame with this worker's summary (or its error)."""
+        try:
+            if self.summarize is None:
+                raise RuntimeError("this client does not summarize")
+            summary = self.summarize(frame.prompt)
+            if inspect.isawaitable(summary):
+                summary = await summary
+            answer = self._protocol.summary(frame.request_id, summary=str(summary))
+        except Exception as exc:
+            answer = self._protocol.summary(frame.request_id, error=f"{type(exc).__name__}: {exc}")
+        with contextlib.suppress(ConnectionClosed):
+            await socket.send(answer, text=True)
+
+
+def _grow(backoff: float, cap: float) -> float:
+    return min(cap, max(_FIRST_BACKOFF, backoff * 2))
