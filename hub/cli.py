@@ -269,8 +269,8 @@ def _serve(args: argparse.Namespace) -> int:
     from protocol.errors import InvalidInput
 
     from .extras import MissingExtra
-    from .logfilter import install_log_filters
     from .server import HubConfig, create_app
+    from .server.logfilter import install_log_filters
 
     problem = _serve_problem(args)
     if problem:

@@ -231,7 +231,7 @@ def test_peer_noise_filter_reports_what_it_suppressed() -> None:
     # The rate limit over time, with a clock the test advances (a real logger and records).
     import logging
 
-    from hub.logfilter import PeerNoiseFilter
+    from hub.server.logfilter import PeerNoiseFilter
 
     now = [0.0]
     logger = logging.getLogger("sessionhub.test.peer-noise")

@@ -14,7 +14,7 @@ from starlette.types import Scope
 
 __all__ = ["WEB_DIR", "InspectorFiles", "is_shipped"]
 
-WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+WEB_DIR = Path(__file__).resolve().parents[2] / "web"
 
 #: Paths under web/ the hub serves ("." is the directory, i.e. index.html).
 SHIPPED = frozenset({".", "index.html", "inspector.css", "sessionhub.js"})

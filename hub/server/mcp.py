@@ -29,9 +29,9 @@ from urllib.parse import quote, unquote
 
 from protocol import Forbidden, InvalidInput, Message, SessionHubError
 
-from .auth import Grant, verify_token
-from .store.base import LATEST
-from .tools import Tool, dispatch
+from ..auth import Grant, verify_token
+from ..store.base import LATEST
+from ..tools import Tool, dispatch
 
 if TYPE_CHECKING:
     import mcp_types as types
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from starlette.routing import Route
     from starlette.types import Receive, Scope, Send
 
-    from .server import Hub
+    from . import Hub
 
 __all__ = ["URI_PREFIX", "McpEndpoint", "create_endpoint"]
 

@@ -26,11 +26,11 @@ from protocol import frames as f
 from protocol.codec import encode
 from protocol.deltas import apply_delta
 
-from .bus import RemoteBus
-from .store.base import LATEST, LogEntry
+from ..bus import RemoteBus
+from ..store.base import LATEST, LogEntry
 
 if TYPE_CHECKING:
-    from .server import Connection, Hub
+    from . import Connection, Hub
 
 __all__ = ["LiveStream", "Streams"]
 

@@ -47,19 +47,19 @@ from protocol import frames as f
 from protocol.codec import encode
 from protocol.connection import ServerConnection, StreamKey
 
-from .auth import Grant, verify_token
-from .backends import open_backend
-from .bus import Bus, RemoteBus
-from .compaction import CompactResult
+from ..auth import Grant, verify_token
+from ..backends import open_backend
+from ..bus import Bus, RemoteBus
+from ..compaction import CompactResult
+from ..manager import SessionManager
+from ..session import Session
+from ..store.base import LATEST, REGISTRY, ParentArg, Store, session_stream
+from ..tools import Tool
 from .logfilter import install_log_filters
-from .manager import SessionManager
 from .mcp import create_endpoint as create_mcp_endpoint
 from .relay import Relay
-from .session import Session
 from .static import WEB_DIR, InspectorFiles
-from .store.base import LATEST, REGISTRY, ParentArg, Store, session_stream
 from .streams import Streams
-from .tools import Tool
 from .workers import WorkerSummarizer
 
 __all__ = ["HubConfig", "create_app"]
@@ -1622,7 +1622,7 @@ def _operations(hub: Hub) -> dict[str, Callable[[Any], Awaitable[Any]]]:
         return m.tools() if r.session_id is None else await (await hub.session(r.session_id)).tools()
 
     async def run_tool(r: f.RunTool) -> str:
-        from .tools import dispatch
+        from ..tools import dispatch
 
         available = m.tools() if r.session_id is None else await (await hub.session(r.session_id)).tools()
         return await dispatch(available, r.name, r.arguments)

@@ -21,10 +21,10 @@ import msgspec
 from protocol import frames as f
 from protocol.codec import encode
 
-from .bus import RemoteBus
+from ..bus import RemoteBus
 
 if TYPE_CHECKING:
-    from .server import Hub
+    from . import Hub
 
 __all__ = ["NodePresence", "Relay", "Snapshot"]
 
