@@ -13,7 +13,8 @@ import pytest
 
 from hub import Forbidden, InvalidInput, SessionManager, SqliteStore
 from hub.auth import OP_LEVELS, issue_token, parse_ttl, verify_token
-from hub.server import HubConfig, _host_allowed, _origin_allowed, create_app
+from hub.server import HubConfig, create_app
+from hub.server.handshake import host_allowed, origin_allowed
 from protocol.frames import REQUEST_TYPES
 
 from .hubtest import served, text
@@ -325,7 +326,7 @@ class _Headers:
     ],
 )
 def test_the_host_rule(host: str | None, config: HubConfig, ok: bool) -> None:
-    assert _host_allowed(host, config) is ok
+    assert host_allowed(host, config) is ok
 
 
 @pytest.mark.parametrize(
@@ -351,4 +352,4 @@ def test_the_host_rule(host: str | None, config: HubConfig, ok: bool) -> None:
 )
 def test_the_origin_rule(origin: str | None, host: str, config: HubConfig, ok: bool) -> None:
     headers = {"host": host} if origin is None else {"host": host, "origin": origin}
-    assert _origin_allowed(_Headers(**headers), config) is ok  # type: ignore[arg-type]
+    assert origin_allowed(_Headers(**headers), config) is ok  # type: ignore[arg-type]

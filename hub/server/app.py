@@ -1,0 +1,126 @@
+"""The hub as a Starlette app: its lifespan and routes."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
+from starlette.websockets import WebSocket
+
+from ..backends import open_backend
+from ..bus import Bus, RemoteBus
+from ..manager import SessionManager
+from ..store.base import Store
+from .config import HubConfig
+from .connection import CLOSE_GOING_AWAY
+from .handshake import HostCheck, KeepTransport, origin_allowed
+from .hub import Hub
+from .logfilter import install_log_filters
+from .mcp import create_endpoint as create_mcp_endpoint
+from .static import WEB_DIR, InspectorFiles
+from .workers import WorkerSummarizer
+
+
+def create_app(
+    *,
+    db: str | Path = "sessionhub.db",
+    bus: str | Bus | None = None,
+    store: Store | None = None,
+    manager: SessionManager | None = None,
+    config: HubConfig | None = None,
+    worker_summarizer: WorkerSummarizer | None = None,
+) -> Starlette:
+    """The hub as a Starlette app, mountable in your own.
+
+    Pass ``manager`` (configured with context templates, compaction...) or ``store`` to
+    share ones you own (they are not closed on shutdown), or ``db`` (a SQLite path or a
+    ``postgresql://`` DSN) and ``bus`` (``memory``, ``postgres``, a ``redis://`` URL or a
+    :class:`~hub.bus.Bus`; see :mod:`hub.backends`) to have the app open and close them.
+    ``app.state.hub`` is the running :class:`Hub`.
+    """
+    settings = config or HubConfig()
+    # The MCP endpoint (hub/mcp.py); None when the optional `mcp` package is not installed.
+    mcp_endpoint = create_mcp_endpoint()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            if manager is not None:
+                active = manager
+            else:
+                opened = (
+                    store if store is not None else await stack.enter_async_context(open_backend(db, bus))
+                )
+                active = SessionManager(opened)
+            hub = Hub(active.store, active, settings, worker_summarizer)
+            app.state.hub = hub
+            if mcp_endpoint is not None:
+                await stack.enter_async_context(mcp_endpoint.run(hub))
+            try:
+                yield
+            finally:
+                await hub.drain()
+
+    async def healthz(request: HttpRequest) -> JSONResponse:
+        hub: Hub = request.app.state.hub
+        if hub.closing:
+            return JSONResponse({"status": "shutting down"}, status_code=503)
+        # A real read, so a broken database shows up here and not on the first user.
+        await hub.store.get_session("")
+        body: dict[str, Any] = {"status": "ok", "connections": len(hub.connections)}
+        ring = hub.store.bus
+        if isinstance(ring, RemoteBus):
+            body["bus"] = {
+                "kind": type(ring).__name__,
+                "connected": ring.connected,
+                "reconnects": ring.reconnects,
+            }
+            if not ring.connected:
+                # Still serving (followers poll the log meanwhile), but a balancer should know.
+                body["status"] = "degraded"
+                return JSONResponse(body, status_code=503)
+        return JSONResponse(body)
+
+    async def metrics(request: HttpRequest) -> Response:
+        hub: Hub = request.app.state.hub
+        return Response(generate_latest(hub.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def ws(websocket: WebSocket) -> None:
+        hub: Hub = websocket.app.state.hub
+        if not origin_allowed(websocket, hub.config):
+            await websocket.close(1008, "origin not allowed")  # before accept: HTTP 403
+            return
+        if hub.closing:
+            # Accept, then close with 1001: a close before accepting is an HTTP 403, which a
+            # client must read as "refused", not as "try again elsewhere".
+            await websocket.accept()
+            await websocket.close(CLOSE_GOING_AWAY, "server shutting down; resume elsewhere")
+            return
+        await hub.serve(websocket)
+
+    routes: list[BaseRoute] = [
+        Route("/healthz", healthz),
+        Route("/metrics", metrics),
+        WebSocketRoute("/ws", ws),
+    ]
+    if mcp_endpoint is not None:
+        routes.append(mcp_endpoint.route())
+    # The browser inspector and the JS client (web/, see docs/inspector.md): static files,
+    # no build step, mounted last so that every other route wins.
+    # Only the files the inspector needs (hub/static.py), not web/test/.
+    if WEB_DIR.is_dir():
+        routes.append(Mount("/", app=InspectorFiles(WEB_DIR), name="web"))
+    # uvicorn's traceback per invalid UTF-8 frame becomes one rate-limited line.
+    install_log_filters()
+    # The Host check first, so a rebound name is refused before anything else runs.
+    middleware = [Middleware(HostCheck, config=settings), Middleware(KeepTransport)]
+    return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)

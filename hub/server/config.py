@@ -1,0 +1,74 @@
+"""The limits of one hub."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class HubConfig:
+    """Limits of one hub (docs/security.md, "Limits").
+
+    Every buffer is bounded in bytes as well as in frames: a connection's outbox
+    (``outbox_bytes``), the replies waiting for room in it (``outbox_bytes`` again), the
+    backlog a catching-up subscription holds (``replay_bytes``), each stream's tail cache
+    (``tail_bytes``), and all of it across the hub (``outbox_bytes_total``,
+    ``tail_bytes_total``). ``send_timeout`` is how long a full outbox may stay full before
+    the peer is evicted (close code 4008); ``close_grace`` how long an evicted peer has to
+    take the close frame before its transport is aborted."""
+
+    max_frame_bytes: int = 1 << 20
+    #: HS256 secret: when set, every WebSocket request needs a token granting it.
+    auth_secret: str | None = None
+    #: Origins a browser may connect from, besides loopback ones and the bind host's
+    #: (docs/security.md); their hosts are names of the hub too. ``*``: any.
+    allowed_origins: tuple[str, ...] = ()
+    #: The address the hub listens on (``--host``): without a secret, a Host header must
+    #: name it, a loopback name, or an allowed origin's host.
+    bind_host: str | None = None
+    max_subscriptions: int = 64
+    queue_frames: int = 1024
+    send_timeout: float = 10.0
+    tail_events: int = 1024
+    backlog_batch: int = 500
+    shutdown_grace: float = 10.0
+    #: With several nodes: how often each relays its presence table, and how long a silent
+    #: node's connections stay listed.
+    presence_heartbeat: float = 10.0
+    presence_ttl: float = 30.0
+    #: Unsent frames one connection may hold (its outbox).
+    outbox_bytes: int = 16 << 20
+    #: Unsent bytes of all connections together (outboxes, waiting replies, replay
+    #: batches); past it the connection holding the most is evicted.
+    outbox_bytes_total: int = 1 << 30
+    #: Encoded event frames one stream's tail keeps in memory.
+    tail_bytes: int = 8 << 20
+    #: Tail caches of all streams together; past it the largest caches shrink.
+    tail_bytes_total: int = 256 << 20
+    #: Backlog one connection's catching-up subscriptions hold, read from the log.
+    replay_bytes: int = 8 << 20
+    #: Requests of one connection running or waiting to be answered; at the bound the
+    #: hub stops reading that socket until replies go out.
+    max_in_flight: int = 64
+    #: How long an evicted peer has to take its close frame before the TCP connection is cut.
+    close_grace: float = 5.0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_frame_bytes",
+            "max_subscriptions",
+            "queue_frames",
+            "tail_events",
+            "backlog_batch",
+            "outbox_bytes",
+            "outbox_bytes_total",
+            "tail_bytes",
+            "tail_bytes_total",
+            "replay_bytes",
+            "max_in_flight",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"HubConfig.{name} must be at least 1, not {getattr(self, name)}")
+        for name in ("send_timeout", "close_grace", "shutdown_grace"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"HubConfig.{name} must be more than 0, not {getattr(self, name)}")

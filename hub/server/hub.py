@@ -1,0 +1,213 @@
+"""The hub: the open connections, who is on which session, the tails and streams, the drain."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Literal
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from protocol import Forbidden, SessionNotFound
+from protocol import frames as f
+from protocol.codec import encode
+
+from ..auth import verify_token
+from ..bus import RemoteBus
+from ..manager import SessionManager
+from ..session import Session
+from ..store.base import Store
+from .config import HubConfig
+from .connection import CLOSE_GOING_AWAY, CLOSE_UNSUPPORTED, Connection
+from .handshake import token_of
+from .metrics import Metrics
+from .ops import operations
+from .outbox import Held
+from .relay import Relay
+from .streams import Streams
+from .tails import Tails
+
+if TYPE_CHECKING:
+    from .workers import WorkerSummarizer
+
+
+class Hub:
+    """The application's state: the store, the manager, the open connections."""
+
+    def __init__(
+        self,
+        store: Store,
+        manager: SessionManager,
+        config: HubConfig,
+        worker_summarizer: WorkerSummarizer | None = None,
+    ) -> None:
+        self.worker_summarizer = worker_summarizer
+        if worker_summarizer is not None:
+            worker_summarizer.attach(self)
+        self.store = store
+        self.manager = manager
+        self.config = config
+        self.metrics = Metrics()
+        self.held = Held()
+        self.metrics.watch_held(self.held)
+        self.tails = Tails(store, config.tail_events, config.tail_bytes, config.tail_bytes_total, self.held)
+        self.tails.on_delivered = self.metrics.delivered.inc
+        self.tails.on_dropped = self.metrics.tail_evictions.inc
+        self.streams = Streams(self)
+        self.connections: set[Connection] = set()
+        #: session id -> connection id -> connection: who is on each session.
+        self.presence: dict[str, dict[str, Connection]] = {}
+        #: With a cross-node bus: stream frames and presence to and from the other nodes.
+        self.relay: Relay | None = None
+        if isinstance(store.bus, RemoteBus):
+            self.relay = Relay(self, store.bus, config.presence_heartbeat, config.presence_ttl)
+            self.relay.start()
+            self.metrics.watch_bus(store.bus)
+        self.closing = False
+        self.ops: dict[str, Callable[[Any], Awaitable[Any]]] = operations(self)
+
+    def check_total(self) -> None:
+        """Over ``outbox_bytes_total``: evict the connections holding the most unsent bytes
+        until the hub is back under it, rather than refusing frames to everyone."""
+        limit = self.config.outbox_bytes_total
+        # What an evicted connection still holds (a reply waiting, a batch being dropped)
+        # goes as its tasks end: count it as gone now, or one overflow would evict several.
+        excess = self.held.unsent - limit
+        while excess > 0:
+            heaviest = max(
+                (c for c in self.connections if not c.closed), key=lambda c: c.unsent, default=None
+            )
+            if heaviest is None or heaviest.unsent == 0:
+                return
+            excess -= heaviest.unsent
+            heaviest.evict(
+                f"slow consumer: the hub holds over {limit} unsent bytes, this connection the most; "
+                "resume from your last seq"
+            )
+
+    def present_on(self, connection: Connection) -> list[str]:
+        return [sid for sid, present in self.presence.items() if connection.connection_id in present]
+
+    def _tell(self, session_id: str, action: Literal["join", "leave"], connection: Connection) -> None:
+        frame = f.PresenceFrame(session_id=session_id, action=action, entry=connection.entry())
+        self.tell_watchers(frame)
+        if self.relay is not None:
+            self.relay.send(frame)
+
+    def tell_watchers(self, frame: f.PresenceFrame) -> None:
+        """Send a join or leave to this node's connections watching the session's presence."""
+        watchers = [c for c in self.connections if frame.session_id in c.presence_watch and not c.closed]
+        if not watchers:
+            return
+        data = encode(frame).decode()
+        for other in watchers:
+            other.offer(data)
+
+    def present(self, session_id: str) -> list[dict[str, Any]]:
+        """Who is on the session: this node's connections, then the other nodes'."""
+        entries = [c.entry() for c in self.presence.get(session_id, {}).values()]
+        if self.relay is not None:
+            entries += self.relay.presence.entries(session_id)
+        return entries
+
+    def join(self, connection: Connection, session_id: str) -> None:
+        present = self.presence.setdefault(session_id, {})
+        if connection.connection_id not in present:
+            present[connection.connection_id] = connection
+            self._tell(session_id, "join", connection)
+
+    def announce(self, connection: Connection, session_id: str) -> None:
+        """Tell the session's subscribers the connection's new name or role."""
+        self._tell(session_id, "join", connection)
+
+    def leave(self, connection: Connection, session_id: str) -> None:
+        present = self.presence.get(session_id)
+        if present is not None and present.pop(connection.connection_id, None) is not None:
+            if not present:
+                del self.presence[session_id]
+            self._tell(session_id, "leave", connection)
+
+    async def session(self, session_id: str) -> Session:
+        if await self.manager.get(session_id) is None:
+            raise SessionNotFound(session_id)
+        return self.manager.get_session(session_id)
+
+    async def drain(self) -> None:
+        """Stop taking requests, let running ones finish (up to the grace period), then
+        close every socket with 1001 so clients resume elsewhere."""
+        if self.closing:
+            return
+        self.closing = True
+        running = [t for c in self.connections for t in c.requests]
+        if running:
+            await asyncio.wait(running, timeout=self.config.shutdown_grace)
+        for connection in list(self.connections):
+            # Let queued replies go out before the close frame.
+            with contextlib.suppress(asyncio.QueueFull):
+                connection.queue.put_nowait(None)
+                connection._kick()
+        await asyncio.sleep(0)
+        for connection in list(self.connections):
+            await connection.close(CLOSE_GOING_AWAY, "server shutting down; resume elsewhere")
+        await self.tails.close()
+        if self.relay is not None:
+            await self.relay.close()
+
+    async def serve(self, websocket: WebSocket) -> None:
+        token, subprotocol = token_of(websocket)
+        await websocket.accept(subprotocol=subprotocol)
+        connection = Connection(self, websocket)
+        if self.config.auth_secret is not None:
+            # A bad token does not close the socket: each request is answered `forbidden`
+            # (an `auth` request may still bring a good one).
+            with contextlib.suppress(Forbidden):
+                connection.set_grant(verify_token(self.config.auth_secret, token))
+        connection.serve_task = asyncio.current_task()
+        self.connections.add(connection)
+        self.metrics.connections.inc()
+        in_flight = self.config.max_in_flight
+        try:
+            while not connection.closed:
+                if len(connection.requests) >= in_flight:
+                    # Backpressure: leave the next frames in the socket (uvicorn pauses
+                    # reading until we receive) until replies have gone out.
+                    await connection.wait_for_room()
+                    continue
+                message = await websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                text = message.get("text")
+                if text is None:
+                    await connection.close(
+                        CLOSE_UNSUPPORTED, "binary frames are not supported; send JSON text"
+                    )
+                    break
+                connection.on_frame(text)
+        except WebSocketDisconnect:
+            pass
+        except RuntimeError:  # the socket went away while we were receiving
+            pass
+        finally:
+            if connection.closer is not None:
+                # Returning from the app would close the transport before the close frame.
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(connection.closer)
+            connection.closed = True
+            if connection.expiry is not None:  # no expiry timer outlives the connection
+                connection.expiry.cancel()
+            for task in connection.subscriptions.values():
+                task.cancel()
+            connection.unpark_all()
+            drainer = connection.drainer
+            if drainer is not None and not drainer.done():
+                drainer.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await drainer
+            self.connections.discard(connection)
+            if self.worker_summarizer is not None:
+                self.worker_summarizer.connection_lost(connection)
+            await self.streams.owner_lost(connection)
+            for sid in self.present_on(connection):
+                self.leave(connection, sid)
+            self.metrics.connections.dec()

@@ -1,0 +1,247 @@
+"""Stream tails: each followed stream's newest events, read once from the log for all its subscribers."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from protocol import PositionLost
+from protocol.codec import encode
+
+from ..store.base import Store
+from .outbox import Held, frame_cost
+from .wire import event_frame
+
+if TYPE_CHECKING:
+    from .connection import Connection
+
+log = logging.getLogger("sessionhub.server")
+
+
+@dataclass(slots=True)
+class Live:
+    """A caught-up subscriber the tail pushes to directly. It has no task of its own while
+    live (an idle subscriber costs memory, not a task); ``resume`` starts one when the
+    subscriber must continue on its own."""
+
+    connection: Connection
+    tail: Tail
+    seq: int
+    epoch: str
+    resume: Callable[[Live], None]
+
+
+#: One cached event: its seq, its epoch and its encoded frame (the only large part; the
+#: tail keeps no decoded Event, which would cost as much again).
+Entry = tuple[int, str, str]
+
+
+class Tail:
+    """The newest events of one stream, read once from the log for all its subscribers.
+
+    Subscribers that have caught up are *live*: the tail puts each new frame straight into
+    their queues (no task wakes per subscriber per event). One whose queue is full, or that
+    meets an epoch change, is woken to continue on its own, with backpressure.
+
+    The cache is bounded in events (``size``) and in bytes (``max_bytes``, and the hub's
+    ``tail_bytes_total`` through :class:`Tails`): what falls out is read from the log by
+    whoever is behind it."""
+
+    def __init__(self, store: Store, stream: str, size: int, max_bytes: int = 1 << 62) -> None:
+        self.store = store
+        self.stream = stream
+        self.size = size
+        self.max_bytes = max_bytes
+        self.entries: collections.deque[Entry] = collections.deque()
+        self.bytes = 0
+        #: The largest frame this tail has read: how catching-up subscribers size a batch.
+        self.largest = 0
+        self.last_seq = 0
+        self.changed = asyncio.Event()
+        self.users = 0
+        self.task: asyncio.Task[None] | None = None
+        self.live: dict[int, Live] = {}
+        self.on_delivered: Callable[[int], None] = lambda n: None
+        #: Called with the change in cached bytes and the number of entries dropped.
+        self.on_resized: Callable[[Tail, int, int], None] = lambda tail, delta, dropped: None
+
+    async def start(self) -> None:
+        bus = self.store.bus
+        bus.follow(self.stream)
+        try:
+            generation = bus.generation
+            self.last_seq = (await self.store.stream_position(self.stream)).last_seq
+        except BaseException:
+            bus.unfollow(self.stream)
+            raise
+        self.task = asyncio.get_running_loop().create_task(self._run(generation), name=f"tail {self.stream}")
+
+    async def _run(self, generation: int) -> None:
+        try:
+            await self._follow(generation)
+        finally:
+            self.store.bus.unfollow(self.stream)
+            self.clear()
+
+    async def _follow(self, generation: int) -> None:
+        bus = self.store.bus
+        while True:
+            # ``since``: a bus that reconnected after our last read may have missed a doorbell.
+            await bus.wait(self.stream, self.last_seq, since=generation)
+            generation = bus.generation
+            try:
+                events = await self.store.read_events(self.stream, self.last_seq, 1000)
+            except PositionLost as exc:
+                # Pruned or re-epoched under us: start over at the log's end; subscribers
+                # notice the gap or the epoch and get a reset.
+                self.clear()
+                self.last_seq = exc.last_seq
+                events = []
+            except Exception:
+                log.exception("reading the log of %s failed; retrying", self.stream)
+                await asyncio.sleep(0.5)
+                continue
+            if events:
+                entries = [(e.seq, e.epoch, encode(event_frame(e)).decode()) for e in events]
+                del events  # the decoded events are not kept: the frames are what is sent
+                added = 0
+                for entry in entries:
+                    added += frame_cost(entry[2])
+                    self.largest = max(self.largest, len(entry[2]))
+                self.entries.extend(entries)
+                self.bytes += added
+                self.last_seq = entries[-1][0]
+                self.trim(self.max_bytes, added)
+                self._push(entries)
+            waiter, self.changed = self.changed, asyncio.Event()
+            waiter.set()
+
+    def trim(self, max_bytes: int, added: int = 0) -> None:
+        """Drop the oldest entries until the cache is within ``size`` and ``max_bytes``."""
+        delta, dropped = added, 0
+        entries = self.entries
+        while entries and (len(entries) > self.size or self.bytes > max_bytes):
+            cost = frame_cost(entries.popleft()[2])
+            self.bytes -= cost
+            delta -= cost
+            dropped += 1
+        if delta or dropped:
+            self.on_resized(self, delta, dropped)
+
+    def clear(self) -> None:
+        dropped = len(self.entries)
+        freed = self.bytes
+        self.entries.clear()
+        self.bytes = 0
+        if freed or dropped:
+            self.on_resized(self, -freed, 0)
+
+    def _push(self, entries: list[Entry]) -> None:
+        delivered = 0
+        for key, live in list(self.live.items()):
+            for seq, epoch, data in entries:
+                if seq <= live.seq:
+                    continue
+                if epoch != live.epoch or not live.connection.try_put(data):
+                    del self.live[key]
+                    live.resume(live)
+                    break
+                live.seq = seq
+                delivered += 1
+        if delivered:
+            self.on_delivered(delivered)
+
+    def go_live(self, connection: Connection, seq: int, epoch: str, resume: Callable[[Live], None]) -> Live:
+        """Register a subscriber that holds everything up to ``seq`` (== ``last_seq``)."""
+        live = Live(connection, self, seq, epoch, resume)
+        self.live[id(live)] = live
+        return live
+
+    def leave(self, live: Live) -> None:
+        self.live.pop(id(live), None)
+
+    def after(self, seq: int) -> list[Entry] | None:
+        """Entries after ``seq`` if this tail holds all of them, else None. The deque is
+        contiguous in seq, so this is a slice, not a scan."""
+        if seq >= self.last_seq:
+            return []
+        if not self.entries:
+            return None
+        first = self.entries[0][0]
+        if seq + 1 < first:
+            return None
+        return list(itertools.islice(self.entries, seq + 1 - first, None))
+
+
+class Tails:
+    """The tails of the followed streams, and their bytes across the hub."""
+
+    def __init__(
+        self,
+        store: Store,
+        size: int,
+        max_bytes: int = 1 << 62,
+        max_total: int = 1 << 62,
+        held: Held | None = None,
+    ) -> None:
+        self.store = store
+        self.size = size
+        self.max_bytes = max_bytes
+        self.max_total = max_total
+        self.held = held if held is not None else Held()
+        self._tails: dict[str, Tail] = {}
+        self._lock = asyncio.Lock()
+        self.on_delivered: Callable[[int], None] = lambda n: None
+        self.on_dropped: Callable[[int], None] = lambda n: None
+
+    async def acquire(self, stream: str) -> Tail:
+        async with self._lock:
+            tail = self._tails.get(stream)
+            if tail is None:
+                tail = Tail(self.store, stream, self.size, self.max_bytes)
+                tail.on_delivered = self.on_delivered
+                tail.on_resized = self._resized
+                await tail.start()
+                self._tails[stream] = tail
+            tail.users += 1
+            return tail
+
+    def _resized(self, tail: Tail, delta: int, dropped: int) -> None:
+        self.held.tail += delta
+        if dropped:
+            self.on_dropped(dropped)
+        if delta > 0 and self.held.tail > self.max_total:
+            self._shrink()
+
+    def _shrink(self) -> None:
+        """Over ``tail_bytes_total``: halve the largest caches until the hub is 10 % under
+        it, so that the scan over tails runs once per many events, not on every one."""
+        goal = self.max_total * 9 // 10
+        while self.held.tail > goal:
+            largest = max(self._tails.values(), key=lambda t: t.bytes, default=None)
+            if largest is None or largest.bytes == 0:
+                return
+            largest.trim(min(largest.bytes // 2, largest.bytes - (self.held.tail - goal)))
+
+    def release(self, tail: Tail) -> None:
+        tail.users -= 1
+        if tail.users == 0 and self._tails.get(tail.stream) is tail:
+            del self._tails[tail.stream]
+            if tail.task is not None:
+                tail.task.cancel()
+            else:
+                tail.clear()
+
+    async def close(self) -> None:
+        for tail in list(self._tails.values()):
+            if tail.task is not None:
+                tail.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await tail.task
+        self._tails.clear()
