@@ -40,19 +40,20 @@ OTHER = "another-secret-that-is-long-enough-for-hs256"
 WORKER_HUB = """
 import sys
 from hub import cli, server
+from hub.server import app
 from hub.compaction import create_compact_function
 from hub.workers import WorkerSummarizer
 
 workers = WorkerSummarizer(timeout=5)
 
 
-class Manager(server.SessionManager):
+class Manager(app.SessionManager):
     def __init__(self, store):
         super().__init__(store)
         self.on_compaction(create_compact_function(workers, tail_token_budget=10))
 
 
-server.SessionManager = Manager
+app.SessionManager = Manager  # create_app (hub/server/app.py) builds the manager
 plain = server.create_app
 server.create_app = lambda **kwargs: plain(worker_summarizer=workers, **kwargs)
 sys.exit(cli.main(sys.argv[1:]))
