@@ -4,26 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from protocol import Forbidden, SessionNotFound
-from protocol import frames as f
-from protocol.codec import encode
 
 from ..auth import verify_token
 from ..bus import RemoteBus
 from ..manager import SessionManager
 from ..session import Session
 from ..store.base import Store
+from .access import set_grant
 from .config import HubConfig
 from .connection import CLOSE_GOING_AWAY, CLOSE_UNSUPPORTED, Connection
 from .handshake import token_of
 from .metrics import Metrics
-from .ops import operations
+from .ops import Op, operations, receive
 from .outbox import Held
+from .presence import Presence
 from .relay import Relay
 from .streams import Streams
 from .tails import Tails
@@ -54,18 +53,22 @@ class Hub:
         self.tails = Tails(store, config.tail_events, config.tail_bytes, config.tail_bytes_total, self.held)
         self.tails.on_delivered = self.metrics.delivered.inc
         self.tails.on_dropped = self.metrics.tail_evictions.inc
-        self.streams = Streams(self)
         self.connections: set[Connection] = set()
-        #: session id -> connection id -> connection: who is on each session.
-        self.presence: dict[str, dict[str, Connection]] = {}
+        #: Who is on each session.
+        self.presence = Presence(self)
+        self.streams = Streams(self)
         #: With a cross-node bus: stream frames and presence to and from the other nodes.
         self.relay: Relay | None = None
         if isinstance(store.bus, RemoteBus):
-            self.relay = Relay(self, store.bus, config.presence_heartbeat, config.presence_ttl)
+            self.relay = Relay(
+                self.presence, self.streams, store.bus, config.presence_heartbeat, config.presence_ttl
+            )
+            self.presence.relay = self.relay
             self.relay.start()
             self.metrics.watch_bus(store.bus)
         self.closing = False
-        self.ops: dict[str, Callable[[Any], Awaitable[Any]]] = operations(self)
+        #: The op table: every request type's handler (hub/server/ops.py).
+        self.ops: dict[str, Op] = operations(self)
 
     def check_total(self) -> None:
         """Over ``outbox_bytes_total``: evict the connections holding the most unsent bytes
@@ -86,48 +89,6 @@ class Hub:
                 "resume from your last seq"
             )
 
-    def present_on(self, connection: Connection) -> list[str]:
-        return [sid for sid, present in self.presence.items() if connection.connection_id in present]
-
-    def _tell(self, session_id: str, action: Literal["join", "leave"], connection: Connection) -> None:
-        frame = f.PresenceFrame(session_id=session_id, action=action, entry=connection.entry())
-        self.tell_watchers(frame)
-        if self.relay is not None:
-            self.relay.send(frame)
-
-    def tell_watchers(self, frame: f.PresenceFrame) -> None:
-        """Send a join or leave to this node's connections watching the session's presence."""
-        watchers = [c for c in self.connections if frame.session_id in c.presence_watch and not c.closed]
-        if not watchers:
-            return
-        data = encode(frame).decode()
-        for other in watchers:
-            other.offer(data)
-
-    def present(self, session_id: str) -> list[dict[str, Any]]:
-        """Who is on the session: this node's connections, then the other nodes'."""
-        entries = [c.entry() for c in self.presence.get(session_id, {}).values()]
-        if self.relay is not None:
-            entries += self.relay.presence.entries(session_id)
-        return entries
-
-    def join(self, connection: Connection, session_id: str) -> None:
-        present = self.presence.setdefault(session_id, {})
-        if connection.connection_id not in present:
-            present[connection.connection_id] = connection
-            self._tell(session_id, "join", connection)
-
-    def announce(self, connection: Connection, session_id: str) -> None:
-        """Tell the session's subscribers the connection's new name or role."""
-        self._tell(session_id, "join", connection)
-
-    def leave(self, connection: Connection, session_id: str) -> None:
-        present = self.presence.get(session_id)
-        if present is not None and present.pop(connection.connection_id, None) is not None:
-            if not present:
-                del self.presence[session_id]
-            self._tell(session_id, "leave", connection)
-
     async def session(self, session_id: str) -> Session:
         if await self.manager.get(session_id) is None:
             raise SessionNotFound(session_id)
@@ -146,7 +107,7 @@ class Hub:
             # Let queued replies go out before the close frame.
             with contextlib.suppress(asyncio.QueueFull):
                 connection.queue.put_nowait(None)
-                connection._kick()
+                connection.kick()
         await asyncio.sleep(0)
         for connection in list(self.connections):
             await connection.close(CLOSE_GOING_AWAY, "server shutting down; resume elsewhere")
@@ -162,7 +123,7 @@ class Hub:
             # A bad token does not close the socket: each request is answered `forbidden`
             # (an `auth` request may still bring a good one).
             with contextlib.suppress(Forbidden):
-                connection.set_grant(verify_token(self.config.auth_secret, token))
+                set_grant(connection, verify_token(self.config.auth_secret, token))
         connection.serve_task = asyncio.current_task()
         self.connections.add(connection)
         self.metrics.connections.inc()
@@ -183,7 +144,7 @@ class Hub:
                         CLOSE_UNSUPPORTED, "binary frames are not supported; send JSON text"
                     )
                     break
-                connection.on_frame(text)
+                receive(self.ops, connection, text)
         except WebSocketDisconnect:
             pass
         except RuntimeError:  # the socket went away while we were receiving
@@ -208,6 +169,6 @@ class Hub:
             if self.worker_summarizer is not None:
                 self.worker_summarizer.connection_lost(connection)
             await self.streams.owner_lost(connection)
-            for sid in self.present_on(connection):
-                self.leave(connection, sid)
+            for sid in self.presence.present_on(connection):
+                self.presence.leave(connection, sid)
             self.metrics.connections.dec()

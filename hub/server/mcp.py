@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from starlette.routing import Route
     from starlette.types import Receive, Scope, Send
 
-    from . import Hub
+    from .ports import Served
 
 __all__ = ["URI_PREFIX", "McpEndpoint", "create_endpoint"]
 
@@ -145,7 +145,7 @@ class McpEndpoint:
     SDK's session manager runs once per lifespan); ``route()`` is mounted at ``/mcp``."""
 
     def __init__(self) -> None:
-        self._hub: Hub | None = None
+        self._hub: Served | None = None
         self._manager: StreamableHTTPSessionManager | None = None
         self._server: Server[Any] = self._build_server()
 
@@ -157,7 +157,7 @@ class McpEndpoint:
         return Route("/mcp", endpoint=_AsgiApp(self), name="mcp")
 
     @contextlib.asynccontextmanager
-    async def run(self, hub: Hub) -> AsyncIterator[None]:
+    async def run(self, hub: Served) -> AsyncIterator[None]:
         from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
         manager = StreamableHTTPSessionManager(app=self._server, stateless=True, json_response=True)
@@ -198,7 +198,7 @@ class McpEndpoint:
         finally:
             _ACCESS.reset(reset)
 
-    def _hub_or_fail(self) -> Hub:
+    def _hub_or_fail(self) -> Served:
         if self._hub is None:
             raise SessionHubError("the hub is not running")
         return self._hub

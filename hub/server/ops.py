@@ -1,21 +1,170 @@
-"""The op table: what each request runs."""
+"""The op table: what each request runs. One entry per request type, one dispatch.
+
+The reader hands every frame to :func:`receive`, which refuses what cannot run (the hub
+is draining, a malformed frame, a request the token does not allow) and calls
+``ops[request type](connection, request)`` for the rest, in the reader, in the order the
+frames came. Three kinds of entry:
+
+- engine ops (:func:`engine`, the table's bulk): a call on the :class:`~hub.SessionManager`
+  or a session, run in a task of its own, timed (``sessionhub_op_seconds``), its result
+  converted to wire data (:func:`hub.server.wire.wire`);
+- connection ops run in a task (:func:`local`): ``hello``, ``presence``, the stream ops;
+- connection ops that change the connection's state at once, so that the frames read
+  after them see it: ``subscribe``, ``unsubscribe`` (:mod:`.subscriptions`), ``auth``
+  (:mod:`.access`), ``summary``.
+
+Adding an op: docs/architecture.md, "Where to add an op".
+"""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
+from protocol import Forbidden, SessionHubError
 from protocol import frames as f
 
 from ..session import Session
-from ..tools import Tool
-from .wire import parent_arg
+from ..tools import Tool, dispatch
+from .access import allowed, auth
+from .connection import Connection
+from .ports import Sessions
+from .subscriptions import subscribe, unsubscribe
+from .wire import error_frame, parent_arg, wire
 
-if TYPE_CHECKING:
-    from .hub import Hub
+__all__ = ["Op", "engine", "local", "operations", "receive"]
+
+log = logging.getLogger("sessionhub.server")
+
+#: A handler: called in the reader with the connection and the decoded request.
+Op = Callable[[Connection, Any], None]
+#: An engine call: the request in, the result (any engine value) out.
+Call = Callable[[Any], Awaitable[Any]]
 
 
-def operations(hub: Hub) -> dict[str, Callable[[Any], Awaitable[Any]]]:
+def receive(ops: Mapping[str, Op], connection: Connection, data: str) -> None:
+    """One text frame read from the socket: refuse it, or hand it to its op."""
+    parsed = connection.protocol.receive_text(data)
+    hub = connection.hub
+    if hub.closing and not isinstance(parsed, f.ErrorFrame):
+        # Refused when read; requests read before the drain began run to the end.
+        if isinstance(parsed, f.Subscribe):
+            connection.protocol.subscription_ended(parsed.session_id)
+        refusal = f.ErrorFrame(id=parsed.id, code="unavailable", message="the hub is shutting down")
+        connection.spawn(connection.send(refusal))
+        return
+    if isinstance(parsed, f.ErrorFrame):
+        hub.metrics.bad_frames.labels(parsed.code).inc()
+        connection.spawn(connection.send(parsed))
+        return
+    if hub.config.auth_secret is not None and not allowed(connection, parsed):
+        if isinstance(parsed, f.Subscribe | f.Unsubscribe):
+            connection.protocol.subscription_ended(parsed.session_id)
+        # One message whatever the reason (no token, bad signature, expired, no scope).
+        connection.spawn(connection.send(f.ErrorFrame(id=parsed.id, code="forbidden", message="forbidden")))
+        return
+    ops[str(type(parsed).__struct_config__.tag)](connection, parsed)
+
+
+def engine(op: str, call: Call) -> Op:
+    """The handler of an engine op: ``call`` runs in a task; its result is the reply."""
+
+    def handle(connection: Connection, request: Any) -> None:
+        connection.spawn(_run(connection, op, call, request))
+
+    return handle
+
+
+async def _run(connection: Connection, op: str, call: Call, request: Any) -> None:
+    started = time.perf_counter()
+    try:
+        result = await call(request)
+        frame: Any = f.ReplyFrame(id=request.id, result=wire(result))
+    except SessionHubError as exc:
+        frame = error_frame(request.id, exc)
+    except Exception:
+        log.exception("op %s failed", op)
+        frame = f.ErrorFrame(id=request.id, code="internal", message="internal error; nothing was changed")
+    finally:
+        connection.hub.metrics.op_seconds.labels(op).observe(time.perf_counter() - started)
+    await connection.send(frame)
+
+
+def local(call: Callable[[Connection, Any], Awaitable[Any]]) -> Op:
+    """The handler of a connection op run in a task: ``call(connection, request)``'s
+    result is the reply; an engine refusal is the error frame."""
+
+    async def run(connection: Connection, request: Any) -> None:
+        try:
+            frame: Any = f.ReplyFrame(id=request.id, result=await call(connection, request))
+        except SessionHubError as exc:
+            frame = error_frame(request.id, exc)
+        await connection.send(frame)
+
+    def handle(connection: Connection, request: Any) -> None:
+        connection.spawn(run(connection, request))
+
+    return handle
+
+
+# -- connection ops --------------------------------------------------------------------------
+
+
+async def hello(connection: Connection, request: f.Hello) -> dict[str, Any]:
+    """Who this connection is, and the sessions it is on without subscribing."""
+    presence = connection.hub.presence
+    connection.name, connection.role = request.name, request.role
+    connection.summarizer = request.summarizer
+    before = connection.announced
+    connection.announced = frozenset(request.sessions)
+    for sid in before - connection.announced:
+        if not connection.follows(sid):
+            presence.leave(connection, sid)
+    for sid in presence.present_on(connection):
+        presence.announce(connection, sid)  # name or role may have changed: join again
+    for sid in connection.announced:
+        presence.join(connection, sid)
+    return {"connection_id": connection.connection_id}
+
+
+async def present(connection: Connection, request: f.Presence) -> list[dict[str, Any]]:
+    return connection.hub.presence.present(request.session_id)
+
+
+async def stream_start(connection: Connection, request: f.StreamStart) -> dict[str, Any]:
+    return await connection.hub.streams.start(connection, request)
+
+
+async def stream_delta(connection: Connection, request: f.StreamDelta) -> int:
+    return await connection.hub.streams.delta(connection, request)
+
+
+async def stream_end(connection: Connection, request: f.StreamEnd) -> None:
+    await connection.hub.streams.end(connection, request, request.status)
+
+
+def summary(connection: Connection, request: f.Summary) -> None:
+    """A worker's answer to a summary prompt (:mod:`hub.server.workers`)."""
+    workers = connection.hub.worker_summarizer
+    try:
+        answered = workers is not None and workers.answer(connection, request)
+    except Forbidden:  # asked, but its token no longer allows it
+        connection.spawn(connection.send(f.ErrorFrame(id=request.id, code="forbidden", message="forbidden")))
+        return
+    if answered:
+        connection.spawn(connection.send(f.ReplyFrame(id=request.id, result=None)))
+    else:
+        message = "no summary was asked of this connection with that request_id"
+        connection.spawn(connection.send(f.ErrorFrame(id=request.id, code="not_found", message=message)))
+
+
+# -- the table -------------------------------------------------------------------------------
+
+
+def operations(hub: Sessions) -> dict[str, Op]:
+    """Every request type's handler (an assertion keeps the table complete)."""
     m = hub.manager
 
     async def session_op(request: Any) -> Session:
@@ -25,15 +174,13 @@ def operations(hub: Hub) -> dict[str, Callable[[Any], Awaitable[Any]]]:
         return m.tools() if r.session_id is None else await (await hub.session(r.session_id)).tools()
 
     async def run_tool(r: f.RunTool) -> str:
-        from ..tools import dispatch
-
         available = m.tools() if r.session_id is None else await (await hub.session(r.session_id)).tools()
         return await dispatch(available, r.name, r.arguments)
 
     async def ping(r: f.Ping) -> str:
         return "pong"
 
-    ops: dict[str, Callable[[Any], Awaitable[Any]]] = {
+    calls: dict[str, Call] = {
         "create": lambda r: m.create(r.name, r.parent_session_id, r.model, r.source),
         "get": lambda r: m.get(r.session_id),
         "list": lambda r: m.list(),
@@ -62,7 +209,7 @@ def operations(hub: Hub) -> dict[str, Callable[[Any], Awaitable[Any]]]:
         async def run(r: Any) -> Any:
             return await call(await session_op(r), r)
 
-        ops[name] = run
+        calls[name] = run
 
     on_session("get_message", lambda s, r: s.get_message(r.message_id))
     on_session("get_latest_leaf", lambda s, r: s.get_latest_leaf())
@@ -76,9 +223,18 @@ def operations(hub: Hub) -> dict[str, Callable[[Any], Awaitable[Any]]]:
     on_session("freeze_system_prompt", lambda s, r: s.freeze_system_prompt())
     on_session("refresh_system_prompt", lambda s, r: s.refresh_system_prompt())
     on_session("compact", lambda s, r: s.compact(r.leaf_id))
-    missing = (
-        set(f.REQUEST_TYPES) - set(ops) - {"subscribe", "unsubscribe", "hello", "presence", "summary", "auth"}
-    )
-    missing -= {"stream_start", "stream_delta", "stream_end"}
+    ops: dict[str, Op] = {name: engine(name, call) for name, call in calls.items()}
+    ops |= {
+        "subscribe": subscribe,
+        "unsubscribe": unsubscribe,
+        "auth": auth,
+        "summary": summary,
+        "hello": local(hello),
+        "presence": local(present),
+        "stream_start": local(stream_start),
+        "stream_delta": local(stream_delta),
+        "stream_end": local(stream_end),
+    }
+    missing = set(f.REQUEST_TYPES) - set(ops)
     assert not missing, f"ops without a handler: {missing}"
     return ops

@@ -1,7 +1,7 @@
 """What hub nodes tell each other besides doorbells: the in-memory state that has no log.
 
 A cross-node bus relays encoded frames (``RemoteBus.relay``). Two kinds travel: stream
-frames (:class:`~hub.streams.Streams` mirrors them) and presence, kept here. Presence is
+frames (:class:`~hub.server.streams.Streams` mirrors them) and presence, kept here. Presence is
 a per-node table: each node relays every join and leave as it happens and a full snapshot
 of its table every ``heartbeat`` seconds; a node not heard from for ``ttl`` seconds is
 taken for dead and its connections leave. A node starting up asks the others for their
@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
@@ -22,9 +22,7 @@ from protocol import frames as f
 from protocol.codec import encode
 
 from ..bus import RemoteBus
-
-if TYPE_CHECKING:
-    from . import Hub
+from .ports import PresenceTable, StreamMirror
 
 __all__ = ["NodePresence", "Relay", "Snapshot"]
 
@@ -44,8 +42,16 @@ _decode = msgspec.json.Decoder(f.StreamFrame | f.PresenceFrame | Snapshot).decod
 class NodePresence:
     """Who is on each session through the *other* nodes."""
 
-    def __init__(self, hub: Hub, bus: RemoteBus, heartbeat: float = 10.0, ttl: float = 30.0) -> None:
-        self.hub = hub
+    def __init__(
+        self,
+        local: PresenceTable,
+        streams: StreamMirror,
+        bus: RemoteBus,
+        heartbeat: float = 10.0,
+        ttl: float = 30.0,
+    ) -> None:
+        self.local = local
+        self.streams = streams
         self.bus = bus
         self.heartbeat = heartbeat
         self.ttl = ttl
@@ -56,12 +62,7 @@ class NodePresence:
         return [e for _, table in self.nodes.values() for e in table.get(session_id, {}).values()]
 
     def snapshot(self, ask: bool = False) -> Snapshot:
-        return Snapshot(
-            sessions={
-                sid: [c.entry() for c in present.values()] for sid, present in self.hub.presence.items()
-            },
-            ask=ask,
-        )
+        return Snapshot(sessions=self.local.table(), ask=ask)
 
     def send_snapshot(self, ask: bool = False) -> None:
         self.bus.relay(encode(self.snapshot(ask)).decode())
@@ -82,7 +83,7 @@ class NodePresence:
             present.pop(cid, None)
             if not present:
                 table.pop(frame.session_id, None)
-        self.hub.tell_watchers(frame)
+        self.local.tell_watchers(frame)
 
     def on_snapshot(self, node: str, snapshot: Snapshot) -> None:
         old = self._table(node)
@@ -101,9 +102,9 @@ class NodePresence:
         for sid in old.keys() | new.keys():
             before, after = old.get(sid, {}), new.get(sid, {})
             for cid in before.keys() - after.keys():
-                self.hub.tell_watchers(f.PresenceFrame(session_id=sid, action="leave", entry=before[cid]))
+                self.local.tell_watchers(f.PresenceFrame(session_id=sid, action="leave", entry=before[cid]))
             for cid in after.keys() - before.keys():
-                self.hub.tell_watchers(f.PresenceFrame(session_id=sid, action="join", entry=after[cid]))
+                self.local.tell_watchers(f.PresenceFrame(session_id=sid, action="join", entry=after[cid]))
 
     def expire(self) -> None:
         now = time.monotonic()
@@ -118,16 +119,23 @@ class NodePresence:
             await asyncio.sleep(self.heartbeat)
             self.send_snapshot()
             self.expire()
-            self.hub.streams.expire_mirrors()
+            self.streams.expire_mirrors()
 
 
 class Relay:
     """Receives what other nodes relay and hands each kind to its keeper."""
 
-    def __init__(self, hub: Hub, bus: RemoteBus, heartbeat: float = 10.0, ttl: float = 30.0) -> None:
-        self.hub = hub
+    def __init__(
+        self,
+        local: PresenceTable,
+        streams: StreamMirror,
+        bus: RemoteBus,
+        heartbeat: float = 10.0,
+        ttl: float = 30.0,
+    ) -> None:
+        self.streams = streams
         self.bus = bus
-        self.presence = NodePresence(hub, bus, heartbeat, ttl)
+        self.presence = NodePresence(local, streams, bus, heartbeat, ttl)
         self._task: asyncio.Task[None] | None = None
         bus.on_relay = self.received
 
@@ -153,7 +161,7 @@ class Relay:
             return
         match frame:
             case f.StreamFrame():
-                self.hub.streams.relayed(frame, data)
+                self.streams.relayed(frame, data)
             case f.PresenceFrame():
                 self.presence.on_frame(node, frame)
             case Snapshot():

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
@@ -28,9 +28,7 @@ from protocol.deltas import apply_delta
 
 from ..bus import RemoteBus
 from ..store.base import LATEST, LogEntry
-
-if TYPE_CHECKING:
-    from . import Connection, Hub
+from .ports import Peer, StreamHost
 
 __all__ = ["LiveStream", "Streams"]
 
@@ -51,7 +49,7 @@ class Mirror:
 class LiveStream:
     session_id: str
     message: Message
-    owner: Connection
+    owner: Peer
     index: int = 0
     dirty: bool = False
     saver: asyncio.TimerHandle | None = None
@@ -84,7 +82,7 @@ class Streams:
     #: A mirrored stream with no frame for this long is forgotten (its node died).
     mirror_ttl = 600.0
 
-    def __init__(self, hub: Hub, save_every: float = 0.1, coalesce: float = 0.005) -> None:
+    def __init__(self, hub: StreamHost, save_every: float = 0.1, coalesce: float = 0.005) -> None:
         self.hub = hub
         self.save_every = save_every
         self.coalesce = coalesce
@@ -134,7 +132,7 @@ class Streams:
         for stale in [k for k, m in self.mirrors.items() if now - m.seen > self.mirror_ttl]:
             del self.mirrors[stale]
 
-    def _get(self, connection: Connection, session_id: str, message_id: str) -> LiveStream:
+    def _get(self, connection: Peer, session_id: str, message_id: str) -> LiveStream:
         stream = self.active.get((session_id, message_id))
         if stream is None:
             raise InvalidInput(f"no stream {message_id!r} is running in this session")
@@ -142,7 +140,7 @@ class Streams:
             raise Conflict(f"stream {message_id!r} belongs to another connection")
         return stream
 
-    async def start(self, connection: Connection, request: f.StreamStart) -> dict[str, Any]:
+    async def start(self, connection: Peer, request: f.StreamStart) -> dict[str, Any]:
         session = await self.hub.session(request.session_id)
         key = (request.session_id, request.message_id)
         if key in self.active or await session.get_message(request.message_id) is not None:
@@ -158,7 +156,7 @@ class Streams:
             raise
         # The writer is on the session while it streams (an inspector lists it under presence),
         # even when it neither subscribed nor announced the session with hello.
-        self.hub.join(connection, request.session_id)
+        self.hub.presence.join(connection, request.session_id)
         self._broadcast(
             request.session_id,
             f.StreamFrame(
@@ -171,7 +169,7 @@ class Streams:
         )
         return {"index": 0}
 
-    async def delta(self, connection: Connection, request: f.StreamDelta) -> int:
+    async def delta(self, connection: Peer, request: f.StreamDelta) -> int:
         stream = self._get(connection, request.session_id, request.message_id)
         stream.apply(request)
         entry: dict[str, Any] = {"index": stream.index, "kind": request.kind}
@@ -217,9 +215,7 @@ class Streams:
                 log.exception("saving stream %s failed; the next delta retries", stream.message.id)
                 stream.dirty = False
 
-    async def end(
-        self, connection: Connection | None, request: f.StreamEnd | LiveStream, status: str
-    ) -> None:
+    async def end(self, connection: Peer | None, request: f.StreamEnd | LiveStream, status: str) -> None:
         if isinstance(request, LiveStream):
             stream = request
         else:
@@ -259,9 +255,9 @@ class Streams:
             return  # a closed connection leaves everything by itself
         if any(s.owner is owner and s.session_id == sid for s in self.active.values()):
             return
-        self.hub.leave(owner, sid)
+        self.hub.presence.leave(owner, sid)
 
-    async def owner_lost(self, connection: Connection) -> None:
+    async def owner_lost(self, connection: Peer) -> None:
         """The writer's connection died: its streams end as ``interrupted``, with what they had."""
         for stream in [s for s in self.active.values() if s.owner is connection]:
             with contextlib.suppress(Exception):

@@ -9,7 +9,7 @@ import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from protocol import PositionLost
 from protocol.codec import encode
@@ -18,10 +18,15 @@ from ..store.base import Store
 from .outbox import Held, frame_cost
 from .wire import event_frame
 
-if TYPE_CHECKING:
-    from .connection import Connection
-
 log = logging.getLogger("sessionhub.server")
+
+
+class Receiver(Protocol):
+    """A live subscriber's connection, as the tail sees it: an outbox to put frames in."""
+
+    def try_put(self, data: str) -> bool:
+        """Queue a frame if there is room right now; False: it was not queued."""
+        ...
 
 
 @dataclass(slots=True)
@@ -30,7 +35,7 @@ class Live:
     live (an idle subscriber costs memory, not a task); ``resume`` starts one when the
     subscriber must continue on its own."""
 
-    connection: Connection
+    connection: Receiver
     tail: Tail
     seq: int
     epoch: str
@@ -157,7 +162,7 @@ class Tail:
         if delivered:
             self.on_delivered(delivered)
 
-    def go_live(self, connection: Connection, seq: int, epoch: str, resume: Callable[[Live], None]) -> Live:
+    def go_live(self, connection: Receiver, seq: int, epoch: str, resume: Callable[[Live], None]) -> Live:
         """Register a subscriber that holds everything up to ``seq`` (== ``last_seq``)."""
         live = Live(connection, self, seq, epoch, resume)
         self.live[id(live)] = live

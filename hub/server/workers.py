@@ -19,22 +19,19 @@ import asyncio
 import itertools
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from protocol import frames as f
 from protocol.errors import Forbidden, SummarizerError
 
 from ..compaction import summarizing_session
-
-if TYPE_CHECKING:
-    from . import Connection, Hub
+from .ports import ConnectionRegistry, Peer
 
 __all__ = ["WorkerSummarizer"]
 
 
 @dataclass
 class _Pending:
-    worker: Connection
+    worker: Peer
     session_id: str | None
     future: asyncio.Future[str]
 
@@ -44,18 +41,19 @@ class WorkerSummarizer:
 
     def __init__(self, timeout: float = 60.0) -> None:
         self.timeout = timeout
-        self._hub: Hub | None = None
+        self._peers: ConnectionRegistry | None = None
         self._pending: dict[str, _Pending] = {}
         self._turn = itertools.count()
 
-    def attach(self, hub: Hub) -> None:
-        self._hub = hub
+    def attach(self, peers: ConnectionRegistry) -> None:
+        self._peers = peers
 
-    def _workers(self) -> list[Connection]:
-        if self._hub is None:
+    def _workers(self) -> list[Peer]:
+        if self._peers is None:
             return []
         return sorted(
-            (c for c in self._hub.connections if c.summarizer and not c.closed), key=lambda c: c.connection_id
+            (c for c in self._peers.connections if c.summarizer and not c.closed),
+            key=lambda c: c.connection_id,
         )
 
     async def __call__(self, prompt: str, *, session_id: str | None = None) -> str:
@@ -89,7 +87,7 @@ class WorkerSummarizer:
         finally:
             self._pending.pop(request_id, None)
 
-    def answer(self, worker: Connection, request: f.Summary) -> bool:
+    def answer(self, worker: Peer, request: f.Summary) -> bool:
         """A worker's answer; False if it answers nothing this worker was asked. Raises
         :class:`Forbidden` (and fails the compaction) when the worker's token no longer
         allows it to summarize the session (expired, or renewed with less)."""
@@ -112,7 +110,7 @@ class WorkerSummarizer:
                 pending.future.set_result(request.summary)
         return True
 
-    def connection_lost(self, worker: Connection) -> None:
+    def connection_lost(self, worker: Peer) -> None:
         for pending in list(self._pending.values()):
             if pending.worker is worker and not pending.future.done():
                 label = worker.name or worker.connection_id

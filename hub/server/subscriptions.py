@@ -1,0 +1,213 @@
+"""Following a stream: catching up from the log, going live on the tail, resets.
+
+A subscription is a task while it catches up: it reads what the stream's tail no longer
+holds from the log, in batches bounded by the connection's ``replay_bytes``, and sends
+each frame with backpressure. Once it holds everything the tail has, it goes *live*: the
+task ends and the tail pushes new frames straight into the connection's outbox (see
+:mod:`hub.server.tails`); a live subscriber that falls behind gets a task again. A position
+the log cannot serve (pruned, another epoch, the future) gets a ``reset`` frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+
+from protocol import PositionLost, SessionHubError, SessionNotFound
+from protocol import frames as f
+from protocol.codec import encode
+from protocol.connection import StreamKey
+
+from ..store.base import REGISTRY, session_stream
+from .connection import Connection, Evicted
+from .outbox import STR_HEADER, frame_cost
+from .tails import Live, Tail
+from .wire import error_frame, event_frame
+
+__all__ = ["subscribe", "unsubscribe"]
+
+
+def subscribe(connection: Connection, request: f.Subscribe) -> None:
+    """Start following ``request.session_id`` (None: the registry). Registered at once,
+    in the reader, so that an ``unsubscribe`` read after it finds it."""
+    key = request.session_id
+    if request.presence and key is not None:
+        connection.presence_watch = connection.presence_watch | {key}
+    connection.unpark(key)  # a stale live registration (resubscribed) goes
+    connection.hub.metrics.subscriptions.inc()
+    connection.register(key, asyncio.get_running_loop().create_task(follow(connection, request)))
+
+
+def unsubscribe(connection: Connection, request: f.Unsubscribe) -> None:
+    stopped = connection.subscriptions.pop(request.session_id, None)
+    if stopped is not None:
+        stopped.cancel()
+    if connection.unpark(request.session_id):
+        connection.subscription_done(request.session_id)
+    connection.spawn(connection.send(f.ReplyFrame(id=request.id, result=None)))
+
+
+async def follow(connection: Connection, request: f.Subscribe) -> None:
+    key = request.session_id
+    stream = REGISTRY if key is None else session_stream(key)
+    store = connection.hub.store
+    try:
+        if key is not None and await store.get_session(key) is None:
+            position = await store.stream_position(stream)
+            if position.last_seq == 0:
+                raise SessionNotFound(key)
+        tail = await connection.hub.tails.acquire(stream)
+    except SessionHubError as exc:
+        await connection.send(error_frame(request.id, exc))
+        return
+    handed_over = False  # from here on, pump owns the tail (and releases it)
+    try:
+        position = await store.stream_position(stream)
+        asked = request.epoch
+        seq = request.after_seq
+        if (
+            (asked is not None and position.last_seq > 0 and asked != position.epoch)
+            or seq > position.last_seq
+            or seq < position.first_seq - 1
+        ):
+            await reset(connection, key, seq, position.epoch, position.first_seq, position.last_seq)
+            return
+        # An empty stream has no epoch yet: its first event brings it.
+        epoch: str | None = position.epoch if position.last_seq > 0 else None
+        await connection.send(
+            f.ReplyFrame(id=request.id, result={"epoch": position.epoch, "last_seq": position.last_seq})
+        )
+        if key is not None:
+            connection.hub.presence.join(connection, key)
+        handed_over = True
+    except Evicted:
+        return
+    finally:
+        if not handed_over:
+            connection.hub.tails.release(tail)
+    await pump(connection, key, stream, tail, seq, epoch, caught_up=False)
+
+
+def resume(connection: Connection, key: StreamKey, stream: str, live: Live) -> None:
+    """The tail could not deliver to this live subscriber (full queue, new epoch): it
+    continues with a task of its own, with backpressure, from what it has."""
+    if connection.parked.get(key) is not live:
+        return
+    del connection.parked[key]
+    if connection.closed:
+        connection.hub.tails.release(live.tail)
+        connection.hub.metrics.subscriptions.dec()
+        return
+    task = asyncio.get_running_loop().create_task(
+        pump(connection, key, stream, live.tail, live.seq, live.epoch, caught_up=True)
+    )
+    connection.register(key, task)
+
+
+async def pump(
+    connection: Connection,
+    key: StreamKey,
+    stream: str,
+    tail: Tail,
+    seq: int,
+    epoch: str | None,
+    *,
+    caught_up: bool,
+) -> None:
+    store = connection.hub.store
+    parked = False
+    largest = tail.largest  # of the frames seen: sizes the next batch read from the log
+    try:
+        while True:
+            waiter = tail.changed
+            events = tail.after(seq)
+            replaying = events is None
+            if events is None:
+                try:
+                    backlog = await store.read_events(stream, seq, batch_size(connection, tail, largest))
+                except PositionLost as exc:
+                    await reset(connection, key, seq, exc.epoch, exc.first_seq, exc.last_seq)
+                    return
+                events = [(e.seq, e.epoch, encode(event_frame(e)).decode()) for e in backlog]
+                del backlog
+                largest = max((len(data) for _, _, data in events), default=largest)
+                held = sum(frame_cost(data) for _, _, data in events)
+                connection.replay += held
+                connection.hub.held.replay += held
+                if connection.hub.held.unsent > connection.hub.config.outbox_bytes_total:
+                    connection.hub.check_total()
+            if not events:
+                if tail.last_seq <= seq:
+                    if not caught_up and key is not None:
+                        # Caught up: streams running now go out as their state so far.
+                        caught_up = True
+                        for data in connection.hub.streams.states(key):
+                            connection.offer(data)
+                    events = None  # hold no events while idle
+                    if epoch is None:  # an empty stream: wait for its first event
+                        await waiter.wait()
+                        continue
+                    # Go live and end this task: the tail delivers from now on, and
+                    # starts a new task only if this subscriber falls behind.
+                    connection.parked[key] = tail.go_live(
+                        connection, seq, epoch, functools.partial(resume, connection, key, stream)
+                    )
+                    parked = True
+                    return
+                continue
+            sent = 0
+            batch = collections.deque(events)
+            events = None  # the deque holds what is not sent yet, and lets go of the rest
+            try:
+                while batch:
+                    event_seq, event_epoch, data = batch.popleft()
+                    if replaying:
+                        held = frame_cost(data)
+                        connection.replay -= held
+                        connection.hub.held.replay -= held
+                    if epoch is None:
+                        epoch = event_epoch
+                    if event_epoch != epoch:
+                        current = await store.stream_position(stream)
+                        await reset(connection, key, seq, current.epoch, current.first_seq, current.last_seq)
+                        return
+                    await connection.send_text(data, reply=False)
+                    sent += 1
+                    seq = event_seq
+            finally:
+                connection.hub.metrics.delivered.inc(sent)  # once per batch: the counter takes a lock
+                if replaying and batch:
+                    held = sum(frame_cost(data) for _, _, data in batch)
+                    connection.replay -= held
+                    connection.hub.held.replay -= held
+                batch.clear()
+    except Evicted:
+        return
+    finally:
+        if not parked:
+            connection.hub.tails.release(tail)
+
+
+def batch_size(connection: Connection, tail: Tail, largest: int) -> int:
+    """How many events to read from the log: what fits in the connection's
+    ``replay_bytes`` left, judged by the largest frame seen, at least one (progress),
+    at most ``backlog_batch``; a few while nothing is known of the stream's sizes."""
+    config = connection.hub.config
+    if largest <= 0:
+        return min(config.backlog_batch, 8)
+    room = config.replay_bytes - connection.replay
+    return max(1, min(config.backlog_batch, room // (largest + STR_HEADER)))
+
+
+async def reset(connection: Connection, key: StreamKey, seq: int, epoch: str, first: int, last: int) -> None:
+    await connection.send(
+        f.ResetFrame(
+            session_id=key,
+            after_seq=seq,
+            epoch=epoch,
+            first_seq=first,
+            last_seq=last,
+            message="the log cannot serve events after this position; reload and resubscribe",
+        )
+    )
