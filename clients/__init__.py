@@ -14,6 +14,7 @@ from .hub import (
     RemoteSession,
     RemoteSessions,
     RemoteTool,
+    Turn,
 )
 
 __all__ = [
@@ -27,4 +28,5 @@ __all__ = [
     "RemoteSession",
     "RemoteSessions",
     "RemoteTool",
+    "Turn",
 ]

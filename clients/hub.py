@@ -69,11 +69,14 @@ from protocol.connection import (
     Streamed,
     StreamKey,
     SummaryWanted,
+    TurnGiven,
 )
 from protocol.deltas import apply_delta
 from protocol.frames import EventFrame, PresenceFrame, ResetFrame, StreamFrame, SummarizeFrame
 from protocol.markers import LATEST as _LATEST
 from protocol.markers import ParentArg
+
+from .turns import Turn, TurnQueue, iterate_turns
 
 __all__ = [
     "LATEST",
@@ -86,6 +89,7 @@ __all__ = [
     "RemoteSession",
     "RemoteSessions",
     "RemoteTool",
+    "Turn",
 ]
 
 log = logging.getLogger("sessionhub.client")
@@ -631,6 +635,15 @@ class RemoteSession:
         async with stream:
             yield stream
 
+    async def start_turn(self, message_id: str | None = None, trigger: str | None = None) -> dict[str, Any]:
+        """Ask a connected responder for a reply to ``message_id`` (default: the latest
+        leaf; an assistant message is regenerated). Returns ``{turn_id, reply_id,
+        parent_id, trigger}``; the reply streams into the session (hub/turns.py)."""
+        fields: dict[str, Any] = {"message_id": message_id}
+        if trigger is not None:
+            fields["trigger"] = trigger
+        return dict(await self._call("start_turn", **fields))
+
     async def freeze_system_prompt(self) -> str:
         return str(await self._call("freeze_system_prompt"))
 
@@ -699,6 +712,7 @@ class HubClient:
         #: session (feed them to a :class:`LiveMessages`).
         self.on_stream = on_stream
         self._background: set[asyncio.Task[None]] = set()
+        self._turns: TurnQueue | None = None  # set while turns() is iterated
         self.reconnect = reconnect
         self.max_backoff = max_backoff
         self.open_timeout = open_timeout
@@ -760,6 +774,8 @@ class HubClient:
             await socket.close()
         for subscription in self._subscriptions.values():
             subscription.queue.put_nowait(_END)
+        if self._turns is not None:
+            self._turns.end()
 
     @property
     def connected(self) -> bool:
@@ -792,6 +808,11 @@ class HubClient:
     def session(self, session_id: str) -> RemoteSession:
         """One session's API: context blocks, tools, compaction, events."""
         return RemoteSession(self, session_id)
+
+    def turns(self) -> AsyncGenerator[Turn, None]:
+        """The turns the hub gives this client (a responder; see clients/turns.py):
+        ``async for turn in hub.turns(): async with turn.reply() as st: ...``."""
+        return iterate_turns(self)
 
     async def _ready(self) -> Socket:
         """The open socket, waiting for a reconnect up to ``open_timeout``."""
@@ -931,6 +952,8 @@ class HubClient:
             hello: dict[str, Any] = {"op": "hello", "id": "hello", "name": self.name, "role": self.role}
             hello |= {"sessions": self.present_on, "summarizer": self.summarize is not None}
             await socket.send(msgspec.json.encode(hello).decode(), text=True)
+        if self._turns is not None:  # a responder again after a reconnect
+            await socket.send('{"op":"take_turns","id":"take_turns"}', text=True)
         return socket
 
     async def presence(self, session_id: str) -> list[dict[str, Any]]:
@@ -1088,6 +1111,9 @@ class HubClient:
             task = asyncio.get_running_loop().create_task(self._write_summary(socket, effect.frame))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
+        elif isinstance(effect, TurnGiven):
+            if self._turns is not None:
+                self._turns.given(effect.frame)
         elif isinstance(effect, Ignored):
             log.debug("ignored frame: %s", effect.reason)
 

@@ -56,6 +56,9 @@ OP_LEVELS: dict[str, Level] = {
     "ping": "read",
     "hello": "read",
     "summary": "read",
+    # a responder: each turn it is given is checked against its grant (write on the session)
+    "take_turns": "read",
+    "turn_failed": "read",
     # write
     "append": "write",
     "upsert": "write",
@@ -74,6 +77,7 @@ OP_LEVELS: dict[str, Level] = {
     "stream_start": "write",
     "stream_delta": "write",
     "stream_end": "write",
+    "start_turn": "write",
     # admin
     "create": "admin",
     "rename": "admin",

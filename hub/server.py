@@ -46,6 +46,7 @@ from protocol.connection import ServerConnection, StreamKey
 from .auth import Grant, verify_token
 from .backends import open_backend
 from .bus import Bus, RemoteBus
+from .chat_http import chat_routes
 from .compaction import CompactResult
 from .manager import SessionManager
 from .relay import Relay
@@ -53,6 +54,7 @@ from .session import Session
 from .store.base import LATEST, REGISTRY, ParentArg, Store, session_stream
 from .streams import Streams
 from .tools import Tool
+from .turns import Turns
 from .workers import WorkerSummarizer
 
 __all__ = ["HubConfig", "create_app"]
@@ -85,6 +87,8 @@ class HubConfig:
     #: node's connections stay listed.
     presence_heartbeat: float = 10.0
     presence_ttl: float = 30.0
+    #: How long a turn waits for a responder to start answering it (hub/turns.py).
+    turn_timeout: float = 30.0
 
 
 # -- wire conversion -----------------------------------------------------------------------
@@ -572,6 +576,9 @@ class Connection:
         if isinstance(parsed, f.StreamStart | f.StreamDelta | f.StreamEnd):
             self._spawn(self._stream(parsed))
             return
+        if isinstance(parsed, f.TakeTurns | f.TurnFailed):
+            self._spawn(self._turns(parsed))
+            return
         if isinstance(parsed, f.Summary):
             workers = self.hub.worker_summarizer
             if workers is not None and workers.answer(self, parsed):
@@ -597,8 +604,8 @@ class Connection:
             return False
         if isinstance(request, f.Hello):  # any valid token; each session named is checked
             return all(self.grant.allows("presence", sid) for sid in request.sessions)
-        if isinstance(request, f.Summary):  # answers only what this connection was asked
-            return True
+        if isinstance(request, f.Summary | f.TakeTurns | f.TurnFailed):
+            return True  # answers only what this connection was asked; turns check the grant
         op = str(type(request).__struct_config__.tag)
         session_id = getattr(request, "session_id", None)
         registry = isinstance(request, f.Subscribe | f.Unsubscribe) and session_id is None
@@ -674,13 +681,24 @@ class Connection:
         streams = self.hub.streams
         try:
             if isinstance(request, f.StreamStart):
-                result: Any = await streams.start(self, request)
+                result: Any = await self.hub.turns.start_stream(self, request)
             elif isinstance(request, f.StreamDelta):
                 result = await streams.delta(self, request)
             else:
                 await streams.end(self, request, request.status)
                 result = None
             frame: Any = f.ReplyFrame(id=request.id, result=result)
+        except SessionHubError as exc:
+            frame = f.ErrorFrame(id=request.id, code=_code(exc), message=str(exc))
+        await self.send(frame)
+
+    async def _turns(self, request: f.TakeTurns | f.TurnFailed) -> None:
+        try:
+            if isinstance(request, f.TakeTurns):
+                self.hub.turns.serve(self)
+            else:
+                self.hub.turns.refused(self, request)
+            frame: Any = f.ReplyFrame(id=request.id, result=None)
         except SessionHubError as exc:
             frame = f.ErrorFrame(id=request.id, code=_code(exc), message=str(exc))
         await self.send(frame)
@@ -857,6 +875,7 @@ class Hub:
         self.tails = Tails(store, config.tail_events)
         self.tails.on_delivered = self.metrics.delivered.inc
         self.streams = Streams(self)
+        self.turns = Turns(self, config.turn_timeout)
         self.connections: set[Connection] = set()
         #: session id -> connection id -> connection: who is on each session.
         self.presence: dict[str, dict[str, Connection]] = {}
@@ -933,6 +952,7 @@ class Hub:
         await asyncio.sleep(0)
         for connection in list(self.connections):
             await connection.close(CLOSE_GOING_AWAY, "server shutting down; resume elsewhere")
+        await self.turns.close()
         await self.tails.close()
         if self.relay is not None:
             await self.relay.close()
@@ -977,6 +997,7 @@ class Hub:
             self.connections.discard(connection)
             if self.worker_summarizer is not None:
                 self.worker_summarizer.connection_lost(connection)
+            self.turns.connection_lost(connection)
             await self.streams.owner_lost(connection)
             for sid in self.present_on(connection):
                 self.leave(connection, sid)
@@ -1026,6 +1047,15 @@ def _operations(hub: Hub) -> dict[str, Callable[[Any], Awaitable[Any]]]:
     async def ping(r: f.Ping) -> str:
         return "pong"
 
+    async def start_turn(r: f.StartTurn) -> dict[str, Any]:
+        turn = await hub.turns.start(r.session_id, r.message_id or r.leaf_id, r.trigger)
+        return {
+            "turn_id": turn.turn_id,
+            "reply_id": turn.reply_id,
+            "parent_id": turn.parent_id,
+            "trigger": turn.trigger,
+        }
+
     ops: dict[str, Callable[[Any], Awaitable[Any]]] = {
         "create": lambda r: m.create(r.name, r.parent_session_id, r.model, r.source),
         "get": lambda r: m.get(r.session_id),
@@ -1049,6 +1079,7 @@ def _operations(hub: Hub) -> dict[str, Callable[[Any], Awaitable[Any]]]:
         "tools": tools,
         "run_tool": run_tool,
         "ping": ping,
+        "start_turn": start_turn,
     }
 
     def on_session(name: str, call: Callable[[Session, Any], Awaitable[Any]]) -> None:
@@ -1070,6 +1101,7 @@ def _operations(hub: Hub) -> dict[str, Callable[[Any], Awaitable[Any]]]:
     on_session("refresh_system_prompt", lambda s, r: s.refresh_system_prompt())
     on_session("compact", lambda s, r: s.compact(r.leaf_id))
     missing = set(f.REQUEST_TYPES) - set(ops) - {"subscribe", "unsubscribe", "hello", "presence", "summary"}
+    missing -= {"take_turns", "turn_failed"}
     missing -= {"stream_start", "stream_delta", "stream_end"}
     assert not missing, f"ops without a handler: {missing}"
     return ops
@@ -1152,6 +1184,7 @@ def create_app(
         Route("/healthz", healthz),
         Route("/metrics", metrics),
         WebSocketRoute("/ws", ws),
+        *chat_routes(),  # POST /api/chat, GET /api/chat/{id}/stream (hub/chat_http.py)
     ]
     # The browser inspector and the JS client (web/, see docs/inspector.md): static files,
     # no build step, mounted last so that every other route wins.

@@ -24,6 +24,7 @@ from .frames import (
     StreamFrame,
     Subscribe,
     SummarizeFrame,
+    TurnFrame,
     Unsubscribe,
 )
 
@@ -39,6 +40,7 @@ __all__ = [
     "StreamKey",
     "Streamed",
     "SummaryWanted",
+    "TurnGiven",
 ]
 
 #: A subscription's stream: a session id, or None for the registry.
@@ -134,7 +136,14 @@ class Streamed:
     frame: StreamFrame
 
 
-ClientEffect = Resolved | Failed | Delivered | Reset | PresenceChanged | SummaryWanted | Streamed | Ignored
+@dataclass(frozen=True)
+class TurnGiven:
+    frame: TurnFrame
+
+
+ClientEffect = (
+    Resolved | Failed | Delivered | Reset | PresenceChanged | SummaryWanted | Streamed | TurnGiven | Ignored
+)
 
 
 @dataclass
@@ -209,5 +218,7 @@ class ClientConnection:
             return SummaryWanted(frame)
         if isinstance(frame, StreamFrame):
             return Streamed(frame)
+        if isinstance(frame, TurnFrame):
+            return TurnGiven(frame)
         self.positions.pop(frame.session_id, None)
         return Reset(frame.session_id, frame)
