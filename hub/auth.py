@@ -56,6 +56,7 @@ OP_LEVELS: dict[str, Level] = {
     "ping": "read",
     "hello": "read",
     "summary": "read",
+    "get_turn": "read",
     # a responder: each turn it is given is checked against its grant (write on the session)
     "take_turns": "read",
     "turn_failed": "read",

@@ -1047,14 +1047,12 @@ def _operations(hub: Hub) -> dict[str, Callable[[Any], Awaitable[Any]]]:
     async def ping(r: f.Ping) -> str:
         return "pong"
 
-    async def start_turn(r: f.StartTurn) -> dict[str, Any]:
-        turn = await hub.turns.start(r.session_id, r.message_id or r.leaf_id, r.trigger)
-        return {
-            "turn_id": turn.turn_id,
-            "reply_id": turn.reply_id,
-            "parent_id": turn.parent_id,
-            "trigger": turn.trigger,
-        }
+    async def get_turn(r: f.GetTurn) -> dict[str, Any] | None:
+        await hub.session(r.session_id)
+        return hub.turns.describe(hub.turns.in_flight(r.session_id))
+
+    async def start_turn(r: f.StartTurn) -> dict[str, Any] | None:
+        return hub.turns.describe(await hub.turns.start(r.session_id, r.message_id or r.leaf_id, r.trigger))
 
     ops: dict[str, Callable[[Any], Awaitable[Any]]] = {
         "create": lambda r: m.create(r.name, r.parent_session_id, r.model, r.source),
@@ -1080,6 +1078,7 @@ def _operations(hub: Hub) -> dict[str, Callable[[Any], Awaitable[Any]]]:
         "run_tool": run_tool,
         "ping": ping,
         "start_turn": start_turn,
+        "get_turn": get_turn,
     }
 
     def on_session(name: str, call: Callable[[Session, Any], Awaitable[Any]]) -> None:

@@ -220,6 +220,20 @@ class Turns:
         self._spawn(self._assign(turn, [m.to_dict() for m in await session.get_history(answered.id)]))
         return turn
 
+    @staticmethod
+    def describe(turn: LiveTurn | None) -> dict[str, Any] | None:
+        """A turn as the ``start_turn`` and ``get_turn`` ops answer it."""
+        if turn is None:
+            return None
+        return {
+            "turn_id": turn.turn_id,
+            "reply_id": turn.reply_id,
+            "message_id": turn.message_id,
+            "parent_id": turn.parent_id,
+            "trigger": turn.trigger,
+            "started": turn.started,
+        }
+
     def in_flight(self, session_id: str) -> LiveTurn | None:
         """The session's turn that has not ended, if any (the newest)."""
         running = [t for t in self.live.values() if t.session_id == session_id and t.outcome is None]

@@ -346,6 +346,13 @@ class StartTurn(_Req, tag="start_turn"):
     trigger: Literal["submit-message", "regenerate-message"] | None = None
 
 
+class GetTurn(_Req, tag="get_turn"):
+    """The session's turn in flight: ``{"turn_id", "reply_id", "message_id", "trigger",
+    "started"}``, or ``null`` (what a chat reconnecting after a reload asks first)."""
+
+    session_id: str
+
+
 class TurnFailed(_Req, tag="turn_failed"):
     """A responder cannot answer the turn it was given: the turn ends with ``error``
     (a reply it already streams should then be ended with ``aborted``)."""
@@ -399,6 +406,7 @@ Request = (
     | StreamEnd
     | TakeTurns
     | StartTurn
+    | GetTurn
     | TurnFailed
 )
 
