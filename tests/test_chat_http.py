@@ -31,27 +31,36 @@ def _npm_ci() -> None:
 
 
 def _websocket_flags(node_path: str) -> list[str]:
-    has = subprocess.run([node_path, "-e", "process.exit(typeof WebSocket === 'function' ? 0 : 1)"], check=False)
+    has = subprocess.run(
+        [node_path, "-e", "process.exit(typeof WebSocket === 'function' ? 0 : 1)"], check=False
+    )
     return [] if has.returncode == 0 else ["--experimental-websocket"]
 
 
 async def test_the_ai_sdk_against_the_hub(tmp_path: Path) -> None:
     node_path = node()
     _npm_ci()
-    async with served(db=tmp_path / "hub.db") as h:
-        async with responder(h.ws_url, lambda: len(h.hub.turns.responders) == 1):
-            proc = await asyncio.create_subprocess_exec(
-                node_path,
-                *_websocket_flags(node_path),
-                "--test",
-                "--test-reporter=spec",
-                str(JS / "chat.test.mjs"),
-                cwd=JS,
-                env={"PATH": "/usr/bin:/bin", "SESSIONHUB_URL": h.url, "SESSIONHUB_WS_URL": h.ws_url, "NO_COLOR": "1"},
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-            )
-            out, _ = await asyncio.wait_for(proc.communicate(), 90)
+    async with (
+        served(db=tmp_path / "hub.db") as h,
+        responder(h.ws_url, lambda: len(h.hub.turns.responders) == 1),
+    ):
+        proc = await asyncio.create_subprocess_exec(
+            node_path,
+            *_websocket_flags(node_path),
+            "--test",
+            "--test-reporter=spec",
+            str(JS / "chat.test.mjs"),
+            cwd=JS,
+            env={
+                "PATH": "/usr/bin:/bin",
+                "SESSIONHUB_URL": h.url,
+                "SESSIONHUB_WS_URL": h.ws_url,
+                "NO_COLOR": "1",
+            },
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        out, _ = await asyncio.wait_for(proc.communicate(), 90)
     report = out.decode()
     assert proc.returncode == 0, report
     assert "fail 0" in report, report
@@ -61,7 +70,10 @@ async def test_the_ai_sdk_against_the_hub(tmp_path: Path) -> None:
 
 async def test_no_responder_ends_with_an_error_chunk(tmp_path: Path) -> None:
     async with served(db=tmp_path / "hub.db", config=HubConfig(turn_timeout=0.3)) as h:
-        body = {"id": "s-none", "messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}]}
+        body = {
+            "id": "s-none",
+            "messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}],
+        }
         async with httpx2.AsyncClient() as http, http.stream("POST", f"{h.url}/api/chat", json=body) as r:
             assert r.status_code == 200
             assert r.headers["x-vercel-ai-ui-message-stream"] == "v1"
@@ -86,7 +98,10 @@ async def test_http_errors_are_typed(tmp_path: Path) -> None:
     secret = "a-test-secret-of-at-least-32-bytes!!"
     config = HubConfig(auth_secret=secret, allowed_origins=("https://app.example",))
     async with served(db=tmp_path / "hub.db", config=config) as h, httpx2.AsyncClient() as http:
-        body = {"id": "s-auth", "messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}]}
+        body = {
+            "id": "s-auth",
+            "messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}],
+        }
         r = await http.post(f"{h.url}/api/chat", json=body)
         assert r.status_code == 401
         assert r.json()["error"]["code"] == "unauthorized"
@@ -97,7 +112,9 @@ async def test_http_errors_are_typed(tmp_path: Path) -> None:
         reader = issue_token(secret, {"*": "read"})
         r = await http.post(f"{h.url}/api/chat", json=body, headers={"authorization": f"Bearer {reader}"})
         assert r.status_code == 403
-        r = await http.post(f"{h.url}/api/chat", content=b"{not json", headers={"authorization": f"Bearer {writer}"})
+        r = await http.post(
+            f"{h.url}/api/chat", content=b"{not json", headers={"authorization": f"Bearer {writer}"}
+        )
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid"
         r = await http.get(f"{h.url}/api/chat/s-auth/stream", headers={"authorization": f"Bearer {reader}"})
         assert r.status_code == 204
