@@ -41,7 +41,10 @@ async def _outcome(h: Served, sid: str) -> dict[str, Any]:
 
 
 async def test_start_turn_and_regenerate(tmp_path: Path) -> None:
-    async with served(db=tmp_path / "hub.db") as h, responder(h.ws_url, lambda: len(h.hub.turns.responders) == 1):
+    async with (
+        served(db=tmp_path / "hub.db") as h,
+        responder(h.ws_url, lambda: len(h.hub.turns.responders) == 1),
+    ):
         await _session(h)
         async with HubClient(h.ws_url) as user:
             s = user.session("s1")
