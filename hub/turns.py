@@ -490,6 +490,9 @@ class Turns:
         me = self._node_id()
         if isinstance(message, TurnStatus) and message.status == "responders":
             self.remote_responders[node] = (message.responders, time.monotonic())
+            if message.responders:  # turns waiting for a responder may go there now
+                self._arrived.set()
+                self._arrived = asyncio.Event()
             return
         if message.to != me:
             return
