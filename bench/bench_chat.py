@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 import uuid
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -152,9 +153,9 @@ def _start_hub(db: Path, port: int) -> subprocess.Popen[bytes]:
     raise RuntimeError("the hub did not start")
 
 
-def _workers(url: str, count: int, deltas: int, gap: float) -> list[multiprocessing.Process]:
+def _workers(url: str, count: int, deltas: int, gap: float) -> list[BaseProcess]:
     ctx = multiprocessing.get_context("spawn")
-    procs = []
+    procs: list[BaseProcess] = []
     for _ in range(count):
         ready = ctx.Event()
         proc = ctx.Process(target=_worker_proc, args=(url, deltas, gap, ready), daemon=True)
@@ -182,7 +183,7 @@ def main() -> None:
         port = _free_port()
         hub = _start_hub(Path(tmp) / "bench.db", port)
         base, url = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}/ws"
-        workers: list[multiprocessing.Process] = []
+        workers: list[BaseProcess] = []
         try:
             # 1. latency, one turn at a time, one worker answering at once.
             workers = _workers(url, 1, 3, 0.0)
@@ -220,7 +221,9 @@ def main() -> None:
             elapsed = time.monotonic() - started - 2.0
             expected = "".join(f"{i}," for i in range(args.deltas - 1))
             complete = sum(1 for r in concurrent if r["finished"] and r["text"] == expected)
-            edges = sorted([(r["streaming"][0], 1) for r in concurrent] + [(r["streaming"][1], -1) for r in concurrent])
+            edges = sorted(
+                [(r["streaming"][0], 1) for r in concurrent] + [(r["streaming"][1], -1) for r in concurrent]
+            )
             peak = level = 0
             for _, step in edges:
                 level += step
@@ -245,7 +248,8 @@ def main() -> None:
     print(f"machine: {os.cpu_count()} cores; hub: sessionhub serve on SQLite; figures taken under load")
     print(
         f"latency ({lat['turns']} turns one at a time): POST -> first text chunk "
-        f"p50 {lat['post_to_first_chunk_ms']['p50']:.2f} ms, p95 {lat['post_to_first_chunk_ms']['p95']:.2f} ms; "
+        f"p50 {lat['post_to_first_chunk_ms']['p50']:.2f} ms, "
+        f"p95 {lat['post_to_first_chunk_ms']['p95']:.2f} ms; "
         f"added after the worker's first delta p50 {lat['added_after_worker_delta_ms']['p50']:.2f} ms, "
         f"p95 {lat['added_after_worker_delta_ms']['p95']:.2f} ms (target <= {TARGET_ADDED_MS:g} ms at p50)"
     )
