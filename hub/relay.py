@@ -22,6 +22,7 @@ from protocol import frames as f
 from protocol.codec import encode
 
 from .bus import RemoteBus
+from .turns import TurnOffer, TurnStatus
 
 if TYPE_CHECKING:
     from .server import Hub
@@ -38,7 +39,7 @@ class Snapshot(msgspec.Struct, tag="presence_snapshot", tag_field="frame"):
     ask: bool = False
 
 
-_decode = msgspec.json.Decoder(f.StreamFrame | f.PresenceFrame | Snapshot).decode
+_decode = msgspec.json.Decoder(f.StreamFrame | f.PresenceFrame | Snapshot | TurnOffer | TurnStatus).decode
 
 
 class NodePresence:
@@ -119,6 +120,7 @@ class NodePresence:
             self.send_snapshot()
             self.expire()
             self.hub.streams.expire_mirrors()
+            self.hub.turns.heartbeat()
 
 
 class Relay:
@@ -132,6 +134,7 @@ class Relay:
         bus.on_relay = self.received
 
     def start(self) -> None:
+        self.hub.turns.heartbeat()  # before the first heartbeat: who answers turns here
         self._task = asyncio.get_running_loop().create_task(self.presence.run(), name="presence heartbeat")
 
     async def close(self) -> None:
@@ -158,3 +161,5 @@ class Relay:
                 self.presence.on_frame(node, frame)
             case Snapshot():
                 self.presence.on_snapshot(node, frame)
+            case TurnOffer() | TurnStatus():
+                self.hub.turns.relayed(node, frame)

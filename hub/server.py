@@ -50,6 +50,7 @@ from protocol.connection import ServerConnection, StreamKey
 from .auth import Grant, verify_token
 from .backends import open_backend
 from .bus import Bus, RemoteBus
+from .chat_http import chat_routes
 from .compaction import CompactResult
 from .logfilter import install_log_filters
 from .manager import SessionManager
@@ -60,6 +61,7 @@ from .static import WEB_DIR, InspectorFiles
 from .store.base import LATEST, REGISTRY, ParentArg, Store, session_stream
 from .streams import Streams
 from .tools import Tool
+from .turns import Turns
 from .workers import WorkerSummarizer
 
 __all__ = ["HubConfig", "create_app"]
@@ -121,6 +123,8 @@ class HubConfig:
     max_in_flight: int = 64
     #: How long an evicted peer has to take its close frame before the TCP connection is cut.
     close_grace: float = 5.0
+    #: How long a turn waits for a responder to start answering it (hub/turns.py).
+    turn_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -138,7 +142,7 @@ class HubConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"HubConfig.{name} must be at least 1, not {getattr(self, name)}")
-        for name in ("send_timeout", "close_grace", "shutdown_grace"):
+        for name in ("send_timeout", "close_grace", "shutdown_grace", "turn_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"HubConfig.{name} must be more than 0, not {getattr(self, name)}")
 
@@ -890,6 +894,9 @@ class Connection:
         if isinstance(parsed, f.StreamStart | f.StreamDelta | f.StreamEnd):
             self._spawn(self._stream(parsed))
             return
+        if isinstance(parsed, f.TakeTurns | f.TurnFailed):
+            self._spawn(self._turns(parsed))
+            return
         if isinstance(parsed, f.Summary):
             workers = self.hub.worker_summarizer
             try:
@@ -922,8 +929,10 @@ class Connection:
             if request.summarizer and not self.grant.summarizes():
                 return False  # a summarizer needs write somewhere (prompts: on their session)
             return all(self.grant.allows("presence", sid) for sid in request.sessions)
-        if isinstance(request, f.Summary):  # answers only what this connection was asked
-            return True  # and, with auth, only while the token allows summarizing its session
+        if isinstance(request, f.Summary | f.TakeTurns | f.TurnFailed):
+            # Answers only what this connection was asked (and, with auth, a summary only
+            # while the token allows summarizing its session); turns check the grant.
+            return True
         op = str(type(request).__struct_config__.tag)
         session_id = getattr(request, "session_id", None)
         registry = isinstance(request, f.Subscribe | f.Unsubscribe) and session_id is None
@@ -1074,7 +1083,7 @@ class Connection:
         streams = self.hub.streams
         try:
             if isinstance(request, f.StreamStart):
-                result: Any = await streams.start(self, request)
+                result: Any = await self.hub.turns.start_stream(self, request)
             elif isinstance(request, f.StreamDelta):
                 result = await streams.delta(self, request)
             else:
@@ -1083,6 +1092,17 @@ class Connection:
             frame: Any = f.ReplyFrame(id=request.id, result=result)
         except SessionHubError as exc:
             frame = _error_frame(request.id, exc)
+        await self.send(frame)
+
+    async def _turns(self, request: f.TakeTurns | f.TurnFailed) -> None:
+        try:
+            if isinstance(request, f.TakeTurns):
+                self.hub.turns.serve(self)
+            else:
+                self.hub.turns.refused(self, request)
+            frame: Any = f.ReplyFrame(id=request.id, result=None)
+        except SessionHubError as exc:
+            frame = f.ErrorFrame(id=request.id, code=_code(exc), message=str(exc))
         await self.send(frame)
 
     async def _presence(self, request: f.Presence) -> None:
@@ -1305,6 +1325,7 @@ class Hub:
         self.tails.on_delivered = self.metrics.delivered.inc
         self.tails.on_dropped = self.metrics.tail_evictions.inc
         self.streams = Streams(self)
+        self.turns = Turns(self, config.turn_timeout)
         self.connections: set[Connection] = set()
         #: session id -> connection id -> connection: who is on each session.
         self.presence: dict[str, dict[str, Connection]] = {}
@@ -1400,6 +1421,7 @@ class Hub:
         await asyncio.sleep(0)
         for connection in list(self.connections):
             await connection.close(CLOSE_GOING_AWAY, "server shutting down; resume elsewhere")
+        await self.turns.close()
         await self.tails.close()
         if self.relay is not None:
             await self.relay.close()
@@ -1457,6 +1479,7 @@ class Hub:
             self.connections.discard(connection)
             if self.worker_summarizer is not None:
                 self.worker_summarizer.connection_lost(connection)
+            self.turns.connection_lost(connection)
             await self.streams.owner_lost(connection)
             for sid in self.present_on(connection):
                 self.leave(connection, sid)
@@ -1630,6 +1653,13 @@ def _operations(hub: Hub) -> dict[str, Callable[[Any], Awaitable[Any]]]:
     async def ping(r: f.Ping) -> str:
         return "pong"
 
+    async def get_turn(r: f.GetTurn) -> dict[str, Any] | None:
+        await hub.session(r.session_id)
+        return hub.turns.describe(hub.turns.in_flight(r.session_id))
+
+    async def start_turn(r: f.StartTurn) -> dict[str, Any] | None:
+        return hub.turns.describe(await hub.turns.start(r.session_id, r.message_id or r.leaf_id, r.trigger))
+
     ops: dict[str, Callable[[Any], Awaitable[Any]]] = {
         "create": lambda r: m.create(r.name, r.parent_session_id, r.model, r.source),
         "get": lambda r: m.get(r.session_id),
@@ -1653,6 +1683,8 @@ def _operations(hub: Hub) -> dict[str, Callable[[Any], Awaitable[Any]]]:
         "tools": tools,
         "run_tool": run_tool,
         "ping": ping,
+        "start_turn": start_turn,
+        "get_turn": get_turn,
     }
 
     def on_session(name: str, call: Callable[[Session, Any], Awaitable[Any]]) -> None:
@@ -1676,6 +1708,7 @@ def _operations(hub: Hub) -> dict[str, Callable[[Any], Awaitable[Any]]]:
     missing = (
         set(f.REQUEST_TYPES) - set(ops) - {"subscribe", "unsubscribe", "hello", "presence", "summary", "auth"}
     )
+    missing -= {"take_turns", "turn_failed"}
     missing -= {"stream_start", "stream_delta", "stream_end"}
     assert not missing, f"ops without a handler: {missing}"
     return ops
@@ -1762,6 +1795,7 @@ def create_app(
         Route("/healthz", healthz),
         Route("/metrics", metrics),
         WebSocketRoute("/ws", ws),
+        *chat_routes(),  # POST /api/chat, GET /api/chat/{id}/stream (hub/chat_http.py)
     ]
     if mcp_endpoint is not None:
         routes.append(mcp_endpoint.route())

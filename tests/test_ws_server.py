@@ -94,6 +94,15 @@ async def test_every_op_matches_in_process(store: SqliteStore) -> None:
         assert (await c.call("get_message", session_id=streamed, message_id="a1"))["parts"] == [
             {"type": "text", "text": "Hi"}
         ]
+        # Turns (tests/test_turns.py has the rest): this socket answers turns; one nobody
+        # was given is refused; a session with nothing to answer cannot start one.
+        assert await c.call("take_turns") is None
+        assert await c.call("get_turn", session_id=streamed) is None
+        refused = await c.request("turn_failed", turn_id="nobody-gave-it", error="x")
+        assert (refused["frame"], refused["code"]) == ("error", "not_found")
+        empty = (await c.call("create", name="empty"))["id"]
+        nothing = await c.request("start_turn", session_id=empty)
+        assert (nothing["frame"], nothing["code"]) == ("error", "invalid")
         await _registry_and_messages(c, store)
         await _context_tools_and_compaction(c, store)
         await _subscriptions(c, store)
