@@ -687,7 +687,7 @@ async def test_token_is_sent_as_bearer(tmp_path: Path) -> None:
 def test_public_names_are_where_the_docs_say() -> None:
     """`from clients import ...` is unchanged by the split into modules, one concept each."""
     import clients
-    from clients import api, client, errors, streaming
+    from clients import api, client, errors, streaming, turns
 
     expected = {
         "LATEST": api,
@@ -698,6 +698,7 @@ def test_public_names_are_where_the_docs_say() -> None:
         "ConnectionLost": errors,
         "HubError": errors,
         "TokenExpired": errors,
+        "Turn": turns,
         "LiveMessages": streaming,
         "MessageStream": streaming,
     }
