@@ -28,9 +28,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import re
 import time
-import unicodedata
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from importlib import resources
@@ -55,8 +53,8 @@ from protocol import (
 from ..bus import Bus, MemoryBus
 from ..bus.doorbell import CHANNEL, stream_key
 from ..bus.doorbell import encode as doorbell
+from ..fts import fts_text, fts_words
 from ..overlays import apply_compactions, visible_compactions
-from ..tokens import JS_WHITESPACE
 from .base import (
     LATEST,
     REGISTRY,
@@ -82,7 +80,7 @@ from .rows import (
     updated_json,
 )
 
-__all__ = ["MIGRATIONS", "SCHEMA_SQL", "PostgresStore"]
+__all__ = ["MIGRATIONS", "SCHEMA_SQL", "PostgresStore", "fts_text"]
 
 log = logging.getLogger("sessionhub.store")
 
@@ -113,8 +111,6 @@ MIGRATIONS: list[str] = [
 #: (as SqliteStore does).
 SEARCH_WINDOW = 250
 
-_WS = re.compile(f"[{JS_WHITESPACE}]+")
-
 
 def _key(name: str) -> int:
     """A 64-bit advisory-lock key for a name."""
@@ -128,32 +124,6 @@ def _body(message: Message) -> str | None:
     # Postgres text cannot hold NUL; the indexed copy drops it (the JSON escapes it).
     text = message.text()
     return text.replace("\x00", " ") if text else None
-
-
-# Words as SQLite's unicode61 tokenizer sees them: runs of letters and digits (any script),
-# private-use characters and emoji; everything else separates. Postgres' own parser would
-# keep "blue/green", "a-b" or "user@host" whole and drop emoji.
-_TOKEN = re.compile("(?:[^\\W_]|[\ue000-\uf8ff\U00010000-\U0010ffff])+")
-_PLAIN = re.compile("[a-z0-9]+")
-_MARKS = re.compile("[\u0300-\u036f]")
-#: A tsvector holds at most 1 MB; text past this many characters is not indexed.
-MAX_INDEXED_CHARS = 300_000
-
-
-def _word(token: str) -> str:
-    # ASCII words go to the stemmer as they are; any other word (which FTS5's porter
-    # leaves unstemmed too) travels as one opaque ASCII word, whatever the server's locale.
-    return token if _PLAIN.fullmatch(token) else "x" + "x".join(f"{ord(c):x}" for c in token)
-
-
-def fts_text(text: str | None) -> str:
-    """``text`` as the words the index holds, space-separated (what ``to_tsvector`` gets)."""
-    if not text:
-        return ""
-    text = text[:MAX_INDEXED_CHARS].lower()
-    if not text.isascii():
-        text = unicodedata.normalize("NFC", _MARKS.sub("", unicodedata.normalize("NFD", text)))
-    return " ".join(_word(t) for t in _TOKEN.findall(text))
 
 
 # ---------------------------------------------------------------------------------------
@@ -964,11 +934,7 @@ class PostgresStore(Store):
     ) -> list[SearchResult]:
         if not isinstance(query, str):
             raise InvalidInput("search query must be a string")
-        arg: str | list[str]
-        if match == "phrase":
-            arg = fts_text(query)
-        else:
-            arg = [w for w in (fts_text(w) for w in _WS.split(query)) if w]
+        arg: str | list[str] = fts_text(query) if match == "phrase" else fts_words(query)
         if not arg or check_limit(limit) <= 0:
             return []
 
@@ -1272,7 +1238,7 @@ class PostgresStore(Store):
         await self._write(fn)
 
     async def search_entries(self, label: str, query: str, limit: int = 10) -> list[tuple[str, str]]:
-        words = [w for w in (fts_text(w) for w in _WS.split(query)) if w] if isinstance(query, str) else []
+        words = fts_words(query) if isinstance(query, str) else []
         if not words or check_limit(limit) <= 0:
             return []
 
