@@ -31,8 +31,8 @@ write transaction), :mod:`.store` (:class:`PostgresStore`). Importing it needs a
 from __future__ import annotations
 
 from ...fts import MAX_INDEXED_CHARS, fts_text
+from ..policy import SEARCH_WINDOW
 from .schema import MIGRATIONS, SCHEMA_SQL
-from .sql import SEARCH_WINDOW
 from .store import PostgresStore
 
 __all__ = ["MAX_INDEXED_CHARS", "MIGRATIONS", "SCHEMA_SQL", "SEARCH_WINDOW", "PostgresStore", "fts_text"]

@@ -4,15 +4,28 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
-from protocol import Compaction, InvalidInput, Message, SessionInfo, SessionNotFound
+from protocol import Compaction, Event, InvalidInput, Message, SessionInfo, SessionNotFound
 
 from ...bus.doorbell import CHANNEL, stream_key
 from ...fts import fts_text
-from ..base import LATEST, REGISTRY, AppendResult, ParentArg, session_stream
+from ...overlays import apply_compactions
+from ..base import LATEST, AppendResult, ParentArg, StreamPosition
+from ..policy import (
+    REGISTRY,
+    continuation_message,
+    new_compaction,
+    not_one_path,
+    registry_events,
+    session_stream,
+    split_name,
+    summarized_deleted,
+    usage_event,
+    usage_totals,
+)
 from ..rows import (
     SESSION_COLS,
     appended_json,
@@ -23,14 +36,12 @@ from ..rows import (
     session_info,
     updated_json,
 )
-from .tx import Tx
+from .tx import PostgresTx
 
 if TYPE_CHECKING:
     from .tx import Conn
 
-#: Ranking costs per matching row; a query is ranked over its newest SEARCH_WINDOW matches
-#: (as SqliteStore does).
-SEARCH_WINDOW = 250
+_decode = msgspec.json.Decoder().decode
 
 
 def indexed_body(message: Message) -> str | None:
@@ -255,7 +266,7 @@ async def compactions(conn: Conn, session_id: str) -> list[Compaction]:
 
 
 async def append_one(
-    tx: Tx, session_id: str, message: Message, parent: ParentArg, *, managed: bool, notify: bool
+    tx: PostgresTx, session_id: str, message: Message, parent: ParentArg, *, managed: bool, notify: bool
 ) -> AppendResult:
     """:func:`insert_messages` of one message in one statement (:data:`APPEND_ONE`)."""
     stream = session_stream(session_id)
@@ -294,7 +305,7 @@ async def append_one(
 
 
 async def insert_messages(
-    tx: Tx, session_id: str, messages: Sequence[Message], parent: ParentArg
+    tx: PostgresTx, session_id: str, messages: Sequence[Message], parent: ParentArg
 ) -> AppendResult:
     conn = tx.conn
     parent_pk: int | None
@@ -376,7 +387,7 @@ async def insert_messages(
     return AppendResult(inserted=inserted, last_id=parent_id, last_seq=last_seq)
 
 
-async def update_message(tx: Tx, session_id: str, message: Message, *, emit: bool = True) -> bool:
+async def update_message(tx: PostgresTx, session_id: str, message: Message, *, emit: bool = True) -> bool:
     body = indexed_body(message)
     content = message_json(message)
     status = await tx.conn.execute(
@@ -399,7 +410,7 @@ async def update_message(tx: Tx, session_id: str, message: Message, *, emit: boo
     return True
 
 
-async def insert_compaction(tx: Tx, session_id: str, c: Compaction, *, emit: bool = True) -> None:
+async def insert_compaction(tx: PostgresTx, session_id: str, c: Compaction, *, emit: bool = True) -> None:
     await tx.conn.execute(
         "INSERT INTO compactions (session_id, id, summary, from_message_id, to_message_id, created_at) "
         "VALUES ($1, $2, $3, $4, $5, $6)",
@@ -415,7 +426,7 @@ async def insert_compaction(tx: Tx, session_id: str, c: Compaction, *, emit: boo
 
 
 async def create_session(
-    tx: Tx,
+    tx: PostgresTx,
     *,
     name: str,
     parent_session_id: str | None,
@@ -439,7 +450,165 @@ async def create_session(
     if row is None:
         raise InvalidInput(f"session {sid!r} already exists")
     info = session_info(row)
-    data = {"session": msgspec.to_builtins(info), **(event_extra or {})}
-    await tx.emit_session(sid, event, data)
-    await tx.emit(REGISTRY, sid, event, data)
+    await tx.registry_change(info, event, **(event_extra or {}))
     return info
+
+
+async def delete_messages(tx: PostgresTx, session_id: str, ids: Sequence[str], managed: bool) -> list[str]:
+    if managed:
+        await tx.touch(session_id)
+    deleted: list[str] = []
+    reparented: list[list[str | None]] = []
+    for mid in dict.fromkeys(ids):
+        row = await tx.conn.fetchrow(DELETE_ONE, session_id, mid)
+        if row is None:
+            continue
+        parent_id, children = row
+        reparented.extend([child, parent_id] for child in children)
+        deleted.append(mid)
+    if deleted:
+        await tx.conn.execute(COUNT, session_id, -len(deleted))
+        await tx.emit_session(session_id, "message.deleted", {"ids": deleted, "reparented": reparented})
+    return deleted
+
+
+async def history(conn: Conn, session_id: str, leaf_id: str | None) -> list[Message]:
+    if leaf_id is None or leaf_id == "":
+        rows = await conn.fetch(HISTORY_LATEST, session_id)
+    else:
+        rows = await conn.fetch(HISTORY_ID, session_id, leaf_id)
+    path: list[Message] = []
+    overlays: list[Compaction] = []
+    for kind, _n, a, b, c, d, t in rows:
+        if kind == 0:
+            if (m := decode_message(a)) is not None:
+                path.append(m)
+        else:
+            overlays.append(Compaction(id=a, summary=b, from_message_id=c, to_message_id=d, created_at=t))
+    if not path:
+        return path
+    return apply_compactions(path, overlays)
+
+
+async def add_compaction(
+    tx: PostgresTx,
+    session_id: str,
+    summary: str,
+    from_id: str,
+    to_id: str,
+    managed: bool,
+    verify_path: bool,
+    covered: Sequence[str],
+) -> Compaction:
+    conn = tx.conn
+    if managed:
+        await tx.touch(session_id)
+    if verify_path:
+        top = await pk_of(conn, session_id, from_id)
+        leaf = await pk_of(conn, session_id, to_id)
+        if top is None or leaf is None or top > leaf or not await conn.fetchval(IS_ANCESTOR, leaf, top):
+            raise not_one_path(from_id, to_id)
+    if covered:
+        wanted = sorted(set(covered))
+        found = int(
+            await conn.fetchval(
+                "SELECT count(*) FROM messages WHERE session_id = $1 AND id = ANY($2::text[])",
+                session_id,
+                wanted,
+            )
+        )
+        if found != len(wanted):
+            raise summarized_deleted(from_id, to_id, len(wanted) - found)
+    c = new_compaction(summary, from_id, to_id, tx.when)
+    await insert_compaction(tx, session_id, c)
+    return c
+
+
+async def delete_session(tx: PostgresTx, session_id: str, stream: str, context_keys: Sequence[str]) -> None:
+    conn = tx.conn
+    info = await tx.session_row(session_id)
+    await conn.execute(CLEAR, session_id)
+    if context_keys:
+        await conn.execute("DELETE FROM context_blocks WHERE key = ANY($1::text[])", list(context_keys))
+    await conn.execute("DELETE FROM sessions WHERE id = $1", session_id)
+    (own, data), (registry, _) = registry_events(info, "session.deleted")
+    # The log goes with the session (it holds message bodies); only the final
+    # event stays, and the stream now starts there.
+    seq = await tx.emit(own, session_id, "session.deleted", data)
+    await conn.execute(
+        "WITH d AS (DELETE FROM events WHERE stream = $1 AND seq < $2) "
+        "UPDATE streams SET first_seq = $2 WHERE stream = $1",
+        stream,
+        seq,
+    )
+    await tx.emit(registry, session_id, "session.deleted", data)
+
+
+async def add_usage(tx: PostgresTx, session_id: str, delta: tuple[int, int, float]) -> SessionInfo:
+    # FOR UPDATE: a concurrent add_usage waits here, then checks the new totals.
+    current = await tx.conn.fetchrow(
+        f"SELECT {SESSION_COLS} FROM sessions WHERE id = $1 FOR UPDATE", session_id
+    )
+    if current is None:
+        raise SessionNotFound(session_id)
+    before = session_info(current)
+    totals = usage_totals((before.input_tokens, before.output_tokens, before.estimated_cost), delta)
+    row = await tx.conn.fetchrow(
+        "UPDATE sessions SET input_tokens = $2, output_tokens = $3, estimated_cost = $4, "
+        f"updated_at = $5 WHERE id = $1 RETURNING {SESSION_COLS}",
+        session_id,
+        *totals,
+        tx.when,
+    )
+    if row is None:  # not after FOR UPDATE found it; typed for mypy
+        raise SessionNotFound(session_id)
+    info = session_info(row)
+    await tx.registry_change(info, "session.usage", delta=usage_event(delta))
+    return info
+
+
+async def split_session(tx: PostgresTx, session_id: str, summary: str, name: str | None) -> SessionInfo:
+    row = await tx.conn.fetchrow(
+        "UPDATE sessions SET end_reason = 'compaction', updated_at = $2 WHERE id = $1 "
+        f"RETURNING {SESSION_COLS}",
+        session_id,
+        tx.when,
+    )
+    if row is None:
+        raise SessionNotFound(session_id)
+    ended = session_info(row)
+    await tx.registry_change(ended, "session.ended")
+    info = await create_session(
+        tx,
+        name=split_name(ended, name),
+        parent_session_id=session_id,
+        model=ended.model,
+        source=ended.source,
+        session_id=None,
+    )
+    await insert_messages(tx, info.id, [continuation_message(summary)], None)
+    return info
+
+
+async def read_events(conn: Conn, stream: str, after_seq: int, limit: int, epoch: str | None) -> list[Event]:
+    rows = await conn.fetch(READ_EVENTS, stream, after_seq, max(limit, 0))
+    head = rows[0]
+    if head[0] is None:
+        pos = StreamPosition(stream=stream, epoch="", first_seq=1, last_seq=0)
+    else:
+        pos = StreamPosition(stream=stream, epoch=head[0], first_seq=head[1], last_seq=head[2])
+    pos.check(after_seq, epoch)
+    kind: Literal["session", "registry"] = "registry" if stream == REGISTRY else "session"
+    return [
+        Event(
+            session_id=r[3],
+            seq=r[4],
+            epoch=pos.epoch,
+            type=r[5],
+            data=_decode(r[6]),
+            created_at=r[7],
+            stream=kind,
+        )
+        for r in rows
+        if r[4] is not None
+    ]

@@ -4,16 +4,14 @@
 from __future__ import annotations
 
 import contextlib
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import asyncpg
 import msgspec
 
 from protocol import (
     Compaction,
-    Conflict,
     Event,
     InvalidInput,
     Message,
@@ -28,10 +26,9 @@ from ...bus import Bus, MemoryBus
 from ...bus.doorbell import CHANNEL
 from ...bus.doorbell import encode as doorbell
 from ...fts import fts_text, fts_words
-from ...overlays import apply_compactions, visible_compactions
+from ...overlays import visible_compactions
 from ..base import (
     LATEST,
-    REGISTRY,
     AppendResult,
     LogEntry,
     ParentArg,
@@ -40,13 +37,18 @@ from ..base import (
     check_limit,
     check_usage,
     session_stream,
-    usage_totals,
+)
+from ..policy import (
+    SEARCH_WINDOW,
+    check_compaction_args,
+    check_name,
+    check_query,
+    check_summary,
 )
 from ..rows import SESSION_COLS, decode_message, session_info
 from . import sql
 from .schema import lock_key, migrate
-from .sql import SEARCH_WINDOW
-from .tx import Tx
+from .tx import PostgresTx
 
 if TYPE_CHECKING:
     from .tx import Conn
@@ -129,19 +131,19 @@ class PostgresStore(Store):
         return self
 
     # -- plumbing ------------------------------------------------------------------------
-    async def _write(self, fn: Callable[[Tx], Awaitable[T]], *, lock: str | None = None) -> T:
-        """Run ``fn(tx)`` as one transaction (after locking session stream ``lock``), send
-        the doorbells inside it, commit, then ring the bus."""
+    async def _write(self, fn: Callable[..., Awaitable[T]], *args: Any, lock: str | None = None) -> T:
+        """Run ``fn(tx, *args)`` as one transaction (after locking session stream
+        ``lock``), send the doorbells inside it, commit, then ring the bus."""
         if self._closed:
             raise StoreClosed("store is closed")
         try:
             async with self._pool.acquire() as conn:
-                tx = Tx(conn)
+                tx = PostgresTx(conn)
                 await conn.execute(
                     "BEGIN" if lock is None else f"BEGIN; SELECT pg_advisory_xact_lock({lock_key(lock)})"
                 )
                 try:
-                    result = await fn(tx)
+                    result = await fn(tx, *args)
                     await conn.execute(self._commit(tx))
                 except BaseException:
                     if not conn.is_closed():
@@ -154,8 +156,7 @@ class PostgresStore(Store):
             raise _translate(exc) from exc
         except UnicodeEncodeError as exc:  # a lone surrogate, in a lock key or a parameter
             raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
-        for stream, seq in tx.notes:
-            self.bus.publish(stream, seq)
+        tx.ring(self.bus)
         return result
 
     async def analyze(self) -> None:
@@ -167,7 +168,7 @@ class PostgresStore(Store):
 
         await self._read(fn)
 
-    def _commit(self, tx: Tx) -> str:
+    def _commit(self, tx: PostgresTx) -> str:
         """COMMIT, after the doorbells not yet sent: one round trip. The payloads go as
         hex literals, so no stream name can ever be read as SQL."""
         if not self.notify:
@@ -179,12 +180,12 @@ class PostgresStore(Store):
         )
         return notices + "COMMIT"
 
-    async def _read(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
+    async def _read(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         if self._closed:
             raise StoreClosed("store is closed")
         try:
             async with self._pool.acquire() as conn:
-                return await fn(conn)
+                return await fn(conn, *args)
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
             if self._closed:
                 raise StoreClosed("store is closed") from exc
@@ -201,7 +202,7 @@ class PostgresStore(Store):
         *,
         managed: bool = False,
     ) -> AppendResult:
-        async def fn(tx: Tx) -> AppendResult:
+        async def fn(tx: PostgresTx) -> AppendResult:
             if len(messages) == 1:
                 return await sql.append_one(
                     tx, session_id, messages[0], parent, managed=managed, notify=self.notify
@@ -221,7 +222,7 @@ class PostgresStore(Store):
         emit: bool = True,
         also: Sequence[LogEntry] = (),
     ) -> bool:
-        async def fn(tx: Tx) -> bool:
+        async def fn(tx: PostgresTx) -> bool:
             if managed:
                 await tx.touch(session_id)
             updated = await sql.update_message(tx, session_id, message, emit=emit)
@@ -239,7 +240,7 @@ class PostgresStore(Store):
         *,
         managed: bool = False,
     ) -> bool:
-        async def fn(tx: Tx) -> bool:
+        async def fn(tx: PostgresTx) -> bool:
             if managed:
                 await tx.touch(session_id)
             if await sql.update_message(tx, session_id, message):
@@ -252,29 +253,12 @@ class PostgresStore(Store):
     async def delete_messages(
         self, session_id: str, ids: Sequence[str], *, managed: bool = False
     ) -> list[str]:
-        async def fn(tx: Tx) -> list[str]:
-            if managed:
-                await tx.touch(session_id)
-            deleted: list[str] = []
-            reparented: list[list[str | None]] = []
-            for mid in dict.fromkeys(ids):
-                row = await tx.conn.fetchrow(sql.DELETE_ONE, session_id, mid)
-                if row is None:
-                    continue
-                parent_id, children = row
-                reparented.extend([child, parent_id] for child in children)
-                deleted.append(mid)
-            if deleted:
-                await tx.conn.execute(sql.COUNT, session_id, -len(deleted))
-                await tx.emit_session(
-                    session_id, "message.deleted", {"ids": deleted, "reparented": reparented}
-                )
-            return deleted
-
-        return await self._write(fn, lock=session_stream(session_id))
+        return await self._write(
+            sql.delete_messages, session_id, ids, managed, lock=session_stream(session_id)
+        )
 
     async def clear_messages(self, session_id: str, *, managed: bool = False) -> None:
-        async def fn(tx: Tx) -> None:
+        async def fn(tx: PostgresTx) -> None:
             if managed:
                 await tx.touch(session_id)
             await tx.conn.execute(sql.CLEAR, session_id)
@@ -292,26 +276,7 @@ class PostgresStore(Store):
         return await self._read(fn)
 
     async def get_history(self, session_id: str, leaf_id: str | None = None) -> list[Message]:
-        async def fn(conn: Conn) -> list[Message]:
-            if leaf_id is None or leaf_id == "":
-                rows = await conn.fetch(sql.HISTORY_LATEST, session_id)
-            else:
-                rows = await conn.fetch(sql.HISTORY_ID, session_id, leaf_id)
-            path: list[Message] = []
-            overlays: list[Compaction] = []
-            for kind, _n, a, b, c, d, t in rows:
-                if kind == 0:
-                    if (m := decode_message(a)) is not None:
-                        path.append(m)
-                else:
-                    overlays.append(
-                        Compaction(id=a, summary=b, from_message_id=c, to_message_id=d, created_at=t)
-                    )
-            if not path:
-                return path
-            return apply_compactions(path, overlays)
-
-        return await self._read(fn)
+        return await self._read(sql.history, session_id, leaf_id)
 
     async def get_path(self, session_id: str, leaf_id: str | None = None) -> list[Message]:
         return await self._read(lambda conn: sql.path(conn, session_id, leaf_id))
@@ -355,8 +320,7 @@ class PostgresStore(Store):
         limit: int = 20,
         match: Literal["phrase", "words"] = "phrase",
     ) -> list[SearchResult]:
-        if not isinstance(query, str):
-            raise InvalidInput("search query must be a string")
+        check_query(query)
         arg: str | list[str] = fts_text(query) if match == "phrase" else fts_words(query)
         if not arg or check_limit(limit) <= 0:
             return []
@@ -390,52 +354,19 @@ class PostgresStore(Store):
         verify_path: bool = False,
         covered: Sequence[str] = (),
     ) -> Compaction:
-        for name, value in (("summary", summary), ("from_id", from_id), ("to_id", to_id)):
-            if not isinstance(value, str):
-                raise InvalidInput(f"{name} must be a string")
+        check_compaction_args(summary, from_id, to_id)
 
-        async def fn(tx: Tx) -> Compaction:
-            conn = tx.conn
-            if managed:
-                await tx.touch(session_id)
-            if verify_path:
-                top = await sql.pk_of(conn, session_id, from_id)
-                leaf = await sql.pk_of(conn, session_id, to_id)
-                if (
-                    top is None
-                    or leaf is None
-                    or top > leaf
-                    or not await conn.fetchval(sql.IS_ANCESTOR, leaf, top)
-                ):
-                    raise Conflict(
-                        f"cannot lay an overlay over {from_id!r}..{to_id!r}: "
-                        "they are no longer one path of the session"
-                    )
-            if covered:
-                wanted = sorted(set(covered))
-                found = int(
-                    await conn.fetchval(
-                        "SELECT count(*) FROM messages WHERE session_id = $1 AND id = ANY($2::text[])",
-                        session_id,
-                        wanted,
-                    )
-                )
-                if found != len(wanted):
-                    raise Conflict(
-                        f"cannot lay an overlay over {from_id!r}..{to_id!r}: "
-                        f"{len(wanted) - found} of the summarized messages were deleted meanwhile"
-                    )
-            c = Compaction(
-                id=str(uuid.uuid4()),
-                summary=summary,
-                from_message_id=from_id,
-                to_message_id=to_id,
-                created_at=tx.when,
-            )
-            await sql.insert_compaction(tx, session_id, c)
-            return c
-
-        return await self._write(fn, lock=session_stream(session_id))
+        return await self._write(
+            sql.add_compaction,
+            session_id,
+            summary,
+            from_id,
+            to_id,
+            managed,
+            verify_path,
+            covered,
+            lock=session_stream(session_id),
+        )
 
     async def get_compactions(self, session_id: str) -> list[Compaction]:
         return await self._read(lambda conn: sql.compactions(conn, session_id))
@@ -450,10 +381,9 @@ class PostgresStore(Store):
         source: str | None = None,
         session_id: str | None = None,
     ) -> SessionInfo:
-        if not isinstance(name, str):
-            raise InvalidInput("session name must be a string")
+        check_name(name)
 
-        async def fn(tx: Tx) -> SessionInfo:
+        async def fn(tx: PostgresTx) -> SessionInfo:
             return await sql.create_session(
                 tx,
                 name=name,
@@ -480,10 +410,9 @@ class PostgresStore(Store):
         return await self._read(fn)
 
     async def rename_session(self, session_id: str, name: str) -> SessionInfo:
-        if not isinstance(name, str):
-            raise InvalidInput("session name must be a string")
+        check_name(name)
 
-        async def fn(tx: Tx) -> SessionInfo:
+        async def fn(tx: PostgresTx) -> SessionInfo:
             row = await tx.conn.fetchrow(
                 f"UPDATE sessions SET name = $2, updated_at = $3 WHERE id = $1 RETURNING {SESSION_COLS}",
                 session_id,
@@ -501,64 +430,19 @@ class PostgresStore(Store):
     async def delete_session(self, session_id: str, *, context_keys: Sequence[str] = ()) -> None:
         stream = session_stream(session_id)
 
-        async def fn(tx: Tx) -> None:
-            conn = tx.conn
-            info = await tx.session_row(session_id)
-            await conn.execute(sql.CLEAR, session_id)
-            if context_keys:
-                await conn.execute(
-                    "DELETE FROM context_blocks WHERE key = ANY($1::text[])", list(context_keys)
-                )
-            await conn.execute("DELETE FROM sessions WHERE id = $1", session_id)
-            data = {"session": msgspec.to_builtins(info)}
-            # The log goes with the session (it holds message bodies); only the final
-            # event stays, and the stream now starts there.
-            seq = await tx.emit_session(session_id, "session.deleted", data)
-            await conn.execute(
-                "WITH d AS (DELETE FROM events WHERE stream = $1 AND seq < $2) "
-                "UPDATE streams SET first_seq = $2 WHERE stream = $1",
-                stream,
-                seq,
-            )
-            await tx.emit(REGISTRY, session_id, "session.deleted", data)
-
-        await self._write(fn, lock=stream)
+        await self._write(sql.delete_session, session_id, stream, context_keys, lock=stream)
 
     async def add_usage(
         self, session_id: str, input_tokens: int, output_tokens: int, cost: float
     ) -> SessionInfo:
         delta = check_usage(input_tokens, output_tokens, cost)
 
-        async def fn(tx: Tx) -> SessionInfo:
-            # FOR UPDATE: a concurrent add_usage waits here, then checks the new totals.
-            current = await tx.conn.fetchrow(
-                f"SELECT {SESSION_COLS} FROM sessions WHERE id = $1 FOR UPDATE", session_id
-            )
-            if current is None:
-                raise SessionNotFound(session_id)
-            before = session_info(current)
-            totals = usage_totals((before.input_tokens, before.output_tokens, before.estimated_cost), delta)
-            row = await tx.conn.fetchrow(
-                "UPDATE sessions SET input_tokens = $2, output_tokens = $3, estimated_cost = $4, "
-                f"updated_at = $5 WHERE id = $1 RETURNING {SESSION_COLS}",
-                session_id,
-                *totals,
-                tx.when,
-            )
-            if row is None:  # not after FOR UPDATE found it; typed for mypy
-                raise SessionNotFound(session_id)
-            info = session_info(row)
-            data = {"input_tokens": delta[0], "output_tokens": delta[1], "cost": delta[2]}
-            await tx.registry_change(info, "session.usage", delta=data)
-            return info
-
-        return await self._write(fn)
+        return await self._write(sql.add_usage, session_id, delta)
 
     async def fork_session(self, session_id: str, at_message_id: str, name: str) -> SessionInfo:
-        if not isinstance(name, str):
-            raise InvalidInput("session name must be a string")
+        check_name(name)
 
-        async def fn(tx: Tx) -> SessionInfo:
+        async def fn(tx: PostgresTx) -> SessionInfo:
             conn = tx.conn
             await tx.session_row(session_id)
             path = await sql.path(conn, session_id, at_message_id) if at_message_id else []
@@ -581,37 +465,11 @@ class PostgresStore(Store):
         return await self._write(fn, lock=session_stream(session_id))
 
     async def split_session(self, session_id: str, summary: str, name: str | None = None) -> SessionInfo:
-        if not isinstance(summary, str):
-            raise InvalidInput("summary must be a string")
+        check_summary(summary)
 
-        async def fn(tx: Tx) -> SessionInfo:
-            row = await tx.conn.fetchrow(
-                "UPDATE sessions SET end_reason = 'compaction', updated_at = $2 WHERE id = $1 "
-                f"RETURNING {SESSION_COLS}",
-                session_id,
-                tx.when,
-            )
-            if row is None:
-                raise SessionNotFound(session_id)
-            ended = session_info(row)
-            await tx.registry_change(ended, "session.ended")
-            info = await sql.create_session(
-                tx,
-                name=name if name is not None else (ended.name or "Compacted"),
-                parent_session_id=session_id,
-                model=ended.model,
-                source=ended.source,
-                session_id=None,
-            )
-            message = Message(
-                id=str(uuid.uuid4()),
-                role="assistant",
-                parts=[{"type": "text", "text": f"[Context from previous session]\n\n{summary}"}],
-            )
-            await sql.insert_messages(tx, info.id, [message], None)
-            return info
-
-        return await self._write(fn, lock=session_stream(session_id))
+        return await self._write(
+            sql.split_session, session_id, summary, name, lock=session_stream(session_id)
+        )
 
     # -- context blocks and search entries ------------------------------------------------
     async def get_context_value(self, key: str) -> str | None:
@@ -622,7 +480,7 @@ class PostgresStore(Store):
         return await self._read(fn)
 
     async def set_context_value(self, key: str, content: str, *, event: LogEntry | None = None) -> None:
-        async def fn(tx: Tx) -> None:
+        async def fn(tx: PostgresTx) -> None:
             await tx.conn.execute(
                 "INSERT INTO context_blocks (key, content, updated_at) VALUES ($1, $2, $3) "
                 "ON CONFLICT (key) DO UPDATE SET content = excluded.content, "
@@ -645,7 +503,7 @@ class PostgresStore(Store):
     async def set_search_entry(
         self, label: str, key: str, content: str, *, event: LogEntry | None = None
     ) -> None:
-        async def fn(tx: Tx) -> None:
+        async def fn(tx: PostgresTx) -> None:
             await tx.conn.execute(
                 "INSERT INTO search_entries (label, key, content, tsv, created_at, updated_at) "
                 "VALUES ($1, $2, $3, to_tsvector('sessionhub', $5::text), $4, $4) "
@@ -674,7 +532,7 @@ class PostgresStore(Store):
         return await self._read(fn)
 
     async def log_event(self, entry: LogEntry) -> int:
-        async def fn(tx: Tx) -> int:
+        async def fn(tx: PostgresTx) -> int:
             return await tx.emit_session(entry.session_id, entry.type, entry.data)
 
         return await self._write(fn)
@@ -686,30 +544,7 @@ class PostgresStore(Store):
         check_limit(after_seq, "after_seq")
         check_limit(limit)
 
-        async def fn(conn: Conn) -> list[Event]:
-            rows = await conn.fetch(sql.READ_EVENTS, stream, after_seq, max(limit, 0))
-            head = rows[0]
-            if head[0] is None:
-                pos = StreamPosition(stream=stream, epoch="", first_seq=1, last_seq=0)
-            else:
-                pos = StreamPosition(stream=stream, epoch=head[0], first_seq=head[1], last_seq=head[2])
-            pos.check(after_seq, epoch)
-            kind: Literal["session", "registry"] = "registry" if stream == REGISTRY else "session"
-            return [
-                Event(
-                    session_id=r[3],
-                    seq=r[4],
-                    epoch=pos.epoch,
-                    type=r[5],
-                    data=_decode(r[6]),
-                    created_at=r[7],
-                    stream=kind,
-                )
-                for r in rows
-                if r[4] is not None
-            ]
-
-        return await self._read(fn)
+        return await self._read(sql.read_events, stream, after_seq, limit, epoch)
 
     async def stream_position(self, stream: str) -> StreamPosition:
         async def fn(conn: Conn) -> StreamPosition:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -11,7 +10,8 @@ import msgspec
 
 from protocol import SessionInfo, SessionNotFound
 
-from ..base import REGISTRY, session_stream
+from ..base import WriteTx
+from ..policy import registry_events, session_stream
 from ..rows import SESSION_COLS, new_epoch, session_info, ts
 
 if TYPE_CHECKING:
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     Conn = PoolConnectionProxy[asyncpg.Record]
 
-__all__ = ["Conn", "Tx", "session_row"]
+__all__ = ["Conn", "PostgresTx", "session_row"]
 
 _encode = msgspec.json.Encoder().encode
 
@@ -37,17 +37,16 @@ SELECT last_seq FROM s
 """
 
 
-class Tx:
-    """One write transaction: its connection, its clock, the (stream, seq) it wrote."""
+class PostgresTx(WriteTx["Conn"]):
+    """One transaction on a pooled connection. ``when`` is ``now`` as the timestamptz
+    every row and event of the transaction gets."""
 
-    __slots__ = ("conn", "notes", "notified", "now", "when")
+    __slots__ = ("notified", "when")
 
     def __init__(self, conn: Conn) -> None:
-        self.conn = conn
-        self.now = time.time()
+        super().__init__(conn)
         self.when = ts(self.now)
-        self.notes: list[tuple[str, int]] = []
-        #: Streams whose doorbell a statement already sent (:data:`APPEND_ONE`).
+        #: Streams whose doorbell a statement already sent (:data:`~.sql.APPEND_ONE`).
         self.notified: set[str] = set()
 
     async def emit_many(self, stream: str, session_id: str, events: Sequence[tuple[str, str]]) -> int:
@@ -85,9 +84,8 @@ class Tx:
         return await session_row(self.conn, session_id)
 
     async def registry_change(self, info: SessionInfo, type_: str, **extra: Any) -> None:
-        data = {"session": msgspec.to_builtins(info), **extra}
-        await self.emit_session(info.id, type_, data)
-        await self.emit(REGISTRY, info.id, type_, data)
+        for stream, data in registry_events(info, type_, **extra):
+            await self.emit(stream, info.id, type_, data)
 
 
 async def session_row(conn: Conn, session_id: str) -> SessionInfo:

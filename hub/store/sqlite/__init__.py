@@ -25,10 +25,11 @@ here; ``WAL_LIMIT_BYTES`` is read from this package when a store opens, so setti
 
 from __future__ import annotations
 
+from ..policy import SEARCH_WINDOW
 from .checkpoint import CHECKPOINT_EVERY, WAL_LIMIT_BYTES
 from .connection import BUSY_TIMEOUT_MS
 from .schema import MIGRATIONS
-from .sql import SEARCH_WINDOW, SMALL_SESSION
+from .sql import SMALL_SESSION
 from .store import INLINE_BATCH, SqliteStore
 
 __all__ = [

@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-import time
-import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -17,7 +15,6 @@ import msgspec
 
 from protocol import (
     Compaction,
-    Conflict,
     Event,
     InvalidInput,
     Message,
@@ -32,7 +29,6 @@ from ...fts import phrase_query, words_query
 from ...overlays import apply_compactions, visible_compactions
 from ..base import (
     LATEST,
-    REGISTRY,
     AppendResult,
     LogEntry,
     ParentArg,
@@ -40,15 +36,26 @@ from ..base import (
     StreamPosition,
     check_limit,
     check_usage,
-    session_stream,
     usage_totals,
+)
+from ..policy import (
+    check_compaction_args,
+    check_name,
+    check_query,
+    check_summary,
+    continuation_message,
+    new_compaction,
+    not_one_path,
+    split_name,
+    summarized_deleted,
+    usage_event,
 )
 from ..rows import SESSION_COLS, decode_message, session_info, ts
 from . import sql
 from .checkpoint import CHECKPOINT_EVERY, WAL_LIMIT_BYTES, Checkpointer
 from .connection import Conn, Connection, configure, is_busy, patient, read_tx, write_tx
 from .schema import migrate
-from .sql import SEARCH_WINDOW, SMALL_SESSION, Notes
+from .tx import SqliteTx
 
 __all__ = ["INLINE_BATCH", "SqliteStore"]
 
@@ -139,7 +146,7 @@ class SqliteStore(Store):
 
     # -- plumbing ------------------------------------------------------------------------
     async def _write(self, fn: Callable[..., T], *args: Any, inline: bool = True) -> T:
-        """Run ``fn(conn, notes, now, *args)`` as one write transaction, then ring the bus.
+        """Run ``fn(tx, *args)`` as one write transaction, then ring the bus.
 
         Small transactions (``inline``) run right here on the event loop: they take
         ~80 µs, less than the two cross-thread wake-ups a trip to the writer's thread costs
@@ -149,11 +156,14 @@ class SqliteStore(Store):
         """
         if self._closed:
             raise StoreClosed("store is closed")
-        notes: Notes = []
+        attempts: list[SqliteTx] = []
 
         def body(conn: Conn) -> T:
-            notes.clear()
-            return fn(conn, notes, time.time(), *args)
+            # A fresh transaction (clock, notes) per attempt: a busy inline attempt is
+            # retried in the writer's thread, and only the committed one is rung.
+            tx = SqliteTx(conn)
+            attempts.append(tx)
+            return fn(tx, *args)
 
         async with self._write_lock:
             try:
@@ -170,8 +180,7 @@ class SqliteStore(Store):
                 raise StoreError(f"sqlite: {exc}") from exc
             except UnicodeEncodeError as exc:  # binding a str with a lone surrogate
                 raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
-        for stream, seq in notes:
-            self.bus.publish(stream, seq)
+        attempts[-1].ring(self.bus)
         self._commits += 1
         checkpointer = self._checkpointer
         if checkpointer is not None:
@@ -215,10 +224,10 @@ class SqliteStore(Store):
         *,
         managed: bool = False,
     ) -> AppendResult:
-        def fn(conn: Conn, notes: Notes, now: float) -> AppendResult:
+        def fn(tx: SqliteTx) -> AppendResult:
             if managed:
-                sql.touch(conn, session_id, now)
-            return sql.insert_messages(conn, notes, session_id, messages, parent, now)
+                tx.touch(session_id)
+            return sql.insert_messages(tx, session_id, messages, parent)
 
         return await self._write(fn, inline=len(messages) <= INLINE_BATCH)
 
@@ -231,12 +240,12 @@ class SqliteStore(Store):
         emit: bool = True,
         also: Sequence[LogEntry] = (),
     ) -> bool:
-        def fn(conn: Conn, notes: Notes, now: float) -> bool:
+        def fn(tx: SqliteTx) -> bool:
             if managed:
-                sql.touch(conn, session_id, now)
-            updated = sql.update_message(conn, notes, session_id, message, now, emit=emit)
+                tx.touch(session_id)
+            updated = sql.update_message(tx, session_id, message, emit=emit)
             for entry in also:
-                sql.emit_session(conn, notes, entry.session_id, entry.type, entry.data, now)
+                tx.emit_session(entry.session_id, entry.type, entry.data)
             return updated
 
         return await self._write(fn)
@@ -249,12 +258,12 @@ class SqliteStore(Store):
         *,
         managed: bool = False,
     ) -> bool:
-        def fn(conn: Conn, notes: Notes, now: float) -> bool:
+        def fn(tx: SqliteTx) -> bool:
             if managed:
-                sql.touch(conn, session_id, now)
-            if sql.update_message(conn, notes, session_id, message, now):
+                tx.touch(session_id)
+            if sql.update_message(tx, session_id, message):
                 return False
-            sql.insert_messages(conn, notes, session_id, [message], parent, now)
+            sql.insert_messages(tx, session_id, [message], parent)
             return True
 
         return await self._write(fn)
@@ -262,49 +271,16 @@ class SqliteStore(Store):
     async def delete_messages(
         self, session_id: str, ids: Sequence[str], *, managed: bool = False
     ) -> list[str]:
-        def fn(conn: Conn, notes: Notes, now: float) -> list[str]:
-            if managed:
-                sql.touch(conn, session_id, now)
-            deleted: list[str] = []
-            reparented: list[list[str | None]] = []
-            for mid in dict.fromkeys(ids):
-                row = conn.execute(
-                    "SELECT m.pk, m.parent_pk, p.id FROM messages m "
-                    "LEFT JOIN messages p ON p.pk = m.parent_pk "
-                    "WHERE m.session_id = ? AND m.id = ?",
-                    (session_id, mid),
-                ).fetchone()
-                if row is None:
-                    continue
-                pk, parent_pk, parent_id = row
-                children = conn.execute(
-                    "UPDATE messages SET parent_pk = ? WHERE parent_pk = ? RETURNING id",
-                    (parent_pk, pk),
-                ).fetchall()
-                reparented.extend([child, parent_id] for (child,) in children)
-                conn.execute("DELETE FROM messages_fts WHERE rowid = ?", (pk,))
-                conn.execute("DELETE FROM messages WHERE pk = ?", (pk,))
-                deleted.append(mid)
-            if deleted:
-                sql.count_messages(conn, session_id, -len(deleted))
-                sql.emit_session(
-                    conn,
-                    notes,
-                    session_id,
-                    "message.deleted",
-                    {"ids": deleted, "reparented": reparented},
-                    now,
-                )
-            return deleted
-
-        return await self._write(fn, inline=len(ids) <= INLINE_BATCH)
+        return await self._write(
+            sql.delete_messages, session_id, ids, managed, inline=len(ids) <= INLINE_BATCH
+        )
 
     async def clear_messages(self, session_id: str, *, managed: bool = False) -> None:
-        def fn(conn: Conn, notes: Notes, now: float) -> None:
+        def fn(tx: SqliteTx) -> None:
             if managed:
-                sql.touch(conn, session_id, now)
-            sql.clear(conn, session_id)
-            sql.emit_session(conn, notes, session_id, "messages.cleared", {}, now)
+                tx.touch(session_id)
+            sql.clear(tx.conn, session_id)
+            tx.emit_session(session_id, "messages.cleared", {})
 
         await self._write(fn, inline=False)
 
@@ -341,25 +317,7 @@ class SqliteStore(Store):
         return await self._read(fn)
 
     async def get_path_length(self, session_id: str, leaf_id: str | None = None) -> int:
-        def fn(conn: Conn) -> int:
-            leaf = sql.resolve_leaf(conn, session_id, leaf_id)
-            if leaf is None:
-                return 0
-            row = conn.execute(
-                """
-                WITH RECURSIVE path(pk, parent_pk) AS (
-                    SELECT pk, parent_pk FROM messages WHERE pk = ?
-                    UNION ALL
-                    SELECT m.pk, m.parent_pk FROM path JOIN messages m ON m.pk = path.parent_pk
-                    WHERE m.pk < path.pk
-                )
-                SELECT COUNT(*) FROM path
-                """,
-                (leaf,),
-            ).fetchone()
-            return int(row[0])
-
-        return await self._read(fn)
+        return await self._read(sql.path_length, session_id, leaf_id)
 
     async def get_branches(self, session_id: str, message_id: str) -> list[Message]:
         def fn(conn: Conn) -> list[Message]:
@@ -381,61 +339,12 @@ class SqliteStore(Store):
         limit: int = 20,
         match: Literal["phrase", "words"] = "phrase",
     ) -> list[SearchResult]:
-        if not isinstance(query, str):
-            raise InvalidInput("search query must be a string")
+        check_query(query)
         expr = phrase_query(query) if match == "phrase" else words_query(query)
         if expr is None or check_limit(limit) <= 0:
             return []
 
-        def fn(conn: Conn) -> list[SearchResult]:
-            body = f"body : ({expr})"
-            try:
-                if session_id is not None:
-                    both = f"sid : {sql.sid_token(session_id)} AND {body}"
-                    # The newest matches, by rowid: no ranking, so no cost per match.
-                    window = conn.execute(
-                        "SELECT rowid FROM messages_fts WHERE messages_fts MATCH ? "
-                        "ORDER BY rowid DESC LIMIT ?",
-                        (both, SEARCH_WINDOW),
-                    ).fetchall()
-                    if not window:
-                        return []
-                    size = conn.execute(
-                        "SELECT messages FROM session_stats WHERE session_id = ?", (session_id,)
-                    ).fetchone()
-                    # bm25 counts every row holding each phrase; the session token is in
-                    # every row of the session, so only small sessions keep it in MATCH.
-                    small = size is None or size[0] <= SMALL_SESSION
-                    rows = conn.execute(
-                        "SELECT m.id, m.role, f.body, m.session_id, m.created_at FROM messages_fts f "
-                        "JOIN messages m ON m.pk = f.rowid "
-                        "WHERE messages_fts MATCH ? AND f.rowid >= ? AND m.session_id = ? "
-                        "ORDER BY f.rank LIMIT ?",
-                        (both if small else body, window[-1][0], session_id, limit),
-                    ).fetchall()
-                else:
-                    edge = conn.execute(
-                        "SELECT rowid FROM messages_fts WHERE messages_fts MATCH ? "
-                        "ORDER BY rowid DESC LIMIT 1 OFFSET ?",
-                        (body, SEARCH_WINDOW - 1),
-                    ).fetchone()
-                    rows = conn.execute(
-                        "SELECT m.id, m.role, f.body, m.session_id, m.created_at FROM messages_fts f "
-                        "JOIN messages m ON m.pk = f.rowid JOIN sessions s ON s.id = m.session_id "
-                        "WHERE messages_fts MATCH ? AND f.rowid >= ? ORDER BY f.rank LIMIT ?",
-                        (body, 0 if edge is None else edge[0], limit),
-                    ).fetchall()
-            except sqlite3.OperationalError as exc:
-                # Quoting keeps FTS syntax out; what remains (a phrase of only separators,
-                # say) is "no results", never an exception for the caller.
-                log.debug("fts query %r matched nothing: %s", expr, exc)
-                return []
-            return [
-                SearchResult(id=r[0], role=r[1], content=r[2], session_id=r[3], created_at=ts(r[4]))
-                for r in rows
-            ]
-
-        return await self._read(fn)
+        return await self._read(sql.search_messages, expr, session_id, limit)
 
     # -- compaction overlays -------------------------------------------------------------
     async def add_compaction(
@@ -449,38 +358,24 @@ class SqliteStore(Store):
         verify_path: bool = False,
         covered: Sequence[str] = (),
     ) -> Compaction:
-        for name, value in (("summary", summary), ("from_id", from_id), ("to_id", to_id)):
-            if not isinstance(value, str):
-                raise InvalidInput(f"{name} must be a string")
+        check_compaction_args(summary, from_id, to_id)
 
-        def fn(conn: Conn, notes: Notes, now: float) -> Compaction:
+        def fn(tx: SqliteTx) -> Compaction:
             if managed:
-                sql.touch(conn, session_id, now)
-            if verify_path and not sql.is_ancestor(conn, session_id, from_id, to_id):
-                raise Conflict(
-                    f"cannot lay an overlay over {from_id!r}..{to_id!r}: "
-                    "they are no longer one path of the session"
-                )
+                tx.touch(session_id)
+            if verify_path and not sql.is_ancestor(tx.conn, session_id, from_id, to_id):
+                raise not_one_path(from_id, to_id)
             if covered:
                 wanted = set(covered)
-                found = conn.execute(
+                found = tx.conn.execute(
                     "SELECT COUNT(*) FROM messages WHERE session_id = ? "
                     "AND id IN (SELECT value FROM json_each(?))",
                     (session_id, _encode(sorted(wanted)).decode()),
                 ).fetchone()[0]
                 if found != len(wanted):
-                    raise Conflict(
-                        f"cannot lay an overlay over {from_id!r}..{to_id!r}: "
-                        f"{len(wanted) - found} of the summarized messages were deleted meanwhile"
-                    )
-            c = Compaction(
-                id=str(uuid.uuid4()),
-                summary=summary,
-                from_message_id=from_id,
-                to_message_id=to_id,
-                created_at=ts(now),
-            )
-            sql.insert_compaction(conn, notes, session_id, c, now)
+                    raise summarized_deleted(from_id, to_id, len(wanted) - found)
+            c = new_compaction(summary, from_id, to_id, ts(tx.now))
+            sql.insert_compaction(tx, session_id, c)
             return c
 
         return await self._write(fn, inline=not verify_path)
@@ -498,14 +393,11 @@ class SqliteStore(Store):
         source: str | None = None,
         session_id: str | None = None,
     ) -> SessionInfo:
-        if not isinstance(name, str):
-            raise InvalidInput("session name must be a string")
+        check_name(name)
 
-        def fn(conn: Conn, notes: Notes, now: float) -> SessionInfo:
+        def fn(tx: SqliteTx) -> SessionInfo:
             return sql.create_session(
-                conn,
-                notes,
-                now,
+                tx,
                 name=name,
                 parent_session_id=parent_session_id,
                 model=model,
@@ -532,81 +424,50 @@ class SqliteStore(Store):
         return await self._read(fn)
 
     async def rename_session(self, session_id: str, name: str) -> SessionInfo:
-        if not isinstance(name, str):
-            raise InvalidInput("session name must be a string")
+        check_name(name)
 
-        def fn(conn: Conn, notes: Notes, now: float) -> SessionInfo:
-            conn.execute("UPDATE sessions SET name = ?, updated_at = ? WHERE id = ?", (name, now, session_id))
-            info = sql.session_row(conn, session_id)
-            sql.registry_change(conn, notes, info, "session.renamed", now)
+        def fn(tx: SqliteTx) -> SessionInfo:
+            tx.conn.execute(
+                "UPDATE sessions SET name = ?, updated_at = ? WHERE id = ?", (name, tx.now, session_id)
+            )
+            info = tx.session_row(session_id)
+            tx.registry_change(info, "session.renamed")
             return info
 
         return await self._write(fn)
 
     async def delete_session(self, session_id: str, *, context_keys: Sequence[str] = ()) -> None:
-        def fn(conn: Conn, notes: Notes, now: float) -> None:
-            info = sql.session_row(conn, session_id)
-            sql.clear(conn, session_id)
-            conn.executemany("DELETE FROM context_blocks WHERE key = ?", [(k,) for k in context_keys])
-            conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
-            stream = session_stream(session_id)
-            # The log goes with the session (it holds message bodies); only the final
-            # event stays, and the stream now starts there.
-            seq = sql.emit_session(
-                conn,
-                notes,
-                session_id,
-                "session.deleted",
-                {"session": msgspec.to_builtins(info)},
-                now,
-            )
-            conn.execute("DELETE FROM events WHERE stream = ? AND seq < ?", (stream, seq))
-            conn.execute("UPDATE streams SET first_seq = ? WHERE stream = ?", (seq, stream))
-            sql.emit(
-                conn,
-                notes,
-                REGISTRY,
-                session_id,
-                "session.deleted",
-                {"session": msgspec.to_builtins(info)},
-                now,
-            )
-
-        await self._write(fn, inline=False)
+        await self._write(sql.delete_session, session_id, context_keys, inline=False)
 
     async def add_usage(
         self, session_id: str, input_tokens: int, output_tokens: int, cost: float
     ) -> SessionInfo:
         delta = check_usage(input_tokens, output_tokens, cost)
 
-        def fn(conn: Conn, notes: Notes, now: float) -> SessionInfo:
+        def fn(tx: SqliteTx) -> SessionInfo:
             # Read, check, write inside BEGIN IMMEDIATE: no other writer runs in between.
-            before = sql.session_row(conn, session_id)
+            before = tx.session_row(session_id)
             totals = usage_totals((before.input_tokens, before.output_tokens, before.estimated_cost), delta)
-            conn.execute(
+            tx.conn.execute(
                 "UPDATE sessions SET input_tokens = ?, output_tokens = ?, estimated_cost = ?, "
                 "updated_at = ? WHERE id = ?",
-                (*totals, now, session_id),
+                (*totals, tx.now, session_id),
             )
-            info = sql.session_row(conn, session_id)
-            data = {"input_tokens": delta[0], "output_tokens": delta[1], "cost": delta[2]}
-            sql.registry_change(conn, notes, info, "session.usage", now, delta=data)
+            info = tx.session_row(session_id)
+            tx.registry_change(info, "session.usage", delta=usage_event(delta))
             return info
 
         return await self._write(fn)
 
     async def fork_session(self, session_id: str, at_message_id: str, name: str) -> SessionInfo:
-        if not isinstance(name, str):
-            raise InvalidInput("session name must be a string")
+        check_name(name)
 
-        def fn(conn: Conn, notes: Notes, now: float) -> SessionInfo:
-            sql.session_row(conn, session_id)
-            path = sql.path(conn, session_id, at_message_id) if at_message_id else []
-            overlays = visible_compactions([m.id for m in path], sql.compactions(conn, session_id))
+        def fn(tx: SqliteTx) -> SessionInfo:
+            tx.session_row(session_id)
+            path = sql.path(tx.conn, session_id, at_message_id) if at_message_id else []
+            overlays = visible_compactions([m.id for m in path], sql.compactions(tx.conn, session_id))
             info = sql.create_session(
-                conn,
-                notes,
-                now,
+                tx,
                 name=name,
                 parent_session_id=session_id,
                 model=None,
@@ -615,40 +476,32 @@ class SqliteStore(Store):
                 event="session.forked",
                 event_extra={"from_session_id": session_id, "at_message_id": at_message_id},
             )
-            sql.insert_messages(conn, notes, info.id, path, None, now)
+            sql.insert_messages(tx, info.id, path, None)
             for c in overlays:
-                sql.insert_compaction(conn, notes, info.id, c, now)
+                sql.insert_compaction(tx, info.id, c)
             return info
 
         return await self._write(fn, inline=False)
 
     async def split_session(self, session_id: str, summary: str, name: str | None = None) -> SessionInfo:
-        if not isinstance(summary, str):
-            raise InvalidInput("summary must be a string")
+        check_summary(summary)
 
-        def fn(conn: Conn, notes: Notes, now: float) -> SessionInfo:
-            old = sql.session_row(conn, session_id)
-            conn.execute(
+        def fn(tx: SqliteTx) -> SessionInfo:
+            old = tx.session_row(session_id)
+            tx.conn.execute(
                 "UPDATE sessions SET end_reason = 'compaction', updated_at = ? WHERE id = ?",
-                (now, session_id),
+                (tx.now, session_id),
             )
-            sql.registry_change(conn, notes, sql.session_row(conn, session_id), "session.ended", now)
+            tx.registry_change(tx.session_row(session_id), "session.ended")
             info = sql.create_session(
-                conn,
-                notes,
-                now,
-                name=name if name is not None else (old.name or "Compacted"),
+                tx,
+                name=split_name(old, name),
                 parent_session_id=session_id,
                 model=old.model,
                 source=old.source,
                 session_id=None,
             )
-            message = Message(
-                id=str(uuid.uuid4()),
-                role="assistant",
-                parts=[{"type": "text", "text": f"[Context from previous session]\n\n{summary}"}],
-            )
-            sql.insert_messages(conn, notes, info.id, [message], None, now)
+            sql.insert_messages(tx, info.id, [continuation_message(summary)], None)
             return info
 
         return await self._write(fn, inline=False)
@@ -662,15 +515,15 @@ class SqliteStore(Store):
         return await self._read(fn)
 
     async def set_context_value(self, key: str, content: str, *, event: LogEntry | None = None) -> None:
-        def fn(conn: Conn, notes: Notes, now: float) -> None:
-            conn.execute(
+        def fn(tx: SqliteTx) -> None:
+            tx.conn.execute(
                 "INSERT INTO context_blocks (key, content, updated_at) VALUES (?, ?, ?) "
                 "ON CONFLICT (key) DO UPDATE SET content = excluded.content, "
                 "updated_at = excluded.updated_at",
-                (key, content, now),
+                (key, content, tx.now),
             )
             if event is not None:
-                sql.emit_session(conn, notes, event.session_id, event.type, event.data, now)
+                tx.emit_session(event.session_id, event.type, event.data)
 
         await self._write(fn)
 
@@ -684,46 +537,18 @@ class SqliteStore(Store):
     async def set_search_entry(
         self, label: str, key: str, content: str, *, event: LogEntry | None = None
     ) -> None:
-        def fn(conn: Conn, notes: Notes, now: float) -> None:
-            row = conn.execute(
-                "INSERT INTO search_entries (label, key, content, created_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (label, key) DO UPDATE SET "
-                "content = excluded.content, updated_at = excluded.updated_at RETURNING pk",
-                (label, key, content, now, now),
-            ).fetchone()
-            pk = int(row[0])
-            conn.execute("DELETE FROM search_fts WHERE rowid = ?", (pk,))
-            conn.execute(
-                "INSERT INTO search_fts (rowid, lbl, body) VALUES (?, ?, ?)",
-                (pk, sql.sid_token(label), content),
-            )
-            if event is not None:
-                sql.emit_session(conn, notes, event.session_id, event.type, event.data, now)
-
-        await self._write(fn)
+        await self._write(sql.set_search_entry, label, key, content, event)
 
     async def search_entries(self, label: str, query: str, limit: int = 10) -> list[tuple[str, str]]:
         expr = words_query(query) if isinstance(query, str) else None
         if expr is None or check_limit(limit) <= 0:
             return []
 
-        def fn(conn: Conn) -> list[tuple[str, str]]:
-            try:
-                rows = conn.execute(
-                    "SELECT e.key, e.content FROM search_fts f JOIN search_entries e ON e.pk = f.rowid "
-                    "WHERE search_fts MATCH ? AND e.label = ? ORDER BY f.rank LIMIT ?",
-                    (f"lbl : {sql.sid_token(label)} AND body : ({expr})", label, limit),
-                ).fetchall()
-            except sqlite3.OperationalError as exc:
-                log.debug("fts query %r matched nothing: %s", expr, exc)
-                return []
-            return [(str(k), str(c)) for k, c in rows]
-
-        return await self._read(fn)
+        return await self._read(sql.search_entries, label, expr, limit)
 
     async def log_event(self, entry: LogEntry) -> int:
-        def fn(conn: Conn, notes: Notes, now: float) -> int:
-            return sql.emit_session(conn, notes, entry.session_id, entry.type, entry.data, now)
+        def fn(tx: SqliteTx) -> int:
+            return tx.emit_session(entry.session_id, entry.type, entry.data)
 
         return await self._write(fn)
 
@@ -734,29 +559,7 @@ class SqliteStore(Store):
         check_limit(after_seq, "after_seq")
         check_limit(limit)
 
-        def fn(conn: Conn) -> list[Event]:
-            pos = sql.position(conn, stream)
-            pos.check(after_seq, epoch)
-            rows = conn.execute(
-                "SELECT session_id, seq, type, data, created_at FROM events "
-                "WHERE stream = ? AND seq > ? ORDER BY seq LIMIT ?",
-                (stream, after_seq, limit),
-            ).fetchall()
-            kind: Literal["session", "registry"] = "registry" if stream == REGISTRY else "session"
-            return [
-                Event(
-                    session_id=r[0],
-                    seq=r[1],
-                    epoch=pos.epoch,
-                    type=r[2],
-                    data=_decode(r[3]),
-                    created_at=ts(r[4]),
-                    stream=kind,
-                )
-                for r in rows
-            ]
-
-        return await self._read(fn)
+        return await self._read(sql.read_events, stream, after_seq, limit, epoch)
 
     async def stream_position(self, stream: str) -> StreamPosition:
         return await self._read(sql.position, stream)
@@ -767,14 +570,14 @@ class SqliteStore(Store):
         returns the value recorded afterwards. One statement: two nodes starting at once
         agree on which one recorded first."""
 
-        def fn(conn: Conn, notes: Notes, now: float) -> str:
-            row = conn.execute(
+        def fn(tx: SqliteTx) -> str:
+            row = tx.conn.execute(
                 "INSERT INTO settings (key, value, updated_at) VALUES (?, ?, ?) "
                 "ON CONFLICT (key) DO UPDATE SET "
                 "value = CASE WHEN ? THEN excluded.value ELSE value END, "
                 "updated_at = CASE WHEN ? THEN excluded.updated_at ELSE updated_at END "
                 "RETURNING value",
-                (key, value, now, replace, replace),
+                (key, value, tx.now, replace, replace),
             ).fetchone()
             return str(row[0])
 
