@@ -19,8 +19,7 @@ Design (measured in docs/benchmarks.md):
 The package, by concern: :mod:`.schema` (migrations), :mod:`.sql` (the statements),
 :mod:`.connection` (aiosqlite plumbing and pragmas), :mod:`.checkpoint` (the background WAL
 checkpointer), :mod:`.store` (:class:`SqliteStore`). The tuning constants are re-exported
-here; ``WAL_LIMIT_BYTES`` is read from this package when a store opens, so setting it here
-(as the tests do) bounds the WAL of the stores opened afterwards.
+here; ``WAL_LIMIT_BYTES`` is read from :mod:`.checkpoint` when a store opens.
 """
 
 from __future__ import annotations

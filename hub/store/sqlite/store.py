@@ -51,7 +51,7 @@ from ..policy import (
     usage_event,
 )
 from ..rows import SESSION_COLS, decode_message, session_info, ts
-from . import sql
+from . import checkpoint, sql
 from .checkpoint import CHECKPOINT_EVERY, WAL_LIMIT_BYTES, Checkpointer
 from .connection import Conn, Connection, configure, is_busy, patient, read_tx, write_tx
 from .schema import migrate
@@ -111,7 +111,8 @@ class SqliteStore(Store):
         """
         path = str(path)
         memory = path == ":memory:"
-        wal_limit = _wal_limit()
+        # Read at each open, so that a test can lower the bound for the stores it opens.
+        wal_limit = checkpoint.WAL_LIMIT_BYTES
         writer = await aiosqlite.connect(path, isolation_level=None, check_same_thread=False)
         try:
             w = Connection(writer)
@@ -583,10 +584,3 @@ class SqliteStore(Store):
 
         return await self._write(fn)
 
-
-def _wal_limit() -> int:
-    # The knob is the package's attribute, read at each open: setting
-    # ``hub.store.sqlite.WAL_LIMIT_BYTES`` applies to the stores opened afterwards.
-    from .. import sqlite
-
-    return sqlite.WAL_LIMIT_BYTES
