@@ -583,4 +583,3 @@ class SqliteStore(Store):
             return str(row[0])
 
         return await self._write(fn)
-
