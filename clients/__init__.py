@@ -12,6 +12,7 @@ from .api import LATEST, RemoteSession, RemoteSessions, RemoteTool
 from .client import HubClient
 from .errors import ConnectionLost, HubError, TokenExpired
 from .streaming import LiveMessages, MessageStream
+from .turns import Turn
 
 __all__ = [
     "LATEST",
@@ -25,4 +26,5 @@ __all__ = [
     "RemoteSessions",
     "RemoteTool",
     "TokenExpired",
+    "Turn",
 ]

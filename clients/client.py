@@ -50,11 +50,13 @@ from protocol.connection import (
     Subscribed,
     SubscribeFailed,
     SummaryWanted,
+    TurnGiven,
 )
 from protocol.frames import EventFrame, PresenceFrame, StreamFrame, SummarizeFrame
 
 from .api import RemoteSession, RemoteSessions
 from .errors import CLOSE_TOKEN_EXPIRED, ConnectionLost, HubError, TokenExpired, error_from, position_lost
+from .turns import Turn, TurnQueue, iterate_turns
 
 __all__ = ["MAX_FRAME_BYTES", "HubClient"]
 
@@ -154,6 +156,7 @@ class HubClient:
         #: session (feed them to a :class:`LiveMessages`).
         self.on_stream = on_stream
         self._background: set[asyncio.Task[None]] = set()
+        self._turns: TurnQueue | None = None  # set while turns() is iterated
         self.reconnect = reconnect
         self.max_backoff = max_backoff
         self.open_timeout = open_timeout
@@ -218,6 +221,8 @@ class HubClient:
             await socket.close()
         for subscription in self._subscriptions.values():
             subscription.queue.put_nowait(_END)
+        if self._turns is not None:
+            self._turns.end()
 
     @property
     def connected(self) -> bool:
@@ -288,6 +293,11 @@ class HubClient:
         started = time.perf_counter()
         await self.request("ping")
         return time.perf_counter() - started
+
+    def turns(self) -> AsyncGenerator[Turn, None]:
+        """The turns the hub gives this client (a responder; see clients/turns.py):
+        ``async for turn in hub.turns(): async with turn.reply() as st: ...``."""
+        return iterate_turns(self)
 
     def session(self, session_id: str) -> RemoteSession:
         """One session's API: context blocks, tools, compaction, events."""
@@ -427,6 +437,8 @@ class HubClient:
         )
         if hello is not None:
             await socket.send(hello, text=True)
+        if self._turns is not None:  # a responder again after a reconnect
+            await socket.send(self._protocol.take_turns(), text=True)
         self._presented = token
         return socket
 
@@ -576,6 +588,9 @@ class HubClient:
             task = asyncio.get_running_loop().create_task(self._write_summary(socket, effect.frame))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
+        elif isinstance(effect, TurnGiven):
+            if self._turns is not None:
+                self._turns.given(effect.frame)
         elif isinstance(effect, Subscribed):
             pass  # the epoch is in the position already; the events follow
         elif isinstance(effect, Ignored):

@@ -61,6 +61,10 @@ OP_LEVELS: dict[str, Level] = {
     "summary": "read",
     # always allowed: how a connection presents a new token (hub.server checks the token)
     "auth": "read",
+    "get_turn": "read",
+    # a responder: each turn it is given is checked against its grant (write on the session)
+    "take_turns": "read",
+    "turn_failed": "read",
     # write
     "append": "write",
     "upsert": "write",
@@ -81,6 +85,7 @@ OP_LEVELS: dict[str, Level] = {
     "stream_end": "write",
     # not a request: being sent this session's summary prompts (hello ``summarizer: true``)
     "summarize": "write",
+    "start_turn": "write",
     # admin
     "create": "admin",
     "rename": "admin",

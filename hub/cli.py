@@ -138,6 +138,12 @@ def _parser() -> argparse.ArgumentParser:
         default=10.0,
         help="evict (4008) a peer whose outbox stays full this long, in s (default: 10)",
     )
+    serve.add_argument(
+        "--turn-timeout",
+        type=float,
+        default=30.0,
+        help="how long a chat turn waits for a responder to start answering (default: %(default)s s)",
+    )
 
     token = command("token", "print an access token")
     token.add_argument(
@@ -169,6 +175,30 @@ def _parser() -> argparse.ArgumentParser:
     )
     sessions.add_argument("--json", action="store_true", help="print JSON lines")
     sessions.add_argument("--token", default=_TOKEN, help="access token (default: $SESSIONHUB_TOKEN)")
+    respond = command("respond", "answer chat turns with an OpenAI-compatible model (a responder worker)")
+    respond.add_argument(
+        "--url", default="ws://127.0.0.1:8000/ws", help="hub WebSocket URL (default: %(default)s)"
+    )
+    respond.add_argument(
+        "--base-url", required=True, help="the model server's API root, e.g. http://127.0.0.1:8080/v1"
+    )
+    respond.add_argument("--model", required=True, help="the model name to ask for")
+    respond.add_argument(
+        "--token",
+        default=_TOKEN,
+        help="access token, write on the sessions to answer (default: $SESSIONHUB_TOKEN)",
+    )
+    respond.add_argument(
+        "--api-key",
+        default=os.environ.get("OPENAI_API_KEY") or None,
+        help="the model server's API key (default: $OPENAI_API_KEY)",
+    )
+    respond.add_argument("--name", default="responder", help="name shown in presence (default: %(default)s)")
+    respond.add_argument("--timeout", type=float, default=60.0, help="model request timeout, s (default: 60)")
+    respond.add_argument(
+        "--max-retries", type=int, default=3, help="retries of a failed request (default: 3)"
+    )
+    respond.add_argument("--concurrency", type=int, default=64, help="turns answered at once (default: 64)")
     return parser
 
 
@@ -305,6 +335,7 @@ def _serve(args: argparse.Namespace) -> int:
             replay_bytes=args.replay_bytes,
             max_in_flight=args.max_in_flight,
             send_timeout=args.send_timeout,
+            turn_timeout=args.turn_timeout,
         )
     except ValueError as exc:  # HubConfig checks its limits: one line, exit 2
         print(f"sessionhub: {exc}", file=sys.stderr)
@@ -379,12 +410,37 @@ def _token(args: argparse.Namespace) -> int:
     return 0
 
 
+def _respond(args: argparse.Namespace) -> int:
+    from clients import ConnectionLost, HubError
+
+    from .responder import ChatCompletionsResponder, run_responder
+
+    if not args.base_url.startswith(("http://", "https://")):
+        print(f"sessionhub: --base-url must be an http(s) URL; got {args.base_url!r}", file=sys.stderr)
+        return 2
+    responder = ChatCompletionsResponder(
+        args.base_url, args.model, args.api_key, timeout=args.timeout, max_retries=args.max_retries
+    )
+    try:
+        asyncio.run(
+            run_responder(args.url, responder, token=args.token, name=args.name, concurrency=args.concurrency)
+        )
+    except (ConnectionLost, HubError) as exc:
+        print(f"sessionhub: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     # What was typed, to say whether a bad secret came from a flag or the environment.
     args.typed = list(sys.argv[1:] if argv is None else argv)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "respond":
+        return _respond(args)
     if args.command == "token":
         return _token(args)
     return _operate(args)

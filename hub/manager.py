@@ -17,6 +17,7 @@ from protocol import (
     coerce_message,
 )
 
+from .builder import SessionBuilder, SessionConfig
 from .context import ContextConfig
 from .events import follow
 from .session import MessageInput, Session, check_ids, check_parent
@@ -32,7 +33,7 @@ def _opt_str(value: object, name: str) -> str | None:
     return value
 
 
-class SessionManager:
+class SessionManager(SessionBuilder):
     """Many sessions in one store.
 
     Every method that takes a session id raises :class:`~protocol.errors.SessionNotFound`
@@ -43,51 +44,10 @@ class SessionManager:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._sessions: dict[str, Session] = {}
-        self._templates: builtins.list[ContextConfig] = []
-        self._cached_prompt = False
-        self._prompt_provider: Any = None
+        self._config = SessionConfig()
         self._history_label: str | None = None
-        self._compact_fn: Any = None
-        self._threshold: float | None = None
-        self._token_counter: Any = None
-        self._on_compaction_error: Any = None
 
-    # -- builder (propagated to every session) ---------------------------------------------
-    def with_context(
-        self,
-        label: str,
-        *,
-        description: str | None = None,
-        max_tokens: int | None = None,
-        provider: Any = None,
-    ) -> Self:
-        """A block every session gets. Without a provider each session has its own store row
-        (``<label>_<session id>``); a provider instance given here is shared by all sessions."""
-        self._templates.append(ContextConfig(label, description, max_tokens, provider))
-        return self
-
-    def with_cached_prompt(self, provider: Any = None) -> Self:
-        """Persist each session's frozen prompt (``_system_prompt_<session id>``)."""
-        self._cached_prompt = True
-        self._prompt_provider = provider
-        return self
-
-    def on_compaction(self, fn: Any) -> Self:
-        """The compaction function every session uses (see :meth:`Session.on_compaction`)."""
-        self._compact_fn = fn
-        return self
-
-    def compact_after(self, threshold: float, token_counter: Any = None) -> Self:
-        """Auto-compaction for every session (see :meth:`Session.compact_after`)."""
-        self._threshold = threshold
-        if token_counter is not None:
-            self._token_counter = token_counter
-        return self
-
-    def on_compaction_error(self, handler: Any) -> Self:
-        self._on_compaction_error = handler
-        return self
-
+    # -- builder (propagated to every session; the shared methods are SessionBuilder's) ----
     def with_searchable_history(self, label: str) -> Self:
         """Give every session a searchable block over all sessions' conversations."""
         self._history_label = label
@@ -132,7 +92,7 @@ class SessionManager:
         """Delete the session with its messages, overlays, event log and the context rows
         its store-backed blocks and cached prompt kept (departure: the original left them)."""
         check_session_id(session_id)
-        keys = [f"{c.label}_{session_id}" for c in self._templates if c.provider is None]
+        keys = [f"{c.label}_{session_id}" for c in self._config.contexts if c.provider is None]
         keys.append(f"_system_prompt_{session_id}")
         await self.store.delete_session(session_id, context_keys=keys)
         self._sessions.pop(session_id, None)
@@ -144,24 +104,19 @@ class SessionManager:
         session = self._sessions.get(session_id)
         if session is None:
             session = Session(self.store, session_id=session_id)
-            for c in self._templates:
-                session.with_context(
-                    c.label, description=c.description, max_tokens=c.max_tokens, provider=c.provider
+            history = (
+                ()
+                if self._history_label is None
+                else (
+                    ContextConfig(
+                        self._history_label,
+                        "Cross-session conversation history",
+                        provider=_HistoryProvider(self),
+                    ),
                 )
-            if self._history_label is not None:
-                session.with_context(
-                    self._history_label,
-                    description="Cross-session conversation history",
-                    provider=_HistoryProvider(self),
-                )
-            if self._cached_prompt:
-                session.with_cached_prompt(self._prompt_provider)
-            if self._compact_fn is not None:
-                session.on_compaction(self._compact_fn)
-            if self._threshold is not None:
-                session.compact_after(self._threshold, self._token_counter)
-            if self._on_compaction_error is not None:
-                session.on_compaction_error(self._on_compaction_error)
+            )
+            # The session's own copy: configuring it further changes no other session.
+            session._config = self._config.copy(*history)
             self._sessions[session_id] = session
         return session
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Self
 
 import msgspec
@@ -21,6 +21,7 @@ from protocol import (
     coerce_message,
 )
 
+from .builder import SessionBuilder, SessionConfig
 from .compaction import CompactContext, CompactResult
 from .context import ContextBlocks, ContextConfig, call, is_skill_provider
 from .events import follow
@@ -35,9 +36,6 @@ __all__ = ["MessageInput", "Session", "check_parent"]
 _UNLOADED_PREFIX = "[skill unloaded:"
 
 log = logging.getLogger("sessionhub.session")
-
-TokenCounter = Callable[[dict[str, Any]], Any]
-CompactionErrorHandler = Callable[[BaseException], Any]
 
 MessageInput = Message | Mapping[str, Any]
 
@@ -64,7 +62,7 @@ def _check_id(value: object, name: str) -> str:
     return value
 
 
-class Session:
+class Session(SessionBuilder):
     """A conversation stored as a tree of messages.
 
     Builder methods return the session and touch nothing; the store is used from the first
@@ -75,15 +73,9 @@ class Session:
     def __init__(self, store: Store, *, session_id: str = "") -> None:
         self.store = store
         self.session_id = _check_id(session_id, "session_id")
-        self._context_configs: list[ContextConfig] = []
-        self._cached_prompt: bool = False
-        self._prompt_provider: Any = None
+        self._config = SessionConfig()
         self._context: ContextBlocks | None = None
         self._ready = asyncio.Lock()
-        self._compact_fn: Callable[..., Any] | None = None
-        self._threshold: float | None = None
-        self._token_counter: TokenCounter | None = None
-        self._on_compaction_error: CompactionErrorHandler | None = None
         self._compacting = asyncio.Lock()
         self._warned_null = False
 
@@ -96,48 +88,6 @@ class Session:
         """Namespace everything this session stores, context rows included."""
         self._check_unbuilt()
         self.session_id = _check_id(session_id, "session_id")
-        return self
-
-    def with_context(
-        self,
-        label: str,
-        *,
-        description: str | None = None,
-        max_tokens: int | None = None,
-        provider: Any = None,
-    ) -> Self:
-        """Add a context block. Without a provider the block is a writable row of the store,
-        keyed ``<label>_<session id>`` (or ``<label>`` for the default session)."""
-        self._check_unbuilt()
-        self._context_configs.append(ContextConfig(label, description, max_tokens, provider))
-        return self
-
-    def with_cached_prompt(self, provider: Any = None) -> Self:
-        """Persist the frozen prompt (in the store under ``_system_prompt[_<session id>]``
-        unless a provider is given), so it survives restarts byte for byte."""
-        self._check_unbuilt()
-        self._cached_prompt = True
-        self._prompt_provider = provider
-        return self
-
-    def on_compaction(self, fn: Callable[..., Any]) -> Self:
-        """The compaction function: ``fn(messages, context) -> CompactResult | None``
-        (sync or async), e.g. :func:`hub.compaction.create_compact_function`."""
-        self._compact_fn = fn
-        return self
-
-    def compact_after(self, threshold: float, token_counter: TokenCounter | None = None) -> Self:
-        """Compact automatically after an append once the estimate exceeds ``threshold``.
-        ``token_counter({"messages", "system_prompt", "context_blocks"})`` replaces the
-        heuristic (and sizes the compaction's tail when its function has no counter)."""
-        self._threshold = threshold
-        if token_counter is not None:
-            self._token_counter = token_counter
-        return self
-
-    def on_compaction_error(self, handler: CompactionErrorHandler) -> Self:
-        """Called (sync or async) when an automatic compaction fails; appends never do."""
-        self._on_compaction_error = handler
         return self
 
     def _check_unbuilt(self) -> None:
@@ -158,15 +108,15 @@ class Session:
         async with self._ready:
             if self._context is None:
                 prompt_store = None
-                if self._cached_prompt:
-                    prompt_store = self._prompt_provider or self._store_provider(
+                if self._config.cached_prompt:
+                    prompt_store = self._config.prompt_provider or self._store_provider(
                         "_system_prompt", "prompt.updated"
                     )
                 configs = [
                     c
                     if c.provider is not None
                     else ContextConfig(c.label, c.description, c.max_tokens, self._store_provider(c.label))
-                    for c in self._context_configs
+                    for c in self._config.contexts
                 ]
                 blocks = ContextBlocks(
                     configs,
@@ -214,7 +164,7 @@ class Session:
     async def after_clear(self) -> None:
         """What follows clearing the messages (also when the manager cleared them): loaded
         skills are forgotten and the frozen prompt re-rendered, if the session has context."""
-        if self._context_configs or self._cached_prompt or self._context is not None:
+        if self._config.contexts or self._config.cached_prompt or self._context is not None:
             blocks = await self._blocks()
             blocks.clear_skill_state()
             await blocks.refresh_system_prompt()
@@ -266,11 +216,11 @@ class Session:
         history = await self.get_history(leaf_id)
         blocks = await self._blocks()
         prompt = await blocks.prompt_for_estimate()
-        if self._token_counter is None:
+        if self._config.token_counter is None:
             return estimate_message_tokens(history) + estimate_string_tokens(prompt)
         await blocks.ensure_loaded()  # the counter sees the blocks' current content
         value = await call(
-            self._token_counter,
+            self._config.token_counter,
             {"messages": history, "system_prompt": prompt, "context_blocks": blocks.get_blocks()},
         )
         try:
@@ -280,7 +230,8 @@ class Session:
         return max(0, math.ceil(number)) if math.isfinite(number) else 0
 
     async def _status(self, phase: str, estimate: int, **extra: Any) -> None:
-        data = {"phase": phase, "token_estimate": estimate, "token_threshold": self._threshold, **extra}
+        threshold = self._config.threshold
+        data = {"phase": phase, "token_estimate": estimate, "token_threshold": threshold, **extra}
         await self._log_change("status", data)
 
     async def compact(self, leaf_id: str | None = None) -> CompactResult | None:
@@ -292,7 +243,7 @@ class Session:
         summary covers, and it is written only if that span is still one path of the
         session (else ``None``, with an ``error`` event). Returns the stored span, or
         ``None`` when nothing was compacted."""
-        if self._compact_fn is None:
+        if self._config.compact_fn is None:
             raise InvalidInput("No compaction function registered. Call on_compaction() first.")
         async with self._compacting:
             if leaf_id is None:
@@ -305,7 +256,9 @@ class Session:
             history = await self.get_history(leaf_id)
             try:
                 raw = await call(
-                    self._compact_fn, history, CompactContext(self._token_counter, self.session_id)
+                    self._config.compact_fn,
+                    history,
+                    CompactContext(self._config.token_counter, self.session_id),
                 )
                 result = CompactResult.coerce(raw)
             except Exception as exc:
@@ -344,7 +297,7 @@ class Session:
             except Conflict as exc:
                 await self._log_change("error", {"error": str(exc)})
                 return None
-            if self._context_configs or self._cached_prompt or self._context is not None:
+            if self._config.contexts or self._config.cached_prompt or self._context is not None:
                 await (await self._blocks()).refresh_system_prompt()
             after = await self.estimate_tokens(leaf_id)
             await self._status("idle", after, compacted={"tokens_before": before})
@@ -353,7 +306,7 @@ class Session:
     async def after_append(self) -> None:
         """Auto-compaction's check, run after every append (by the manager too). Never
         raises: failures go to ``on_compaction_error`` and the log."""
-        if self._threshold is not None and self._compact_fn is not None:
+        if self._config.threshold is not None and self._config.compact_fn is not None:
             await self._maybe_auto_compact()
 
     async def _maybe_auto_compact(self) -> None:
@@ -364,7 +317,7 @@ class Session:
         try:
             estimate = await self.estimate_tokens()
             await self._status("idle", estimate)
-            if self._threshold is None or estimate <= self._threshold:
+            if self._config.threshold is None or estimate <= self._config.threshold:
                 return
             result = await self.compact()
             if result is not None:
@@ -373,7 +326,7 @@ class Session:
                 self._warned_null = True
                 hint = (
                     "Check that the token counter reflects what the compaction function measures."
-                    if self._token_counter is not None
+                    if self._config.token_counter is not None
                     else "The heuristic estimate may under-count tool-heavy histories; "
                     "pass token_counter= to compact_after() for exact accounting."
                 )
@@ -381,16 +334,16 @@ class Session:
                     "[Session] Auto-compaction fired (~%s tokens > %s) but the compaction function "
                     "returned null, so history was not shortened. %s",
                     estimate,
-                    self._threshold,
+                    self._config.threshold,
                     hint,
                 )
         except Exception as exc:
             await self._handle_auto_compaction_error(exc)
 
     async def _handle_auto_compaction_error(self, exc: Exception) -> None:
-        if self._on_compaction_error is not None:
+        if self._config.compaction_error_handler is not None:
             try:
-                await call(self._on_compaction_error, exc)
+                await call(self._config.compaction_error_handler, exc)
             except Exception as handler_exc:
                 log.warning("Session auto-compaction error handler failed: %s", handler_exc)
         else:

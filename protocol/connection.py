@@ -28,6 +28,7 @@ from .frames import (
     StreamFrame,
     Subscribe,
     SummarizeFrame,
+    TurnFrame,
     Unsubscribe,
 )
 
@@ -45,6 +46,7 @@ __all__ = [
     "SubscribeFailed",
     "Subscribed",
     "SummaryWanted",
+    "TurnGiven",
 ]
 
 #: A subscription's stream: a session id, or None for the registry.
@@ -170,6 +172,11 @@ class Streamed:
     frame: StreamFrame
 
 
+@dataclass(frozen=True)
+class TurnGiven:
+    frame: TurnFrame
+
+
 ClientEffect = (
     Resolved
     | Failed
@@ -180,6 +187,7 @@ ClientEffect = (
     | PresenceChanged
     | SummaryWanted
     | Streamed
+    | TurnGiven
     | Ignored
 )
 
@@ -287,6 +295,11 @@ class ClientConnection:
             answer["summary"] = summary
         return encode(answer)
 
+    def take_turns(self) -> bytes:
+        """A responder's ``take_turns`` again on a new socket (its reply is not awaited:
+        the first one, from ``HubClient.turns()``, was)."""
+        return encode({"op": "take_turns", "id": "take_turns"})
+
     def receive_text(self, data: str | bytes) -> ClientEffect:
         frame = decode_frame(data)
         if isinstance(frame, ReplyFrame):
@@ -320,6 +333,8 @@ class ClientConnection:
             return SummaryWanted(frame)
         if isinstance(frame, StreamFrame):
             return Streamed(frame)
+        if isinstance(frame, TurnFrame):
+            return TurnGiven(frame)
         return self._reset(frame)
 
     def _subscribed(self, key: StreamKey, result: Any) -> Subscribed:

@@ -30,6 +30,7 @@ __all__ = [
     "ServerFrame",
     "StreamFrame",
     "SummarizeFrame",
+    "TurnFrame",
 ]
 
 #: Error codes, a closed set. ``reset`` is not among them: it is its own frame.
@@ -294,6 +295,9 @@ class StreamStart(_Req, tag="stream_start"):
     role: str = "assistant"
     parent_id: ParentId = UNSET
     metadata: Any = None
+    #: The turn this message answers (from a ``turn`` frame): only the connection the turn
+    #: was given to may start it, with the turn's ``reply_id`` and ``parent_id``.
+    turn_id: str | None = None
 
 
 class StreamDelta(_Req, tag="stream_delta"):
@@ -320,6 +324,38 @@ class Presence(_Req, tag="presence"):
     """Who is on a session: ``[{"connection_id", "name", "role"}]``."""
 
     session_id: str
+
+
+class TakeTurns(_Req, tag="take_turns"):
+    """This connection answers turns: the hub may send it ``turn`` frames, each for a
+    session its token can write. Answered with ``null``."""
+
+
+class StartTurn(_Req, tag="start_turn"):
+    """Ask for an assistant reply to ``message_id`` (default: the latest leaf) from a
+    connected responder. A user message is answered (the reply is its child); an assistant
+    message is regenerated (the reply is its sibling). ``leaf_id`` is an alias of
+    ``message_id``. Answered with ``{"turn_id", "reply_id", "parent_id", "trigger"}``."""
+
+    session_id: str
+    message_id: str | None = None
+    leaf_id: str | None = None
+    trigger: Literal["submit-message", "regenerate-message"] | None = None
+
+
+class GetTurn(_Req, tag="get_turn"):
+    """The session's turn in flight: ``{"turn_id", "reply_id", "message_id", "trigger",
+    "started"}``, or ``null`` (what a chat reconnecting after a reload asks first)."""
+
+    session_id: str
+
+
+class TurnFailed(_Req, tag="turn_failed"):
+    """A responder cannot answer the turn it was given: the turn ends with ``error``
+    (a reply it already streams should then be ended with ``aborted``)."""
+
+    turn_id: str
+    error: str
 
 
 Request = (
@@ -366,6 +402,10 @@ Request = (
     | StreamStart
     | StreamDelta
     | StreamEnd
+    | TakeTurns
+    | StartTurn
+    | GetTurn
+    | TurnFailed
 )
 
 REQUEST_TYPES: dict[str, type[_Req]] = {str(t.__struct_config__.tag): t for t in Request.__args__}
@@ -463,4 +503,30 @@ class StreamFrame(_Frame, tag="stream"):
     status: str | None = None
 
 
-ServerFrame = ReplyFrame | ErrorFrame | EventFrame | ResetFrame | PresenceFrame | SummarizeFrame | StreamFrame
+class TurnFrame(_Frame, tag="turn"):
+    """The hub gives a turn to this responder (a connection that sent ``take_turns``):
+    stream the reply with ``stream_start`` (``message_id: reply_id``, ``parent_id``,
+    ``turn_id``), or answer ``turn_failed``. ``message_id`` is the message answered;
+    ``history`` the branch up to ``parent_id`` (overlays applied); ``regenerates`` the
+    assistant message this reply replaces, if any."""
+
+    turn_id: str
+    session_id: str
+    message_id: str
+    parent_id: str | None
+    reply_id: str
+    trigger: str
+    history: list[dict[str, Any]]
+    regenerates: str | None = None
+
+
+ServerFrame = (
+    ReplyFrame
+    | ErrorFrame
+    | EventFrame
+    | ResetFrame
+    | PresenceFrame
+    | SummarizeFrame
+    | StreamFrame
+    | TurnFrame
+)

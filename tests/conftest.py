@@ -29,6 +29,7 @@ import pytest
 
 from hub import PostgresStore, SqliteStore, Store
 
+from .hubtest import text_message as text_message  # the suites' `T(...)`; built in hubtest
 from .services import postgres_dsn, unavailable
 
 T = TypeVar("T")
@@ -46,11 +47,6 @@ PG_TABLES = (
     "search_entries",
     "session_stats",
 )
-
-
-def text_message(message_id: str, role: str, text: str) -> dict[str, Any]:
-    """A UIMessage dict with one text part (the original tests' ``T(...)``)."""
-    return {"id": message_id, "role": role, "parts": [{"type": "text", "text": text}]}
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,20 +1,27 @@
-"""Test helpers for the hub: a real uvicorn on 127.0.0.1:0 and raw ``websockets`` clients.
+"""The tests' one helpers module: polling with a deadline, the message builder, a real
+uvicorn on 127.0.0.1:0, and raw ``websockets`` clients.
 
-Nothing here uses ``clients/``: frames are plain JSON objects, sent and read by hand, so
-the tests see exactly what goes over the wire.
+- :func:`eventually` waits for a condition (sync or async) with a generous deadline: use it
+  wherever a test waits for something to happen, instead of a fixed sleep.
+- :func:`text_message` builds a UIMessage dict (``tests.conftest`` re-exports it as the
+  suites' ``T``); :func:`text` is the same with the wire tests' argument order.
+- :func:`served` runs an app (a hub, or any ASGI app) on a real uvicorn; :class:`Served`
+  can also be stopped and started again on the same port.
+- :class:`Client` is one raw connection. Nothing here uses ``clients/``: frames are plain
+  JSON objects, sent and read by hand, so the tests see exactly what goes over the wire.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import itertools
 import json
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import uvicorn
 from starlette.applications import Starlette
@@ -24,37 +31,133 @@ from websockets.exceptions import ConnectionClosed
 from hub.server import Hub, HubConfig, create_app
 
 __all__ = [
+    "DEADLINE",
     "WAIT",
     "Client",
     "Frame",
     "HubError",
     "Served",
+    "eventually",
     "is_event",
     "prune",
     "seqs",
     "served",
     "set_epoch",
     "text",
+    "text_message",
 ]
 
 #: How long any single wait in these tests may take before it counts as a hang.
 WAIT = 5.0
 
+#: How long :func:`eventually` polls by default. Generous on purpose: the machine running
+#: the suite may be loaded, and a deadline says "this hangs", not "this is slow".
+DEADLINE = 10.0
+
 Frame = dict[str, Any]
+ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
+T = TypeVar("T")
+
+
+# -- waiting -------------------------------------------------------------------------------
+
+
+# A condition may return None for "not yet": the value returned is never None.
+@overload
+async def eventually(
+    condition: Callable[[], Awaitable[T | None]], timeout: float = ..., interval: float = ...
+) -> T: ...
+@overload
+async def eventually(condition: Callable[[], T | None], timeout: float = ..., interval: float = ...) -> T: ...
+async def eventually(condition: Callable[[], Any], timeout: float = DEADLINE, interval: float = 0.01) -> Any:
+    """Call ``condition`` (a function, or a coroutine function) every ``interval`` seconds
+    until it returns something truthy, and return that. Past ``timeout`` it fails the test
+    with an ``AssertionError`` naming the condition (its source line) and its last value."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = condition()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if loop.time() >= deadline:
+            raise AssertionError(
+                f"not true within {timeout:g}s: {_describe(condition)} (last value: {value!r})"
+            )
+        await asyncio.sleep(interval)
+
+
+def _describe(condition: Callable[[], Any]) -> str:
+    try:
+        return inspect.getsource(condition).strip()
+    except (OSError, TypeError):
+        return repr(condition)
+
+
+# -- messages ------------------------------------------------------------------------------
+
+
+def text_message(message_id: str, role: str, text: str) -> dict[str, Any]:
+    """A UIMessage dict with one text part."""
+    return {"id": message_id, "role": role, "parts": [{"type": "text", "text": text}]}
 
 
 def text(message_id: str, body: str, role: str = "user") -> dict[str, Any]:
-    """A UIMessage dict with one text part."""
-    return {"id": message_id, "role": role, "parts": [{"type": "text", "text": body}]}
+    """:func:`text_message` with the role last (a user's, unless said)."""
+    return text_message(message_id, role, body)
 
 
-@dataclass
+# -- a served app --------------------------------------------------------------------------
+
+
 class Served:
-    """A running hub: its app and where to reach it."""
+    """An ASGI app on a real uvicorn in this event loop, on 127.0.0.1.
 
-    app: Starlette
-    server: uvicorn.Server
-    port: int
+    ``port`` 0 takes any free port; the first :meth:`start` keeps it, so :meth:`stop` then
+    :meth:`start` brings the app back where its clients left it. ``options`` go to
+    ``uvicorn.Config`` (``ws_ping_interval=...``)."""
+
+    def __init__(self, app: ASGIApp, port: int = 0, **options: Any) -> None:
+        self.app = app
+        self.port = port
+        self.options: dict[str, Any] = {
+            "log_level": "warning",
+            "lifespan": "on",  # a hub that cannot start fails the test, not its first request
+            "timeout_graceful_shutdown": 3,
+            **options,
+        }
+        self.server: uvicorn.Server | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Serve, and return once uvicorn listens (its ``started`` flag)."""
+        server = self.server = uvicorn.Server(
+            uvicorn.Config(self.app, host="127.0.0.1", port=self.port, **self.options)
+        )
+        task = self._task = asyncio.create_task(server.serve())
+
+        def listening() -> bool:
+            if task.done():
+                task.result()  # uvicorn's own error, if it has one
+                raise RuntimeError("uvicorn exited before it started")
+            return server.started
+
+        try:
+            await eventually(listening, timeout=WAIT, interval=0.005)
+        except BaseException:
+            await self.stop()
+            raise
+        self.port = int(server.servers[0].sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        """Shut down (gracefully: the app's lifespan ends) and wait for it."""
+        server, task, self.server, self._task = self.server, self._task, None, None
+        if server is None or task is None:
+            return
+        server.should_exit = True
+        async with asyncio.timeout(15):
+            await task
 
     @property
     def url(self) -> str:
@@ -66,6 +169,7 @@ class Served:
 
     @property
     def hub(self) -> Hub:
+        assert isinstance(self.app, Starlette), "not an app made by create_app"
         hub: Hub = self.app.state.hub
         return hub
 
@@ -76,32 +180,23 @@ class Served:
 @contextlib.asynccontextmanager
 async def served(
     *,
-    app: Starlette | None = None,
+    app: ASGIApp | None = None,
     config: HubConfig | None = None,
     port: int = 0,
+    options: Mapping[str, Any] | None = None,
     **app_kwargs: Any,
 ) -> AsyncIterator[Served]:
     """Run ``app`` (or ``create_app(config=config, **app_kwargs)``) on a real uvicorn, on
-    ``port`` (0: any free one; a given one to restart a hub where its clients left it)."""
+    ``port`` (0: any free one; a given one to restart a hub where its clients left it).
+    ``options`` go to ``uvicorn.Config``."""
     if app is None:
         app = create_app(config=config, **app_kwargs)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=3)
-    )
-    task = asyncio.create_task(server.serve())
+    running = Served(app, port, **(options or {}))
+    await running.start()
     try:
-        async with asyncio.timeout(WAIT):
-            while not server.started:
-                if task.done():
-                    task.result()
-                    raise RuntimeError("uvicorn exited before it started")
-                await asyncio.sleep(0.005)
-        port = int(server.servers[0].sockets[0].getsockname()[1])
-        yield Served(app, server, port)
+        yield running
     finally:
-        server.should_exit = True
-        async with asyncio.timeout(15):
-            await task
+        await running.stop()
 
 
 class HubError(Exception):

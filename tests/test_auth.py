@@ -137,6 +137,10 @@ def request_for(op: str, session_id: str) -> dict[str, Any]:
         "stream_start": {"session_id": session_id, "message_id": "streamed", "role": "assistant"},
         "stream_delta": {"session_id": session_id, "message_id": "streamed", "kind": "text", "text": "x"},
         "stream_end": {"session_id": session_id, "message_id": "streamed"},
+        "take_turns": {},
+        "start_turn": {"session_id": session_id},
+        "get_turn": {"session_id": session_id},
+        "turn_failed": {"turn_id": "nothing-was-given", "error": "x"},
     }
     return fields[op]
 
@@ -146,9 +150,10 @@ GLOBAL_OPS = {"create", "list", "search"}  # not about one session: judged on "*
 
 
 def expected_allowed(op: str, scopes: dict[str, str], target: str) -> bool:
-    if op in ("ping", "hello", "summary", "auth"):  # any valid token (hello's sessions are checked
-        return True  # one by one; a summary answers only what this connection was asked; auth
-        # checks the token it brings, here the connection's own)
+    if op in ("ping", "hello", "summary", "auth", "take_turns", "turn_failed"):  # any valid token
+        return True  # (hello's sessions are checked one by one; a summary or a turn_failed answers
+        # only what this connection was asked; auth checks the token it brings, here the
+        # connection's own; a responder is given only turns its token can write)
     needed = RANK[OP_LEVELS[op]]
     keys = ["*"] if op in GLOBAL_OPS else ["*", target]
     have = max((RANK[scopes[k]] for k in keys if k in scopes), default=-1)

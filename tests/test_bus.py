@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -15,13 +15,8 @@ import redis.asyncio as aioredis
 from hub.bus import MemoryBus, PgListenBus, RedisBus, RemoteBus, doorbell
 from hub.bus.remote import stop
 
+from .hubtest import eventually
 from .services import postgres_dsn, redis_url
-
-
-async def eventually(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.01)
 
 
 # -- the payload ----------------------------------------------------------------------------
@@ -67,10 +62,10 @@ def test_only_followed_streams_are_remembered() -> None:
 async def test_a_cancelled_waiter_leaves_nothing_behind() -> None:
     bus = MemoryBus()
     waiters = [asyncio.create_task(bus.wait("s:a", 0)) for _ in range(3)]
-    await asyncio.sleep(0)
+    await eventually(lambda: bus.waiting() == ["s:a"])
     bus.publish("s:a", 1)  # remembered while somebody waits
     waiters.append(asyncio.create_task(bus.wait("s:a", 1)))
-    await asyncio.sleep(0)
+    await eventually(lambda: all(t.done() for t in waiters[:3]) and bus.waiting() == ["s:a"])
     for task in waiters:
         task.cancel()
     await asyncio.gather(*waiters, return_exceptions=True)
@@ -80,17 +75,19 @@ async def test_a_cancelled_waiter_leaves_nothing_behind() -> None:
 async def test_stop_outlasts_a_swallowed_cancellation() -> None:
     """What redis-py's get_message does on Python 3.11 when a cancel meets its timeout."""
     swallowed = 0
+    running = asyncio.Event()
 
     async def stubborn() -> None:
         nonlocal swallowed
+        running.set()
         while swallowed < 2:
             try:
-                await asyncio.sleep(10)
+                await asyncio.sleep(10)  # the blocking read that the cancellation meets
             except asyncio.CancelledError:
                 swallowed += 1
 
     task = asyncio.create_task(stubborn())
-    await asyncio.sleep(0)
+    await running.wait()
     await asyncio.wait_for(stop(task), 5)
     assert task.done() and swallowed == 2
 
@@ -103,7 +100,7 @@ async def test_wait_times_out_with_the_known_seq() -> None:
 async def test_wake_all_wakes_waiters_without_a_newer_seq() -> None:
     bus = MemoryBus()
     waiters = [asyncio.create_task(bus.wait(s, 0)) for s in ("s:a", "s:b")]
-    await asyncio.sleep(0)
+    await eventually(lambda: len(bus.waiting()) == 2)
     assert sorted(bus.waiting()) == ["s:a", "s:b"]
     bus.wake_all()
     assert await asyncio.gather(*waiters) == [0, 0]
@@ -245,8 +242,14 @@ async def redis_pair(channel: str) -> AsyncIterator[tuple[RedisBus, RedisBus]]:
 
 
 async def collect(client: aioredis.Redis, channel: str, into: list[str]) -> Any:
-    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    pubsub = client.pubsub()
     await pubsub.subscribe(channel)
+
+    async def confirmed() -> bool:  # Redis answers SUBSCRIBE once the channel reaches us
+        message = await pubsub.get_message(timeout=0.1)
+        return message is not None and message["type"] == "subscribe"
+
+    await eventually(confirmed)
 
     async def run() -> None:
         async for message in pubsub.listen():
@@ -254,7 +257,6 @@ async def collect(client: aioredis.Redis, channel: str, into: list[str]) -> Any:
                 into.append(message["data"].decode())
 
     task = asyncio.create_task(run())
-    await asyncio.sleep(0.05)
     return pubsub, task
 
 
@@ -271,8 +273,9 @@ async def test_redis_publish_rings_the_other_node_once(
         a.publish("s:a", 1)
         assert a.last_seq("s:a") == 1  # the local waiters do not wait for Redis
         assert await asyncio.wait_for(waiter, 5) == 1
+        await eventually(lambda: seen)
         a.publish("s:a", 1)  # a doorbell already rung is not sent again
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # proves a negative: no second message comes
         # Heard on B, not echoed back by B: one message on the channel.
         assert seen == [doorbell.encode("s:a", 1)]
     finally:
@@ -350,7 +353,7 @@ async def test_relay_reaches_the_other_node_in_order_and_not_its_sender(kind: st
             a.relay(data)
         await eventually(lambda: len(got_b) == len(sent))
         assert got_b == [(a.node_id, data) for data in sent]
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # proves a negative: nothing comes back to the sender
         assert got_a == []
         assert a.relay_dropped == 0
     finally:

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 
 from clients import LATEST, ConnectionLost, HubClient, HubError, RemoteTool
@@ -42,39 +41,7 @@ from protocol import (
     SummarizerError,
 )
 from tests.conftest import text_message
-
-ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
-
-
-class Served:
-    """A uvicorn server in this event loop; ``stop`` and ``start`` again on the same port."""
-
-    def __init__(self, app: ASGIApp, port: int = 0) -> None:
-        self.app = app
-        self.port = port
-        self.server: uvicorn.Server | None = None
-        self.task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        config = uvicorn.Config(
-            self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
-        )
-        self.server = uvicorn.Server(config)
-        self.task = asyncio.create_task(self.server.serve())
-        async with asyncio.timeout(5):
-            while not self.server.started:
-                await asyncio.sleep(0.01)
-        self.port = self.server.servers[0].sockets[0].getsockname()[1]
-
-    async def stop(self) -> None:
-        if self.server is not None and self.task is not None:
-            self.server.should_exit = True
-            await self.task
-            self.server = self.task = None
-
-    @property
-    def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/ws"
+from tests.hubtest import Served, eventually
 
 
 def hub_of(app: Starlette) -> Hub:
@@ -97,7 +64,7 @@ async def app(tmp_path: Path) -> AsyncIterator[Starlette]:
     application = create_app(db=tmp_path / "x.db")
     served = Served(application)
     await served.start()
-    application.state.url = served.url
+    application.state.url = served.ws_url
     try:
         yield application
     finally:
@@ -370,7 +337,7 @@ async def context_hub(store: SqliteStore) -> AsyncIterator[ContextHub]:
     served = Served(app)
     await served.start()
     try:
-        async with HubClient(served.url, max_backoff=0.2, open_timeout=5) as hub:
+        async with HubClient(served.ws_url, max_backoff=0.2, open_timeout=5) as hub:
             yield ContextHub(app, manager, hub, release)
     finally:
         await served.stop()
@@ -446,9 +413,7 @@ async def test_in_flight_request_fails_on_drop_and_client_recovers(context_hub: 
     first = await anext(events)  # subscribed: the server closes this connection below
     assert first.seq == 1
     pending = asyncio.create_task(hub.session(info.id).compact())
-    async with asyncio.timeout(5):
-        while not any(c.requests for c in server.connections):
-            await asyncio.sleep(0.01)
+    await eventually(lambda: any(c.requests for c in server.connections))
     for connection in list(server.connections):
         await connection.close(1011, "test")
     with pytest.raises(ConnectionLost) as lost:
@@ -463,7 +428,9 @@ async def test_in_flight_request_fails_on_drop_and_client_recovers(context_hub: 
 # -- subscriptions -----------------------------------------------------------------------
 
 
-async def next_event(events: AsyncIterator[Event]) -> Event:
+async def next_event(events: AsyncIterator[Event], waiting: asyncio.Event | None = None) -> Event:
+    if waiting is not None:
+        waiting.set()  # seen once this task blocks in anext (nothing awaits before it)
     return await anext(events)
 
 
@@ -508,9 +475,7 @@ async def test_several_subscriptions_on_one_client(app: Starlette, client: HubCl
         await anext(client.subscribe(a.id))  # one subscription per stream
     for s in [*streams, registry]:
         await s.aclose()
-    async with asyncio.timeout(2):
-        while any(c.subscriptions or c.parked for c in hub_of(app).connections):
-            await asyncio.sleep(0.01)
+    await eventually(lambda: not any(c.subscriptions or c.parked for c in hub_of(app).connections))
     # After closing, the stream can be followed again, with no stale event.
     again = client.subscribe(a.id, after_seq=1)
     assert (await anext(again)).seq == 2
@@ -522,9 +487,7 @@ async def test_break_unsubscribes(app: Starlette, client: HubClient) -> None:
     async for event in client.subscribe(info.id):
         assert event.seq == 1
         break
-    async with asyncio.timeout(2):
-        while any(c.subscriptions or c.parked for c in hub_of(app).connections):
-            await asyncio.sleep(0.01)
+    await eventually(lambda: not any(c.subscriptions or c.parked for c in hub_of(app).connections))
     async for event in client.subscribe(info.id):  # the stream is free again
         assert event.seq == 1
         break
@@ -536,7 +499,7 @@ async def test_subscribe_unknown_session(client: HubClient) -> None:
     assert await client.ping() >= 0
 
 
-async def test_reset_raises_position_lost(client: HubClient) -> None:
+async def test_reset_raises_position_lost(app: Starlette, client: HubClient) -> None:
     info = await client.sessions.create("reset")
     with pytest.raises(PositionLost) as lost:
         await anext(client.subscribe(info.id, after_seq=50))
@@ -548,7 +511,8 @@ async def test_reset_raises_position_lost(client: HubClient) -> None:
     # reload=True: continue from the reset's last_seq, silently.
     events = client.subscribe(info.id, after_seq=50, reload=True)
     waiter = asyncio.create_task(next_event(events))
-    await asyncio.sleep(0.05)
+    # Resubscribed from the reset's last_seq and live: an append now is a live event.
+    await eventually(lambda: any(info.id in c.parked for c in hub_of(app).connections))
     await client.sessions.append(info.id, text_message("m", "user", "m"))
     event = await asyncio.wait_for(waiter, 5)
     assert event.seq == 2 and event.epoch == lost.value.epoch
@@ -573,13 +537,15 @@ async def test_drop_mid_stream_every_seq_once(app: Starlette, client: HubClient)
     async def writer() -> None:
         for i in range(total):
             await local.append(info.id, text_message(f"m{i}", "user", f"n{i}"))
-            await asyncio.sleep(0.001)
+            await asyncio.sleep(0.001)  # pacing, not a wait: the subscriber reads as we write
             if i in (60, 140):
                 # Once the client follows the stream again, cut its socket mid-stream.
-                while not any(
-                    (c.subscriptions or c.parked) and not c.closed for c in hub_of(app).connections
-                ):
-                    await asyncio.sleep(0.005)
+                await eventually(
+                    lambda: any(
+                        (c.subscriptions or c.parked) and not c.closed for c in hub_of(app).connections
+                    ),
+                    interval=0.005,
+                )
                 assert await drop_subscribers(app) == 1
 
     async with asyncio.timeout(10):
@@ -596,7 +562,7 @@ async def test_hub_restart_resumes_subscription(tmp_path: Path) -> None:
     await served.start()
     received: list[Event] = []
     try:
-        async with HubClient(served.url, max_backoff=0.1, open_timeout=5) as client:
+        async with HubClient(served.ws_url, max_backoff=0.1, open_timeout=5) as client:
             info = await client.sessions.create("restart")
             for i in range(5):
                 await client.sessions.append(info.id, text_message(f"a{i}", "user", "x"))
@@ -645,8 +611,9 @@ async def test_close_ends_subscriptions_and_fails_requests(app: Starlette) -> No
     info = await client.sessions.create("closing")
     events = client.subscribe(info.id)
     assert (await anext(events)).seq == 1
-    waiter = asyncio.create_task(next_event(events))
-    await asyncio.sleep(0.01)
+    waiting = asyncio.Event()
+    waiter = asyncio.create_task(next_event(events, waiting))
+    await waiting.wait()
     await client.aclose()
     with pytest.raises(StopAsyncIteration):
         await waiter
@@ -674,10 +641,10 @@ async def test_token_is_sent_as_bearer(tmp_path: Path) -> None:
     served = Served(app)
     await served.start()
     try:
-        async with HubClient(served.url, token="s3cret", name="worker-1", role="worker") as client:
+        async with HubClient(served.ws_url, token="s3cret", name="worker-1", role="worker") as client:
             assert client.name == "worker-1" and client.role == "worker"
             await client.ping()
-        async with HubClient(served.url) as client:
+        async with HubClient(served.ws_url) as client:
             await client.ping()
     finally:
         await served.stop()
@@ -687,7 +654,7 @@ async def test_token_is_sent_as_bearer(tmp_path: Path) -> None:
 def test_public_names_are_where_the_docs_say() -> None:
     """`from clients import ...` is unchanged by the split into modules, one concept each."""
     import clients
-    from clients import api, client, errors, streaming
+    from clients import api, client, errors, streaming, turns
 
     expected = {
         "LATEST": api,
@@ -698,6 +665,7 @@ def test_public_names_are_where_the_docs_say() -> None:
         "ConnectionLost": errors,
         "HubError": errors,
         "TokenExpired": errors,
+        "Turn": turns,
         "LiveMessages": streaming,
         "MessageStream": streaming,
     }

@@ -11,6 +11,7 @@ from hub import REGISTRY, Event, PositionLost, Session, SessionManager, SqliteSt
 from hub.events import follow
 
 from .conftest import text_message as T
+from .hubtest import eventually
 
 
 def summary(events: list[Event]) -> list[tuple[int, str]]:
@@ -181,7 +182,7 @@ async def test_follow_yields_backlog_then_live(store: SqliteStore) -> None:
                 return
 
     task = asyncio.create_task(consume())
-    await asyncio.sleep(0.01)
+    await eventually(lambda: len(got) == 2)  # the backlog is read: what comes next is live
     for i in range(3, 6):
         await s.append_message(T(f"m{i}", "user", "x"))
     await asyncio.wait_for(task, 5)
@@ -205,7 +206,7 @@ async def test_follow_misses_nothing_committed_while_reading_the_backlog(
         for i in range(total):
             await s.append_message(T(f"m{i}", "user", "x"))
             if i % 13 == 0:
-                await asyncio.sleep(0)
+                await asyncio.sleep(0)  # a yield, not a wait: the consumer reads between writes
 
     await asyncio.wait_for(asyncio.gather(consume(), produce()), 20)
     assert got == list(range(1, total + 1))

@@ -6,6 +6,7 @@ instead: ``tests/services.py``)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 import time
@@ -25,6 +26,7 @@ from hub.compaction import CompactResult
 from hub.server import HubConfig
 from protocol import Message
 
+from .chatkit import responder
 from .hubtest import WAIT, Served, served, text
 from .services import chromium
 
@@ -571,11 +573,17 @@ async def test_actions_with_the_scope(
             await expect(page.locator("#leaves li")).to_have_count(2)
             latest = await s.get_history()
             assert [m.text() for m in latest] == ["first question", "first answer", "another follow-up"]
-            # Regenerate: the hub has no turn op; the typed error shows, nothing is appended.
-            await page.get_by_role("button", name="Regenerate").click()
-            await expect(page.locator("#action-status")).to_contain_text("No responder")
-            await expect(page.locator("#action-status")).to_contain_text("start_turn")
-            assert [m.id for m in await s.get_history()] == [m.id for m in latest]
+            # Regenerate: a connected responder answers the active leaf (a user message here).
+            async with responder(h.ws_url, lambda: len(h.hub.turns.responders) == 1, token=admin):
+                await page.get_by_role("button", name="Regenerate").click()
+                await expect(page.locator("#action-status")).to_contain_text("Turn started")
+                await expect(page.locator("#messages article.message")).to_have_count(4)
+                async with asyncio.timeout(5):
+                    while h.hub.turns.in_flight(info.id) is not None:
+                        await asyncio.sleep(0.01)
+            answered = await s.get_history()
+            assert [m.id for m in answered[:3]] == [m.id for m in latest]
+            assert answered[3].role == "assistant" and answered[3].text() == "You said: another follow-up"
             # Compact now.
             await page.get_by_role("button", name="Compact now").click()
             await expect(page.locator("section.overlay")).to_contain_text("the first two, summarized")

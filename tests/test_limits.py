@@ -16,7 +16,7 @@ import socket
 import sqlite3
 import statistics
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from websockets.exceptions import ConnectionClosed
 
 from hub.server import Connection, Hub, HubConfig
 
-from .hubtest import Served, seqs, served, text
+from .hubtest import Served, eventually, seqs, served, text
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -70,13 +70,6 @@ def sample(hub: Hub, name: str) -> float:
     value = hub.metrics.registry.get_sample_value(name)
     assert value is not None, f"{name} is not exported"
     return value
-
-
-async def until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.01)
-    assert condition(), what
 
 
 async def ping_times(h: Served, stop: asyncio.Event) -> list[float]:
@@ -145,7 +138,7 @@ async def test_a_peer_that_never_reads_is_held_to_its_outbox_bytes_then_evicted(
             assert statistics.median(times) < 0.05, times
             assert max(times) < 0.5, times
             # Once evicted, nothing is held for it any more.
-            await until(lambda: conn not in h.hub.connections, 5, "the evicted connection stayed")
+            await eventually(lambda: conn not in h.hub.connections, 5)
             assert conn.unsent == 0
             assert sample(h.hub, "sessionhub_outbox_bytes") == 0
             assert sample(h.hub, "sessionhub_replay_bytes") == 0
@@ -306,7 +299,7 @@ async def test_large_appends_are_read_no_faster_than_they_run(tmp_path: Path) ->
                         await writer.send_raw(json.dumps({**frame, "id": i, "message": text(f"m{i}", body)}))
 
                 sender = asyncio.create_task(send_all())
-                await until(lambda: sample(h.hub, "sessionhub_reads_paused_total") >= 1, 10, "never paused")
+                await eventually(lambda: sample(h.hub, "sessionhub_reads_paused_total") >= 1, 10)
                 await asyncio.sleep(0.3)  # time for the hub to read more, if it would
                 assert len(conn.requests) == config.max_in_flight
                 assert not sender.done(), "the hub read every append while none could run"
@@ -368,8 +361,9 @@ async def test_a_peer_that_never_reads_its_close_frame_is_cut_off(tmp_path: Path
             evicted = time.perf_counter()
             # Its socket is aborted after the grace: uvicorn lets go of it and its buffer
             # (a graceful close would wait for a peer that never reads, for ever).
+            assert h.server is not None
             sockets = h.server.server_state.connections
-            await until(lambda: not sockets, config.close_grace + 3, "the hub kept the socket open")
+            await eventually(lambda: not sockets, config.close_grace + 3)
             assert time.perf_counter() - evicted < config.close_grace + 2
             assert conn not in h.hub.connections
             # Whatever reached its kernel buffer before the abort, then the end.

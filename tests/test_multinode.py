@@ -20,6 +20,7 @@ from hub.store import session_stream
 from protocol import Event
 from protocol.frames import PresenceFrame
 
+from .hubtest import eventually
 from .nodes import Node, scratch_database
 from .services import postgres_dsn, redis_url
 from .test_streams import Reader, text_of
@@ -73,7 +74,7 @@ async def test_subscribers_on_b_see_every_write_on_a_once_across_a_restart_of_b(
                         assert await b.stop(signal.SIGKILL) == -signal.SIGKILL
                     if n == APPENDS // 2:
                         await b.start()
-                    await asyncio.sleep(0.005)
+                    await asyncio.sleep(0.005)  # pacing, not a wait: spread the writes over B's restart
                 store = await PostgresStore.connect(database)
                 try:
                     last = {sid: (await store.stream_position(session_stream(sid))).last_seq for sid in ids}
@@ -81,9 +82,11 @@ async def test_subscribers_on_b_see_every_write_on_a_once_across_a_restart_of_b(
                     await store.close()
                 assert all(seq >= APPENDS // SESSIONS for seq in last.values())
 
-                async with asyncio.timeout(30):
-                    while any(not got or got[-1].seq < last[sid] for (_, sid), got in seen.items()):
-                        await asyncio.sleep(0.02)
+                await eventually(
+                    lambda: all(got and got[-1].seq >= last[sid] for (_, sid), got in seen.items()),
+                    timeout=30,
+                    interval=0.02,
+                )
                 for (_, sid), got in seen.items():
                     assert [e.seq for e in got] == list(range(1, last[sid] + 1)), sid
                     assert len({e.epoch for e in got}) == 1
@@ -134,20 +137,18 @@ async def test_a_node_reports_a_lost_bus_and_recovers(database: str, bus: str) -
         done = asyncio.Event()
         task = asyncio.create_task(collect(reader, sid, got, done))
         await writer.sessions.append(sid, {"id": "m0", "role": "user", "parts": []})
-        async with asyncio.timeout(10):
-            while not any(e.type == "message.appended" for e in got):
-                await asyncio.sleep(0.01)
+        await eventually(lambda: any(e.type == "message.appended" for e in got))
         assert await kill_listeners(bus, database) == 2
         await writer.sessions.append(sid, {"id": "m1", "role": "user", "parts": []})
-        async with asyncio.timeout(10):
-            while sum(e.type == "message.appended" for e in got) < 2:
-                await asyncio.sleep(0.01)
-        async with httpx2.AsyncClient() as http, asyncio.timeout(15):
-            while True:
+        await eventually(lambda: sum(e.type == "message.appended" for e in got) >= 2)
+        async with httpx2.AsyncClient() as http:
+
+            async def reconnected() -> httpx2.Response | None:
                 health = await http.get(f"http://127.0.0.1:{a.port}/healthz")
-                if health.status_code == 200 and health.json()["bus"]["reconnects"] == 1:
-                    break
-                await asyncio.sleep(0.05)
+                ok = health.status_code == 200 and health.json()["bus"]["reconnects"] == 1
+                return health if ok else None
+
+            health = await eventually(reconnected, timeout=15, interval=0.05)
             metrics = (await http.get(f"http://127.0.0.1:{a.port}/metrics")).text
         assert health.json()["bus"] == {"kind": kind, "connected": True, "reconnects": 1}
         assert "sessionhub_bus_reconnects 1.0" in metrics
@@ -174,28 +175,25 @@ async def test_a_stream_written_on_a_grows_on_b(database: str, bus: str) -> None
         HubClient(b.ws_url, on_stream=late) as joiner,
     ):
         sid = (await worker.sessions.create("chat")).id
-        tasks = [asyncio.create_task(collect(ui, sid, [], asyncio.Event()))]
-        await asyncio.sleep(0.3)
+        following: list[Event] = []
+        tasks = [asyncio.create_task(collect(ui, sid, following, asyncio.Event()))]
+        await eventually(lambda: following)  # the backlog's first event: B follows the session
         st = await worker.session(sid).start_stream("a1")
         big = "é" * 9000  # one delta larger than a NOTIFY payload
         for i in range(60):
             await st.text(f"{i},")
         await st.text(big)
-        async with asyncio.timeout(10):
-            while "a1" not in watcher.live.messages or watcher.live.index.get("a1", 0) < 61:
-                await asyncio.sleep(0.01)
+        await eventually(lambda: "a1" in watcher.live.messages and watcher.live.index.get("a1", 0) >= 61)
         assert text_of(watcher.live.messages["a1"]) == "".join(f"{i}," for i in range(60)) + big
         tasks.append(asyncio.create_task(collect(joiner, sid, [], asyncio.Event())))
-        async with asyncio.timeout(10):
-            while not any(f.action == "state" for f in late.frames):
-                await asyncio.sleep(0.01)
+        await eventually(lambda: any(f.action == "state" for f in late.frames))
         for i in range(60, 100):
             await st.text(f"{i},")
         await st.__aexit__(None, None, None)
         expected = "".join(f"{i}," for i in range(60)) + big + "".join(f"{i}," for i in range(60, 100))
-        async with asyncio.timeout(10):
-            while watcher.live.status.get("a1") != "finished" or late.live.status.get("a1") != "finished":
-                await asyncio.sleep(0.01)
+        await eventually(
+            lambda: watcher.live.status.get("a1") == "finished" and late.live.status.get("a1") == "finished"
+        )
         for reader in (watcher, late):
             assert text_of(reader.live.messages["a1"]) == expected
         indexes = [d["index"] for f in watcher.frames if f.action == "delta" for d in f.deltas or []]
@@ -220,28 +218,22 @@ async def test_presence_spans_nodes_and_a_dead_node_leaves(database: str, bus: s
         async def names() -> set[str]:
             return {e["name"] for e in await dash.presence(sid)}
 
+        async def listed(name: str, present: bool = True) -> bool:
+            return (name in await names()) == present
+
         async with HubClient(a.ws_url, name="worker", role="worker", sessions=[sid]):
-            async with asyncio.timeout(10):
-                while "worker" not in await names():
-                    await asyncio.sleep(0.02)
-                while not any(p.action == "join" and p.entry["name"] == "worker" for p in seen):
-                    await asyncio.sleep(0.02)
+            await eventually(lambda: listed("worker"), interval=0.02)
+            await eventually(lambda: any(p.action == "join" and p.entry["name"] == "worker" for p in seen))
         # The worker closed its client on A: B's watcher is told, and B's list drops it.
-        async with asyncio.timeout(10):
-            while not any(p.action == "leave" and p.entry["name"] == "worker" for p in seen):
-                await asyncio.sleep(0.02)
+        await eventually(lambda: any(p.action == "leave" and p.entry["name"] == "worker" for p in seen))
         assert await names() == {"dash"}
 
         # A node that dies cannot say goodbye: its connections leave after --presence-ttl.
         ghost = HubClient(a.ws_url, name="ghost", sessions=[sid], reconnect=False)
         await ghost.__aenter__()
-        async with asyncio.timeout(10):
-            while "ghost" not in await names():
-                await asyncio.sleep(0.02)
+        await eventually(lambda: listed("ghost"), interval=0.02)
         await a.stop(signal.SIGKILL)
-        async with asyncio.timeout(10):
-            while "ghost" in await names():
-                await asyncio.sleep(0.05)
+        await eventually(lambda: listed("ghost", present=False), interval=0.05)
         assert any(p.action == "leave" and p.entry["name"] == "ghost" for p in seen)
         with contextlib.suppress(Exception):
             await ghost.__aexit__(None, None, None)

@@ -14,13 +14,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-import uvicorn
 
 from clients.operator import describe
 from hub import Event, SessionManager, SqliteStore
 from hub.server import create_app
 
-from .hubtest import served, text
+from .hubtest import Served, eventually, served, text
 
 
 async def start_serve(db: Path, port: int = 0) -> tuple[asyncio.subprocess.Process, int]:
@@ -163,16 +162,10 @@ async def test_keepalive_drops_a_silent_peer(tmp_path: Path) -> None:
     # A peer that completes the handshake and then never answers a ping is dropped within
     # the keepalive timeout and leaves the hub's connection set.
     app = create_app(db=tmp_path / "hub.db")
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, host="127.0.0.1", port=0, log_level="warning", ws_ping_interval=0.2, ws_ping_timeout=0.3
-        )
-    )
-    task = asyncio.create_task(server.serve())
+    server = Served(app, ws_ping_interval=0.2, ws_ping_timeout=0.3)
+    await server.start()
     try:
-        while not server.started:
-            await asyncio.sleep(0.01)
-        port = server.servers[0].sockets[0].getsockname()[1]
+        port = server.port
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         key = base64.b64encode(os.urandom(16)).decode()
         writer.write(
@@ -185,17 +178,12 @@ async def test_keepalive_drops_a_silent_peer(tmp_path: Path) -> None:
         status = await asyncio.wait_for(reader.readline(), 5)
         assert b"101" in status
         hub = app.state.hub
-        async with asyncio.timeout(5):
-            while len(hub.connections) != 1:
-                await asyncio.sleep(0.02)
+        await eventually(lambda: len(hub.connections) == 1)
         # Never read, never pong: within interval + timeout (+ slack) the hub lets go.
-        async with asyncio.timeout(5):
-            while hub.connections:
-                await asyncio.sleep(0.05)
+        await eventually(lambda: not hub.connections, timeout=5, interval=0.05)
         writer.close()
     finally:
-        server.should_exit = True
-        await task
+        await server.stop()
 
 
 async def test_invalid_utf8_frames_are_one_log_line_not_a_traceback_each(tmp_path: Path) -> None:

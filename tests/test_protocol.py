@@ -83,6 +83,10 @@ VALID: dict[str, dict[str, Any]] = {
     "stream_start": {"session_id": "s1", "message_id": "a1", "role": "assistant", "parent_id": None},
     "stream_delta": {"session_id": "s1", "message_id": "a1", "kind": "text", "text": "Hel"},
     "stream_end": {"session_id": "s1", "message_id": "a1", "status": "aborted"},
+    "take_turns": {},
+    "start_turn": {"session_id": "s1", "message_id": "m1", "trigger": "regenerate-message"},
+    "get_turn": {"session_id": "s1"},
+    "turn_failed": {"turn_id": "t1", "error": "no model"},
 }
 
 
@@ -464,7 +468,7 @@ def test_schema_names_every_request_and_frame() -> None:
         assert schema["$defs"][name]["additionalProperties"] is False  # unknown fields are refused
     frame_refs = {ref["$ref"].rsplit("/", 1)[1] for ref in schema["server_frame"]["anyOf"]}
     tags = {schema["$defs"][name]["properties"]["frame"]["enum"][0] for name in frame_refs}
-    assert tags == {"reply", "error", "event", "reset", "presence", "summarize", "stream"}
+    assert tags == {"reply", "error", "event", "reset", "presence", "summarize", "stream", "turn"}
     assert set(schema["$defs"]["ErrorFrame"]["properties"]["code"]["enum"]) == set(ERROR_CODES)
 
 

@@ -14,27 +14,16 @@ from pathlib import Path
 
 import httpx2
 import pytest
-import uvicorn
 
 from hub import Session, SqliteStore
-from hub.server import create_app
+
+from .hubtest import served as serve
 
 
 @pytest.fixture
 async def served(db_path: Path) -> AsyncIterator[str]:
-    config = uvicorn.Config(
-        create_app(db=db_path), host="127.0.0.1", port=0, log_level="warning", lifespan="on"
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
+    async with serve(db=db_path) as hub:
+        yield hub.url
 
 
 async def test_healthz(served: str) -> None:
@@ -47,16 +36,8 @@ async def test_healthz(served: str) -> None:
 async def test_app_over_a_shared_store(db_path: Path) -> None:
     store = await SqliteStore.open(db_path)
     try:
-        config = uvicorn.Config(create_app(store=store), host="127.0.0.1", port=0, log_level="warning")
-        server = uvicorn.Server(config)
-        task = asyncio.create_task(server.serve())
-        while not server.started:
-            await asyncio.sleep(0.01)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        async with httpx2.AsyncClient() as client:
-            assert (await client.get(f"http://127.0.0.1:{port}/healthz")).status_code == 200
-        server.should_exit = True
-        await task
+        async with serve(store=store) as hub, httpx2.AsyncClient() as client:
+            assert (await client.get(f"{hub.url}/healthz")).status_code == 200
         # The app did not close a store it does not own.
         await Session(store).append_message({"id": "m", "role": "user", "parts": []})
     finally:

@@ -62,7 +62,7 @@ async def raw(pg_dsn: str, pg_schema: str) -> AsyncIterator[asyncpg.Connection]:
 
 
 def msg(message_id: str, text: str = "x") -> Message:
-    return Message(id=message_id, role="user", parts=[{"type": "text", "text": text}])
+    return Message.from_dict(T(message_id, "user", text))
 
 
 # -- seqs ---------------------------------------------------------------------------------
@@ -312,7 +312,7 @@ class Listener:
 
     async def settle(self, conn: asyncpg.Connection) -> None:
         await conn.execute("SELECT 1")  # notifications sent before this are in
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # proves a negative: no other notification follows
 
 
 async def test_notify_rings_once_per_stream_on_commit_only(

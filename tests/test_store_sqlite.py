@@ -203,7 +203,7 @@ async def test_a_locked_database_never_blocks_the_event_loop(store: SqliteStore,
 
     tick_task = asyncio.create_task(ticker())
     append = asyncio.create_task(s.append_message(T("m1", "user", "while locked")))
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # proves a negative: the append stays blocked on the lock
     assert not append.done()
     assert ticks >= 10  # the loop kept running while the write waited
     holder.execute("COMMIT")
@@ -261,7 +261,7 @@ async def test_the_wal_stays_bounded_under_nonstop_large_appends(
     # not) leave no gap for a passive pass to finish, so only the catch-up past the limit
     # bounds the WAL. Without it the -wal file would grow to the ~30 MiB written here.
     limit = 2 * 2**20
-    monkeypatch.setattr(sqlite_store, "WAL_LIMIT_BYTES", limit)
+    monkeypatch.setattr(sqlite_store.checkpoint, "WAL_LIMIT_BYTES", limit)
     async with await SqliteStore.open(db_path) as store:
         s = Session(store, session_id="wal")
         wal = Path(f"{db_path}-wal")
@@ -296,10 +296,10 @@ async def test_synchronous_stays_normal_with_the_checkpointer(store: SqliteStore
 
 CRASH_WRITER = """
 import asyncio, sys
-import hub.store.sqlite as sqlite_store
+import hub.store.sqlite.checkpoint as checkpoint
 from hub import Session, SqliteStore
 
-sqlite_store.WAL_LIMIT_BYTES = 1 << 20  # many catch-ups before the kill
+checkpoint.WAL_LIMIT_BYTES = 1 << 20  # many catch-ups before the kill
 
 async def main() -> None:
     store = await SqliteStore.open(sys.argv[1])

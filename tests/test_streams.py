@@ -4,7 +4,6 @@ periodic saves, and the errors."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from hub import SqliteStore
 from protocol import SessionHubError
 from protocol.frames import StreamFrame
 
+from .hubtest import eventually as wait_for
 from .hubtest import served
 
 TOOL = {
@@ -23,12 +23,6 @@ TOOL = {
     "state": "input-available",
     "input": {"city": "Paris"},
 }
-
-
-async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.01)
 
 
 def text_of(message: dict[str, Any] | None) -> str:
@@ -50,13 +44,18 @@ class Reader:
 
 
 async def follow(client: HubClient, session_id: str, reader: Reader | None = None) -> asyncio.Task[None]:
+    subscribed = asyncio.Event()
+
     async def run() -> None:
         async for event in client.subscribe(session_id):
+            subscribed.set()  # the backlog's first event: the subscription is in place
             if reader is not None:
                 reader.live.apply_event(event)
 
     task = asyncio.create_task(run())
-    await asyncio.sleep(0.1)
+    await wait_for(lambda: subscribed.is_set() or task.done())
+    if task.done():
+        task.result()  # the subscription failed: say why
     return task
 
 
@@ -115,7 +114,7 @@ async def test_a_late_joiner_gets_the_state_then_the_rest(tmp_path: Path) -> Non
         st = await worker.session(info.id).start_stream("a1")
         for i in range(50):
             await st.text(f"{i},")
-        await asyncio.sleep(0.1)
+        await wait_for(lambda: hub.hub.streams.active[info.id, "a1"].index == 50)  # the hub has them
         watching = await follow(joiner, info.id)
         await wait_for(lambda: "a1" in late.live.messages)
         assert any(f.action == "state" for f in late.frames)
@@ -140,7 +139,7 @@ async def test_a_dropped_subscriber_resumes_mid_stream_without_loss_or_doubling(
         for i in range(100):
             await st.text(f"{i};")
             if i in (30, 70):
-                await asyncio.sleep(0.05)
+                await wait_for(lambda: reader.live.index.get("a1") == st.deltas)  # (back) on the stream
                 (conn,) = [c for c in hub.hub.connections if c.name == "ui"]
                 await conn.close(1011, "test: dropped")
         await st.__aexit__(None, None, None)
@@ -176,8 +175,13 @@ async def test_an_unfinished_stream_is_saved_within_100_ms(tmp_path: Path) -> No
         st = await worker.session(info.id).start_stream("a1")
         for i in range(20):
             await st.text(f"{i} ")
-        await asyncio.sleep(0.3)  # well past the save interval; the stream is still open
         async with await SqliteStore.open(tmp_path / "hub.db") as store:
+
+            async def saved_all() -> bool:
+                saved = await store.get_message(info.id, "a1")
+                return saved is not None and text_of(saved.to_dict()) == "".join(f"{i} " for i in range(20))
+
+            await wait_for(saved_all)  # the periodic save; the stream is still open
             saved = await store.get_message(info.id, "a1")
             assert saved is not None and text_of(saved.to_dict()) == "".join(f"{i} " for i in range(20))
             # The periodic save logs nothing: no event per delta, none per save.

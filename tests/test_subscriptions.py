@@ -19,7 +19,7 @@ from hub import REGISTRY, SessionManager, SqliteStore, session_stream
 from hub.bus import MemoryBus
 from hub.server import HubConfig
 
-from .hubtest import Client, Frame, is_event, prune, seqs, served, set_epoch, text
+from .hubtest import Client, Frame, eventually, is_event, prune, seqs, served, set_epoch, text
 
 EVENT_KEYS = {"frame", "stream", "session_id", "seq", "epoch", "type", "data", "created_at"}
 
@@ -208,7 +208,7 @@ async def test_events_committed_during_catch_up_arrive_once_in_order(
             for i in range(300):
                 await manager.append(sid, text(f"w{i}", "live"))
                 if i % 3 == 0:
-                    await asyncio.sleep(0)
+                    await asyncio.sleep(0)  # a yield, not a wait: the catch-up runs between writes
 
         task = asyncio.create_task(writer())
         await asyncio.sleep(0)  # the writer is running when the subscription starts
@@ -316,9 +316,7 @@ async def test_the_bus_remembers_only_the_streams_this_hub_follows(store: Sqlite
             await manager.append(q, text("more", "x"))
         assert all(bus.last_seq(session_stream(q)) == 0 for q in quiet)
         assert await c.call("unsubscribe", session_id=sid) is None
-        async with asyncio.timeout(5):
-            while session_stream(sid) in bus.waiting():
-                await asyncio.sleep(0.01)
+        await eventually(lambda: session_stream(sid) not in bus.waiting())
     assert bus.last_seq(session_stream(sid)) == 0
 
 
@@ -424,7 +422,7 @@ async def test_a_slow_consumer_is_evicted_and_resumes(store: SqliteStore) -> Non
                     started = time.perf_counter()
                     await manager.append(sid, text(f"m{i}", payload))
                     durations.append(time.perf_counter() - started)
-                    await asyncio.sleep(0.002)
+                    await asyncio.sleep(0.002)  # pacing, not a wait: a steady writer
                     peak_queue = max(peak_queue, slow_conn.queue.qsize())
                     if evicted_at is None and slow_conn.closed:
                         evicted_at = i
@@ -510,16 +508,14 @@ async def test_forced_drops_during_a_stream_lose_nothing(store: SqliteStore) -> 
             for i in range(total):
                 await manager.append(sid, text(f"m{i}", f"message {i}"))
                 written += 1
-                await asyncio.sleep(0.002)
+                await asyncio.sleep(0.002)  # pacing, not a wait: the drops land mid-stream
 
         async def dropper() -> None:
             for at in (75, 150, 225):
-                while written < at:
-                    await asyncio.sleep(0.001)
-                live = [c for c in h.hub.connections if not c.closed and c.follows(sid)]
-                while not live:
-                    await asyncio.sleep(0.001)
-                    live = [c for c in h.hub.connections if not c.closed and c.follows(sid)]
+                await eventually(lambda: written >= at, interval=0.001)  # noqa: B023 - awaited here
+                live = await eventually(
+                    lambda: [c for c in h.hub.connections if not c.closed and c.follows(sid)], interval=0.001
+                )
                 for conn in live:
                     await conn.close(1011, "test drop")
 

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -19,6 +18,7 @@ from hub.compaction import create_compact_function
 from hub.summarizers import OpenAICompatible
 
 from .conftest import text_message as T
+from .hubtest import served
 
 
 @dataclass
@@ -54,21 +54,13 @@ async def llm() -> AsyncIterator[tuple[str, Script]]:
             status, headers = value
             return PlainTextResponse(f"error {status}", status_code=status, headers=headers)
         if kind == "sleep":
-            await asyncio.sleep(value)
+            await asyncio.sleep(value)  # a model slower than the client's timeout
             return JSONResponse(completion("too late"))
         return PlainTextResponse(value)  # "raw": not a chat completion
 
     app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}/v1", script
-    finally:
-        server.should_exit = True
-        await task
+    async with served(app=app) as server:
+        yield f"{server.url}/v1", script
 
 
 async def test_success_sends_model_prompt_and_key(llm: tuple[str, Script]) -> None:

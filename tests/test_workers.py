@@ -17,7 +17,7 @@ from hub.server import HubConfig, create_app
 from hub.workers import WorkerSummarizer
 from protocol.errors import SummarizerError
 
-from .hubtest import served, text
+from .hubtest import eventually, served, text
 
 
 async def setup(tmp_path: Path, timeout: float = 2.0) -> tuple[SqliteStore, SessionManager, WorkerSummarizer]:
@@ -49,7 +49,7 @@ async def test_a_worker_writes_the_summary(tmp_path: Path) -> None:
             HubClient(hub.ws_url) as ui,
         ):
             sid = await fill(ui)
-            await asyncio.sleep(0.05)  # the worker's hello is in
+            await eventually(lambda: any(c.summarizer for c in hub.hub.connections))  # its hello is in
             result = await ui.session(sid).compact()
             assert result is not None and result["summary"].startswith("## Topic")
             assert len(prompts) == 1 and prompts[0].startswith("Create a concise summary")
@@ -94,7 +94,7 @@ async def test_a_silent_worker_times_out(tmp_path: Path) -> None:
             HubClient(hub.ws_url) as ui,
         ):
             sid = await fill(ui)
-            await asyncio.sleep(0.05)
+            await eventually(lambda: any(c.summarizer for c in hub.hub.connections))
             started = asyncio.get_running_loop().time()
             assert await ui.session(sid).compact() is None
             assert asyncio.get_running_loop().time() - started < 3
@@ -119,7 +119,7 @@ async def test_a_failing_worker_is_reported(tmp_path: Path) -> None:
             HubClient(hub.ws_url) as ui,
         ):
             sid = await fill(ui)
-            await asyncio.sleep(0.05)
+            await eventually(lambda: any(c.summarizer for c in hub.hub.connections))
             assert await ui.session(sid).compact() is None
             errors = [e.data["error"] for e in await store.read_events(f"s:{sid}") if e.type == "error"]
             assert errors == ["worker flaky failed: RuntimeError: model overloaded"]
@@ -133,7 +133,7 @@ async def test_a_worker_that_disconnects_fails_fast(tmp_path: Path) -> None:
 
     async def summarize(prompt: str) -> str:
         asked.set()
-        await asyncio.sleep(30)
+        await asyncio.sleep(30)  # a worker that never answers: it disconnects first
         return "never"
 
     try:
@@ -142,7 +142,7 @@ async def test_a_worker_that_disconnects_fails_fast(tmp_path: Path) -> None:
             sid = await fill(ui)
             worker = HubClient(hub.ws_url, name="gone", summarize=summarize, reconnect=False)
             await worker.connect()
-            await asyncio.sleep(0.05)
+            await eventually(lambda: any(c.summarizer for c in hub.hub.connections))
             compaction = asyncio.create_task(ui.session(sid).compact())
             await asyncio.wait_for(asked.wait(), 5)
             (conn,) = [c for c in hub.hub.connections if c.name == "gone"]

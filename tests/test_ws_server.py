@@ -20,7 +20,7 @@ from hub.server import HubConfig
 from hub.tools import dispatch
 from protocol.frames import REQUEST_TYPES
 
-from .hubtest import Client, HubError, served, text
+from .hubtest import Client, HubError, eventually, served, text
 
 Summary = Callable[[list[Message], Any], Awaitable[dict[str, str] | None]]
 
@@ -94,6 +94,15 @@ async def test_every_op_matches_in_process(store: SqliteStore) -> None:
         assert (await c.call("get_message", session_id=streamed, message_id="a1"))["parts"] == [
             {"type": "text", "text": "Hi"}
         ]
+        # Turns (tests/test_turns.py has the rest): this socket answers turns; one nobody
+        # was given is refused; a session with nothing to answer cannot start one.
+        assert await c.call("take_turns") is None
+        assert await c.call("get_turn", session_id=streamed) is None
+        refused = await c.request("turn_failed", turn_id="nobody-gave-it", error="x")
+        assert (refused["frame"], refused["code"]) == ("error", "not_found")
+        empty = (await c.call("create", name="empty"))["id"]
+        nothing = await c.request("start_turn", session_id=empty)
+        assert (nothing["frame"], nothing["code"]) == ("error", "invalid")
         await _registry_and_messages(c, store)
         await _context_tools_and_compaction(c, store)
         await _subscriptions(c, store)
@@ -674,9 +683,11 @@ async def test_healthz_and_metrics(store: SqliteStore) -> None:
             assert values[("sessionhub_op_seconds_count", (("op", "append"),))] == 3
             assert values[("sessionhub_op_seconds_count", (("op", "create"),))] == 1
             assert values[("sessionhub_bad_frames_total", (("code", "bad_frame"),))] == 1
-        async with asyncio.timeout(5):
-            while samples((await http.get(f"{h.url}/metrics")).text)[("sessionhub_connections", ())] != 0:
-                await asyncio.sleep(0.02)
+
+        async def disconnected() -> bool:
+            return samples((await http.get(f"{h.url}/metrics")).text)[("sessionhub_connections", ())] == 0
+
+        await eventually(disconnected, interval=0.02)
 
 
 # -- graceful shutdown -----------------------------------------------------------------------
@@ -701,7 +712,7 @@ async def test_drain_finishes_in_flight_ops_then_closes_with_1001(db_path: Path,
         async with asyncio.timeout(5):
             await started.wait()
         drain = asyncio.create_task(h.hub.drain())
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # proves a negative: the drain does not end while an op runs
         assert not drain.done()  # waiting for the compaction
         assert not idle.closed.is_set() and not busy.closed.is_set()
         release.set()
@@ -733,9 +744,7 @@ async def test_a_request_sent_just_before_drain_gets_its_reply(store: SqliteStor
         sid = (await c.call("create", name="d"))["id"]
         rid = await c.send("append", session_id=sid, message=text("last", "the last word"))
         # Drain as soon as the hub has read the request.
-        async with asyncio.timeout(5):
-            while not any(conn.requests for conn in h.hub.connections):
-                await asyncio.sleep(0)
+        await eventually(lambda: any(conn.requests for conn in h.hub.connections), interval=0)
         await h.hub.drain()
         reply = await c.answer(rid)
         assert reply["frame"] == "reply", reply

@@ -1,4 +1,5 @@
-"""The hub: the engine served over a WebSocket (``/ws``), plus ``/healthz`` and ``/metrics``.
+"""The hub: the engine served over a WebSocket (``/ws``), plus ``/healthz``, ``/metrics``
+and the chat endpoints (``/api/chat``).
 
 One connection runs a reader (frames in, via the sans-I/O :class:`protocol.connection.
 ServerConnection`), one task per request, one task per subscription that is catching up,
@@ -15,7 +16,9 @@ serve (pruned, another epoch, the future) get a ``reset`` frame, never a silent 
 The package, one concept a module (docs/architecture.md): :mod:`.config` (the limits),
 :mod:`.wire` (engine values as frames), :mod:`.outbox` and :mod:`.tails` (what is held
 for peers), :mod:`.connection` (one socket), :mod:`.ops` (what each request runs),
-:mod:`.hub` (the registry of connections), :mod:`.handshake` and :mod:`.app` (HTTP).
+:mod:`.hub` (the registry of connections), :mod:`.turns` and :mod:`.chat_http` (chat
+turns, ``/api/chat``), :mod:`.handshake` and :mod:`.app` (HTTP), :mod:`.ports` (what the
+parts need of each other).
 """
 
 from __future__ import annotations

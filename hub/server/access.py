@@ -37,8 +37,10 @@ def allowed(connection: Connection, request: f.Request) -> bool:
         if request.summarizer and not connection.grant.summarizes():
             return False  # a summarizer needs write somewhere (prompts: on their session)
         return all(connection.grant.allows("presence", sid) for sid in request.sessions)
-    if isinstance(request, f.Summary):  # answers only what this connection was asked
-        return True  # and, with auth, only while the token allows summarizing its session
+    if isinstance(request, f.Summary | f.TakeTurns | f.TurnFailed):
+        # Answers only what this connection was asked (and, with auth, a summary only
+        # while the token allows summarizing its session); turns check the grant.
+        return True
     op = str(type(request).__struct_config__.tag)
     session_id = getattr(request, "session_id", None)
     registry = isinstance(request, f.Subscribe | f.Unsubscribe) and session_id is None

@@ -20,6 +20,7 @@ from ..backends import open_backend
 from ..bus import Bus, RemoteBus
 from ..manager import SessionManager
 from ..store.base import Store
+from .chat_http import chat_routes
 from .config import HubConfig
 from .connection import CLOSE_GOING_AWAY
 from .handshake import HostCheck, KeepTransport, origin_allowed
@@ -111,6 +112,7 @@ def create_app(
         Route("/healthz", healthz),
         Route("/metrics", metrics),
         WebSocketRoute("/ws", ws),
+        *chat_routes(),  # POST /api/chat, GET /api/chat/{id}/stream (hub/server/chat_http.py)
     ]
     if mcp_endpoint is not None:
         routes.append(mcp_endpoint.route())

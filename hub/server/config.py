@@ -52,6 +52,8 @@ class HubConfig:
     max_in_flight: int = 64
     #: How long an evicted peer has to take its close frame before the TCP connection is cut.
     close_grace: float = 5.0
+    #: How long a turn waits for a responder to start answering it (hub/server/turns.py).
+    turn_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -69,6 +71,6 @@ class HubConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"HubConfig.{name} must be at least 1, not {getattr(self, name)}")
-        for name in ("send_timeout", "close_grace", "shutdown_grace"):
+        for name in ("send_timeout", "close_grace", "shutdown_grace", "turn_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"HubConfig.{name} must be more than 0, not {getattr(self, name)}")

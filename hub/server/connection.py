@@ -19,10 +19,11 @@ from ..auth import Grant
 from ..store.base import Store
 from .config import HubConfig
 from .metrics import Metrics
-from .outbox import Held, Outbox, frame_cost
+from .outbox import Evicted, Held, Outbox, frame_cost
 from .presence import Presence
 from .streams import Streams
 from .tails import Live, Tails
+from .turns import Turns
 
 if TYPE_CHECKING:
     from .workers import WorkerSummarizer
@@ -38,17 +39,13 @@ CLOSE_GOING_AWAY = 1001
 CLOSE_UNSUPPORTED = 1003
 
 
-class Evicted(Exception):
-    pass
-
-
 #: Where the ASGI server's transport is kept in a WebSocket's scope (see ``KeepTransport``).
 TRANSPORT = "sessionhub.transport"
 
 
 class ConnectionHost(Protocol):
     """What a connection (and the ops run on it) needs of its hub: the limits, the byte
-    accounting, the metrics, the tails, presence, streams, the store; :class:`~hub.server.
+    accounting, the metrics, the tails, presence, streams, turns, the store; :class:`~hub.server.
     hub.Hub` is the one implementation. A Protocol, so that this module does not import
     the hub, which imports it."""
 
@@ -64,6 +61,8 @@ class ConnectionHost(Protocol):
     def presence(self) -> Presence: ...
     @property
     def streams(self) -> Streams: ...
+    @property
+    def turns(self) -> Turns: ...
     @property
     def store(self) -> Store: ...
     @property

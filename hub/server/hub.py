@@ -26,6 +26,7 @@ from .presence import Presence
 from .relay import Relay
 from .streams import Streams
 from .tails import Tails
+from .turns import Turns
 
 if TYPE_CHECKING:
     from .workers import WorkerSummarizer
@@ -57,18 +58,25 @@ class Hub:
         #: Who is on each session.
         self.presence = Presence(self)
         self.streams = Streams(self)
-        #: With a cross-node bus: stream frames and presence to and from the other nodes.
+        #: Chat turns and the responders that answer them.
+        self.turns = Turns(self, config.turn_timeout)
+        #: With a cross-node bus: stream frames, turns and presence to and from the other nodes.
         self.relay: Relay | None = None
         if isinstance(store.bus, RemoteBus):
             self.relay = Relay(
-                self.presence, self.streams, store.bus, config.presence_heartbeat, config.presence_ttl
+                self.presence,
+                self.streams,
+                self.turns,
+                store.bus,
+                config.presence_heartbeat,
+                config.presence_ttl,
             )
             self.presence.relay = self.relay
             self.relay.start()
             self.metrics.watch_bus(store.bus)
         self.closing = False
         #: The op table: every request type's handler (hub/server/ops.py).
-        self.ops: dict[str, Op] = operations(self)
+        self.ops: dict[str, Op] = operations(self, self.turns)
 
     def check_total(self) -> None:
         """Over ``outbox_bytes_total``: evict the connections holding the most unsent bytes
@@ -111,6 +119,7 @@ class Hub:
         await asyncio.sleep(0)
         for connection in list(self.connections):
             await connection.close(CLOSE_GOING_AWAY, "server shutting down; resume elsewhere")
+        await self.turns.close()
         await self.tails.close()
         if self.relay is not None:
             await self.relay.close()
@@ -168,6 +177,7 @@ class Hub:
             self.connections.discard(connection)
             if self.worker_summarizer is not None:
                 self.worker_summarizer.connection_lost(connection)
+            self.turns.connection_lost(connection)
             await self.streams.owner_lost(connection)
             for sid in self.presence.present_on(connection):
                 self.presence.leave(connection, sid)

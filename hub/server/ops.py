@@ -8,7 +8,8 @@ frames came. Three kinds of entry:
 - engine ops (:func:`engine`, the table's bulk): a call on the :class:`~hub.SessionManager`
   or a session, run in a task of its own, timed (``sessionhub_op_seconds``), its result
   converted to wire data (:func:`hub.server.wire.wire`);
-- connection ops run in a task (:func:`local`): ``hello``, ``presence``, the stream ops;
+- connection ops run in a task (:func:`local`): ``hello``, ``presence``, the stream ops,
+  ``take_turns`` and ``turn_failed`` (:mod:`.turns`);
 - connection ops that change the connection's state at once, so that the frames read
   after them see it: ``subscribe``, ``unsubscribe`` (:mod:`.subscriptions`), ``auth``
   (:mod:`.access`), ``summary``.
@@ -32,6 +33,7 @@ from .access import allowed, auth
 from .connection import Connection
 from .ports import Sessions
 from .subscriptions import subscribe, unsubscribe
+from .turns import Turns
 from .wire import error_frame, parent_arg, wire
 
 __all__ = ["Op", "engine", "local", "operations", "receive"]
@@ -134,7 +136,8 @@ async def present(connection: Connection, request: f.Presence) -> list[dict[str,
 
 
 async def stream_start(connection: Connection, request: f.StreamStart) -> dict[str, Any]:
-    return await connection.hub.streams.start(connection, request)
+    # Through turns: a stream naming a turn claims it first (only its responder may).
+    return await connection.hub.turns.start_stream(connection, request)
 
 
 async def stream_delta(connection: Connection, request: f.StreamDelta) -> int:
@@ -143,6 +146,16 @@ async def stream_delta(connection: Connection, request: f.StreamDelta) -> int:
 
 async def stream_end(connection: Connection, request: f.StreamEnd) -> None:
     await connection.hub.streams.end(connection, request, request.status)
+
+
+async def take_turns(connection: Connection, request: f.TakeTurns) -> None:
+    """The connection answers turns from now on."""
+    connection.hub.turns.serve(connection)
+
+
+async def turn_failed(connection: Connection, request: f.TurnFailed) -> None:
+    """A responder cannot answer the turn it was given."""
+    connection.hub.turns.refused(connection, request)
 
 
 def summary(connection: Connection, request: f.Summary) -> None:
@@ -163,7 +176,7 @@ def summary(connection: Connection, request: f.Summary) -> None:
 # -- the table -------------------------------------------------------------------------------
 
 
-def operations(hub: Sessions) -> dict[str, Op]:
+def operations(hub: Sessions, turns: Turns) -> dict[str, Op]:
     """Every request type's handler (an assertion keeps the table complete)."""
     m = hub.manager
 
@@ -179,6 +192,13 @@ def operations(hub: Sessions) -> dict[str, Op]:
 
     async def ping(r: f.Ping) -> str:
         return "pong"
+
+    async def get_turn(r: f.GetTurn) -> dict[str, Any] | None:
+        await hub.session(r.session_id)
+        return turns.describe(turns.in_flight(r.session_id))
+
+    async def start_turn(r: f.StartTurn) -> dict[str, Any] | None:
+        return turns.describe(await turns.start(r.session_id, r.message_id or r.leaf_id, r.trigger))
 
     calls: dict[str, Call] = {
         "create": lambda r: m.create(r.name, r.parent_session_id, r.model, r.source),
@@ -203,6 +223,8 @@ def operations(hub: Sessions) -> dict[str, Op]:
         "tools": tools,
         "run_tool": run_tool,
         "ping": ping,
+        "start_turn": start_turn,
+        "get_turn": get_turn,
     }
 
     def on_session(name: str, call: Callable[[Session, Any], Awaitable[Any]]) -> None:
@@ -234,6 +256,8 @@ def operations(hub: Sessions) -> dict[str, Op]:
         "stream_start": local(stream_start),
         "stream_delta": local(stream_delta),
         "stream_end": local(stream_end),
+        "take_turns": local(take_turns),
+        "turn_failed": local(turn_failed),
     }
     missing = set(f.REQUEST_TYPES) - set(ops)
     assert not missing, f"ops without a handler: {missing}"

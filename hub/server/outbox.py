@@ -6,6 +6,12 @@ import asyncio
 import collections
 
 
+class Evicted(Exception):
+    """A frame could not be queued: the peer is closed, or was evicted for not reading
+    (its outbox stayed full). Raised by a connection's ``send``; whoever sends to a peer
+    outside the connection module (turns, subscriptions) catches it from here."""
+
+
 class Held:
     """Bytes the hub holds for its peers, summed over connections and tails: what
     ``outbox_bytes_total`` and ``tail_bytes_total`` bound and ``/metrics`` shows."""

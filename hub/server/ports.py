@@ -1,7 +1,7 @@
 """What the server's parts need of each other, as small Protocols.
 
-Streams, presence, the relay, the worker summarizer and the MCP endpoint each take the
-narrow view below instead of the whole :class:`~hub.server.hub.Hub`, so none of them
+Streams, presence, the relay, the worker summarizer, turns, the chat endpoints and the MCP
+endpoint each take the narrow view below instead of the whole :class:`~hub.server.hub.Hub`, so none of them
 imports the hub or the connection module, and the package has no import cycle (not even
 behind ``TYPE_CHECKING``; ``scripts/check_cycles.py`` counts those). The hub and its
 connections satisfy these structurally; nothing here subclasses them.
@@ -9,25 +9,36 @@ connections satisfy these structurally; nothing here subclasses them.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
 from protocol import frames as f
 
+from ..auth import Grant
 from ..manager import SessionManager
 from ..session import Session
 from ..store.base import Store
 from .config import HubConfig
+from .turnframes import TurnOffer, TurnStatus, Watcher
 
 __all__ = [
+    "ChatHost",
+    "ChatStreams",
+    "ChatTurn",
     "ConnectionRegistry",
     "Peer",
     "PresenceBoard",
     "PresenceTable",
+    "ReplyWriter",
+    "Responder",
     "Served",
     "Sessions",
     "StreamHost",
     "StreamMirror",
+    "TurnDesk",
+    "TurnHost",
+    "TurnRelay",
+    "TurnStreams",
 ]
 
 
@@ -126,3 +137,105 @@ class StreamHost(ConnectionRegistry, Sessions, Protocol):
     def store(self) -> Store: ...
     @property
     def presence(self) -> PresenceBoard: ...
+
+
+# -- turns and the chat endpoints --------------------------------------------------------------
+
+
+class Responder(Protocol):
+    """A connection that answers turns (``take_turns``), as :mod:`.turns` sees it: who it
+    is, whether its grant lets it write the session, and sending it the ``turn`` frame
+    (``send`` raises :class:`~hub.server.outbox.Evicted` when it cannot take it)."""
+
+    @property
+    def connection_id(self) -> str: ...
+    @property
+    def name(self) -> str | None: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def grant(self) -> Grant | None: ...
+    async def send(self, frame: Any) -> None: ...
+
+
+class ReplyWriter(Peer, Responder, Protocol):
+    """A connection starting a stream, which may be a turn's reply: a peer to the
+    streams, the turn's responder to the turn it claims."""
+
+
+class TurnStreams(Protocol):
+    """The streams as turns use them: a turn's reply is a stream it watches, and a
+    ``stream_start`` naming a turn starts it once the turn is claimed."""
+
+    @property
+    def watchers(self) -> dict[str, list[Callable[[f.StreamFrame], None]]]:
+        """Session id -> callbacks given every stream frame of the session."""
+        ...
+
+    async def start(self, connection: Peer, request: f.StreamStart) -> dict[str, Any]: ...
+
+
+class TurnHost(Sessions, Protocol):
+    """What turns need of the hub: the auth secret and the node ttl, the store (a turn's
+    history, its logged start and end, and the bus that reaches the other nodes' responders)
+    and the streams."""
+
+    @property
+    def config(self) -> HubConfig: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def streams(self) -> TurnStreams: ...
+
+
+class TurnRelay(Protocol):
+    """Where turn messages relayed by other nodes go, and what to say on each heartbeat."""
+
+    def heartbeat(self) -> None:
+        """Tell the other nodes again how many responders this node has."""
+        ...
+
+    def relayed(self, node: str, message: TurnOffer | TurnStatus) -> None: ...
+
+
+class ChatTurn(Protocol):
+    """A turn as the chat endpoints stream it: its reply, and watching the reply grow."""
+
+    @property
+    def session_id(self) -> str: ...
+    @property
+    def reply_id(self) -> str: ...
+    def watch(self, watcher: Watcher) -> Callable[[], None]:
+        """Call ``watcher`` with each stream frame of the reply, then the outcome; returns
+        the call that stops it."""
+        ...
+
+
+class TurnDesk(Protocol):
+    """Starting a turn, and the turn a session has in flight."""
+
+    async def start(
+        self, session_id: str, message_id: str | None = None, trigger: str | None = None
+    ) -> ChatTurn: ...
+    def in_flight(self, session_id: str) -> ChatTurn | None: ...
+
+
+class ChatStreams(Protocol):
+    """A streamed message as it stands now, for a reader that joins mid-reply."""
+
+    def current(self, session_id: str, message_id: str) -> tuple[dict[str, Any], int] | None:
+        """The message so far and its index, on this node or mirrored; None: not streaming."""
+        ...
+
+
+class ChatHost(Served, Protocol):
+    """A running hub as ``POST /api/chat`` and its resume endpoint see it: the limits (auth
+    secret, allowed origins), the engine, the store (a new chat's session), turns and the
+    replies streaming now."""
+
+    @property
+    def store(self) -> Store: ...
+    @property
+    def streams(self) -> ChatStreams: ...
+    @property
+    def turns(self) -> TurnDesk: ...

@@ -1,7 +1,9 @@
 """What hub nodes tell each other besides doorbells: the in-memory state that has no log.
 
-A cross-node bus relays encoded frames (``RemoteBus.relay``). Two kinds travel: stream
-frames (:class:`~hub.server.streams.Streams` mirrors them) and presence, kept here. Presence is
+A cross-node bus relays encoded frames (``RemoteBus.relay``). Three kinds travel: stream
+frames (:class:`~hub.server.streams.Streams` mirrors them), turn offers and statuses
+(:class:`~hub.server.turns.Turns` places turns on nodes with responders), and presence,
+kept here. Each keeper is handed in as a port (:mod:`.ports`). Presence is
 a per-node table: each node relays every join and leave as it happens and a full snapshot
 of its table every ``heartbeat`` seconds; a node not heard from for ``ttl`` seconds is
 taken for dead and its connections leave. A node starting up asks the others for their
@@ -22,7 +24,8 @@ from protocol import frames as f
 from protocol.codec import encode
 
 from ..bus import RemoteBus
-from .ports import PresenceTable, StreamMirror
+from .ports import PresenceTable, StreamMirror, TurnRelay
+from .turnframes import TurnOffer, TurnStatus
 
 __all__ = ["NodePresence", "Relay", "Snapshot"]
 
@@ -36,7 +39,7 @@ class Snapshot(msgspec.Struct, tag="presence_snapshot", tag_field="frame"):
     ask: bool = False
 
 
-_decode = msgspec.json.Decoder(f.StreamFrame | f.PresenceFrame | Snapshot).decode
+_decode = msgspec.json.Decoder(f.StreamFrame | f.PresenceFrame | Snapshot | TurnOffer | TurnStatus).decode
 
 
 class NodePresence:
@@ -46,12 +49,14 @@ class NodePresence:
         self,
         local: PresenceTable,
         streams: StreamMirror,
+        turns: TurnRelay,
         bus: RemoteBus,
         heartbeat: float = 10.0,
         ttl: float = 30.0,
     ) -> None:
         self.local = local
         self.streams = streams
+        self.turns = turns
         self.bus = bus
         self.heartbeat = heartbeat
         self.ttl = ttl
@@ -120,6 +125,7 @@ class NodePresence:
             self.send_snapshot()
             self.expire()
             self.streams.expire_mirrors()
+            self.turns.heartbeat()
 
 
 class Relay:
@@ -129,17 +135,20 @@ class Relay:
         self,
         local: PresenceTable,
         streams: StreamMirror,
+        turns: TurnRelay,
         bus: RemoteBus,
         heartbeat: float = 10.0,
         ttl: float = 30.0,
     ) -> None:
         self.streams = streams
+        self.turns = turns
         self.bus = bus
-        self.presence = NodePresence(local, streams, bus, heartbeat, ttl)
+        self.presence = NodePresence(local, streams, turns, bus, heartbeat, ttl)
         self._task: asyncio.Task[None] | None = None
         bus.on_relay = self.received
 
     def start(self) -> None:
+        self.turns.heartbeat()  # before the first heartbeat: who answers turns here
         self._task = asyncio.get_running_loop().create_task(self.presence.run(), name="presence heartbeat")
 
     async def close(self) -> None:
@@ -166,3 +175,5 @@ class Relay:
                 self.presence.on_frame(node, frame)
             case Snapshot():
                 self.presence.on_snapshot(node, frame)
+            case TurnOffer() | TurnStatus():
+                self.turns.relayed(node, frame)

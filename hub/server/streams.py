@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,10 +89,20 @@ class Streams:
         self.coalesce = coalesce
         self.active: dict[tuple[str, str], LiveStream] = {}
         self.mirrors: dict[tuple[str, str], Mirror] = {}
+        #: session id -> callbacks given every stream frame of the session, this node's and
+        #: relayed ones (:mod:`.turns`: the chat endpoints). Local deltas come one by one, at
+        #: once, not coalesced: a chat reply's first token is not held back for subscribers.
+        self.watchers: dict[str, list[Callable[[f.StreamFrame], None]]] = {}
         bus = hub.store.bus
         self._relay = bus.relay if isinstance(bus, RemoteBus) else None
 
+    def _watch(self, frame: f.StreamFrame) -> None:
+        for watcher in self.watchers.get(frame.session_id, ()):
+            watcher(frame)
+
     def _broadcast(self, session_id: str, frame: f.StreamFrame) -> None:
+        if frame.action != "delta":  # watchers had each delta already
+            self._watch(frame)
         data = encode(frame).decode()  # once, for every subscriber
         self._deliver(session_id, data)
         if self._relay is not None:
@@ -123,6 +134,7 @@ class Streams:
                     mirror.index += 1
         elif frame.action == "end":
             self.mirrors.pop(key, None)
+        self._watch(frame)
         self._deliver(frame.session_id, data)
 
     def expire_mirrors(self) -> None:
@@ -178,6 +190,16 @@ class Streams:
         if request.part is not None:
             entry["part"] = request.part
         stream.outbox.append(entry)
+        if request.session_id in self.watchers:
+            self._watch(
+                f.StreamFrame(
+                    session_id=request.session_id,
+                    message_id=request.message_id,
+                    action="delta",
+                    index=stream.index,
+                    deltas=[entry],
+                )
+            )
         if stream.sender is None:
             stream.sender = asyncio.get_running_loop().call_later(self.coalesce, self._flush, stream)
         if not stream.dirty:
@@ -262,6 +284,18 @@ class Streams:
         for stream in [s for s in self.active.values() if s.owner is connection]:
             with contextlib.suppress(Exception):
                 await self.end(None, stream, "interrupted")
+
+    def current(self, session_id: str, message_id: str) -> tuple[dict[str, Any], int] | None:
+        """The message as it stands and its index, this node's stream or another node's
+        mirrored here; None when it is not streaming."""
+        key = (session_id, message_id)
+        live = self.active.get(key)
+        if live is not None:
+            return live.snapshot().to_dict(), live.index
+        mirror = self.mirrors.get(key)
+        if mirror is not None:
+            return mirror.message, mirror.index
+        return None
 
     def states(self, session_id: str) -> list[str]:
         """``state`` frames of the session's running streams, this node's and mirrored ones."""

@@ -20,8 +20,8 @@ from protocol.codec import encode
 from protocol.connection import StreamKey
 
 from ..store.base import REGISTRY, session_stream
-from .connection import Connection, Evicted
-from .outbox import STR_HEADER, frame_cost
+from .connection import Connection
+from .outbox import STR_HEADER, Evicted, frame_cost
 from .tails import Live, Tail
 from .wire import error_frame, event_frame
 

@@ -13,17 +13,15 @@ registry (else :class:`~protocol.errors.SessionNotFound`, nothing written) and i
 from __future__ import annotations
 
 import abc
-import math
-import sys
+import time
 from collections.abc import Sequence
-from typing import Any, Final, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
 from protocol import (
     Compaction,
     Event,
-    InvalidInput,
     Message,
     PositionLost,
     SearchResult,
@@ -32,6 +30,17 @@ from protocol import (
 from protocol.markers import LATEST, Parent, ParentArg
 
 from ..bus import Bus
+from .policy import (
+    COST_MAX,
+    INT64_MAX,
+    INT64_MIN,
+    REGISTRY,
+    check_limit,
+    check_session_id,
+    check_usage,
+    session_stream,
+    usage_totals,
+)
 
 __all__ = [
     "COST_MAX",
@@ -45,87 +54,13 @@ __all__ = [
     "ParentArg",
     "Store",
     "StreamPosition",
+    "WriteTx",
     "check_limit",
     "check_session_id",
     "check_usage",
     "session_stream",
     "usage_totals",
 ]
-
-
-#: The stream key of the sessions-registry log.
-REGISTRY: Final = "registry"
-
-
-def session_stream(session_id: str) -> str:
-    """The stream key of a session's own log."""
-    return "s:" + session_id
-
-
-#: What an integer column holds on both stores (SQLite INTEGER, Postgres bigint).
-INT64_MAX: Final = (1 << 63) - 1
-INT64_MIN: Final = -(1 << 63)
-#: The largest finite double: a cost total never goes beyond it.
-COST_MAX: Final = sys.float_info.max
-
-
-def check_session_id(session_id: object) -> str:
-    """A session id is a string, on every store (SQLite would look an int up and find
-    nothing, asyncpg would refuse to bind it)."""
-    if not isinstance(session_id, str):
-        raise InvalidInput(f"session id must be a string, got {type(session_id).__name__}")
-    return session_id
-
-
-def check_limit(limit: object, name: str = "limit") -> int:
-    """A result count: an integer that fits a SQL ``LIMIT`` (<= 0 means no results)."""
-    if isinstance(limit, bool) or not isinstance(limit, int):
-        raise InvalidInput(f"{name} must be an integer, got {type(limit).__name__}")
-    if not INT64_MIN <= limit <= INT64_MAX:
-        raise InvalidInput(f"{name} must be at most {INT64_MAX}, got {limit}")
-    return limit
-
-
-def _count(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidInput(f"{name} must be a number")
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise InvalidInput(f"{name} must be finite, got {value!r}")
-        value = int(value)
-    if not INT64_MIN <= value <= INT64_MAX:
-        raise InvalidInput(f"{name} must fit in 64 bits (|n| < 2**63), got {value}")
-    return value
-
-
-def check_usage(input_tokens: object, output_tokens: object, cost: object) -> tuple[int, int, float]:
-    """``add_usage``'s arguments as stored: token counts within int64, a finite cost."""
-    tokens_in = _count(input_tokens, "input_tokens")
-    tokens_out = _count(output_tokens, "output_tokens")
-    if isinstance(cost, bool) or not isinstance(cost, int | float):
-        raise InvalidInput("cost must be a number")
-    try:
-        amount = float(cost)
-    except OverflowError:  # an int beyond any double
-        raise InvalidInput(f"cost must be finite, got {cost}") from None
-    if not math.isfinite(amount):
-        raise InvalidInput(f"cost must be finite, got {amount!r}")
-    return tokens_in, tokens_out, amount
-
-
-def usage_totals(current: tuple[int, int, float], delta: tuple[int, int, float]) -> tuple[int, int, float]:
-    """The totals after adding ``delta`` (from :func:`check_usage`) to ``current``; a sum
-    that would leave int64 or the finite doubles is :class:`~protocol.errors.InvalidInput`
-    and nothing is added. Stores call it on the row they hold locked in the write
-    transaction, so two concurrent calls cannot overflow between them either."""
-    tokens_in, tokens_out = current[0] + delta[0], current[1] + delta[1]
-    for name, total in (("input_tokens", tokens_in), ("output_tokens", tokens_out)):
-        if not INT64_MIN <= total <= INT64_MAX:
-            raise InvalidInput(f"{name} total would be {total}, beyond 64 bits; nothing was added")
-    cost = current[2] + delta[2]
-    if not math.isfinite(cost):
-        raise InvalidInput("estimated_cost total would overflow a double; nothing was added")
-    return tokens_in, tokens_out, cost
 
 
 class AppendResult(msgspec.Struct, kw_only=True):
@@ -166,6 +101,37 @@ class StreamPosition(msgspec.Struct, kw_only=True):
             raise PositionLost(
                 self.stream, after_seq, epoch=self.epoch, first_seq=self.first_seq, last_seq=self.last_seq
             )
+
+
+C = TypeVar("C")
+
+
+class WriteTx(Generic[C]):
+    """The one shape of a write transaction, on every store: its connection, one clock
+    reading for everything it writes (``now``, epoch seconds), and the ``(stream, seq)``
+    it logged (``notes``), rung on the bus by :meth:`ring` once the commit is done.
+
+    Each store's subclass adds the same statements: ``emit(stream, session_id, type_,
+    data)`` and ``emit_many(stream, session_id, events)`` (append to a log, return the last
+    seq, note it), ``emit_session``, ``touch(session_id)`` (a managed write's check and
+    ``updated_at``), ``session_row(session_id)`` and ``registry_change(info, type_,
+    **extra)`` (both logs, per :func:`~hub.store.policy.registry_events`). On SQLite they
+    are plain calls (the whole transaction runs as one call in the connection's thread),
+    on Postgres they are awaited.
+    """
+
+    __slots__ = ("conn", "notes", "now")
+
+    def __init__(self, conn: C) -> None:
+        self.conn = conn
+        self.now = time.time()
+        self.notes: list[tuple[str, int]] = []
+
+    def ring(self, bus: Bus) -> None:
+        """After the commit: tell the bus what was written (never before: a subscriber
+        woken early would read a log without the events)."""
+        for stream, seq in self.notes:
+            bus.publish(stream, seq)
 
 
 class Store(abc.ABC):

@@ -48,11 +48,11 @@ export function initActions(getCursor) {
   $("act-regenerate").addEventListener("click", async () => {
     const model = state.current;
     try {
-      // The hub has no turn op yet: the request is tried, and its typed error shown.
+      // leaf_id: the hub's alias of message_id (an assistant leaf is regenerated as a sibling).
       await state.client.request("start_turn", { session_id: model.id, leaf_id: activeLeaf(model) });
-      say("Turn started.");
+      say("Turn started: a responder will stream the reply.");
     } catch (err) {
-      say(`No responder: this hub cannot start a turn (${err.code}: ${err.message}). Nothing was appended.`, true);
+      say(`The turn did not start (${err.code}: ${err.message}). Nothing was appended.`, true);
     }
   });
   $("act-rename").addEventListener("click", () => {

@@ -1,0 +1,336 @@
+"""The built-in responder: answers the hub's turns by streaming from an OpenAI-compatible
+``/v1/chat/completions`` server (``stream: true``), as ``sessionhub respond`` runs it.
+
+For each turn it sends the session's frozen system prompt and the branch up to the turn;
+with context blocks, the session's context tools too. The model's text and reasoning
+stream into the reply as they come; its tool calls run in the hub (``run_tool``, through
+``dispatch``) and show up live as tool parts (``input-available``, then
+``output-available``), and the model is called again with the results, up to
+``max_tool_rounds`` times. Token usage is added to the session. Retries and errors are the
+summarizer's (:class:`hub.summarizers.OpenAICompatible`): timeouts, connection errors and
+408/409/425/429/5xx answers are retried with backoff — until the first token has streamed,
+after which a failure ends the reply — and what cannot be retried fails the turn with the
+server's answer in the chat's ``error`` chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+
+from clients import HubClient, MessageStream, RemoteTool, Turn
+from protocol import Message
+from protocol.errors import SummarizerError
+
+from .summarizers import _RETRY_STATUS, OpenAICompatible
+
+__all__ = ["ChatCompletionsResponder", "chat_messages", "run_responder"]
+
+log = logging.getLogger("sessionhub.responder")
+
+
+def chat_messages(history: Sequence[Message], system: str | None = None) -> list[dict[str, Any]]:
+    """A branch as chat-completions messages: text, and tool calls with their results."""
+    out: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    for message in history:
+        text = "".join(str(p.get("text", "")) for p in message.parts if p.get("type") == "text")
+        if message.role != "assistant":
+            role = message.role if message.role in ("system", "user") else "user"
+            out.append({"role": role, "content": text})
+            continue
+        calls, results = [], []
+        for part in message.parts:
+            kind = str(part.get("type", ""))
+            if not (kind.startswith("tool-") or kind == "dynamic-tool"):
+                continue
+            if part.get("state") not in ("output-available", "output-error"):
+                continue
+            name = str(part.get("toolName", "")) if kind == "dynamic-tool" else kind[len("tool-") :]
+            call_id = str(part.get("toolCallId", ""))
+            calls.append(
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": name, "arguments": json.dumps(part.get("input") or {})},
+                }
+            )
+            output = part.get("output") if part.get("state") == "output-available" else part.get("errorText")
+            results.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": call_id,
+                    "content": output if isinstance(output, str) else json.dumps(output),
+                }
+            )
+        entry: dict[str, Any] = {"role": "assistant", "content": text or None}
+        if calls:
+            entry["tool_calls"] = calls
+        out.append(entry)
+        out.extend(results)
+    return out
+
+
+@dataclass
+class _Call:
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass
+class _Round:
+    """What one streamed completion produced."""
+
+    calls: dict[int, _Call] = field(default_factory=dict)
+    text: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+class ChatCompletionsResponder:
+    """Answers turns with a chat-completions model (see the module)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        *,
+        timeout: float = 60.0,
+        max_retries: int = 3,
+        backoff: float = 0.5,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        max_tool_rounds: int = 8,
+        client: httpx2.AsyncClient | None = None,
+    ) -> None:
+        # The summarizer's retry policy, shared: same statuses, same backoff and Retry-After.
+        self.policy = OpenAICompatible(
+            base_url, model, api_key, timeout=timeout, max_retries=max_retries, backoff=backoff
+        )
+        self.url = self.policy.url
+        self.model = model
+        self.api_key = api_key
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        self.max_tool_rounds = max_tool_rounds
+        self._client = client
+
+    async def answer(self, turn: Turn) -> None:
+        """Stream the turn's reply; a failure aborts it with the reason shown in the chat."""
+        session = turn.session
+        system = await session.freeze_system_prompt()
+        tools = await session.tools()
+        messages = chat_messages(turn.history, system)
+        client = self._client or httpx2.AsyncClient(timeout=self.timeout)
+        used = [0, 0]
+        try:
+            async with turn.reply() as st:
+                try:
+                    for _ in range(self.max_tool_rounds + 1):
+                        result = await self._round(client, messages, tools, st)
+                        used[0] += result.input_tokens
+                        used[1] += result.output_tokens
+                        if not result.calls:
+                            break
+                        messages += await self._run_tools(result, tools, st)
+                finally:
+                    # Before the reply ends: whoever sees it finished sees its usage too.
+                    if used[0] or used[1]:
+                        with contextlib.suppress(Exception):
+                            await turn.client.sessions.add_usage(turn.session_id, used[0], used[1], 0.0)
+        finally:
+            if self._client is None:
+                await client.aclose()
+
+    def _body(self, messages: list[dict[str, Any]], tools: Sequence[RemoteTool]) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if tools:
+            body["tools"] = [
+                {
+                    "type": "function",
+                    "function": {"name": t.name, "description": t.description, "parameters": t.input_schema},
+                }
+                for t in tools
+            ]
+        if self.temperature is not None:
+            body["temperature"] = self.temperature
+        if self.max_tokens is not None:
+            body["max_tokens"] = self.max_tokens
+        return body
+
+    async def _round(
+        self,
+        client: httpx2.AsyncClient,
+        messages: list[dict[str, Any]],
+        tools: Sequence[RemoteTool],
+        st: MessageStream,
+    ) -> _Round:
+        headers = {"content-type": "application/json", "accept": "text/event-stream"}
+        if self.api_key:
+            headers["authorization"] = f"Bearer {self.api_key}"
+        body = self._body(messages, tools)
+        last = "no attempt made"
+        for attempt in range(self.max_retries + 1):
+            result = _Round()
+            streamed = False
+            response: httpx2.Response | None = None
+            try:
+                async with client.stream(
+                    "POST", self.url, json=body, headers=headers, timeout=self.timeout
+                ) as response:
+                    if response.status_code != 200:
+                        text = (await response.aread()).decode(errors="replace")
+                        last = f"HTTP {response.status_code}: {text[:500]}"
+                        if response.status_code not in _RETRY_STATUS:
+                            raise SummarizerError(f"responder request to {self.url} failed: {last}")
+                    else:
+                        async for chunk in _sse(response):
+                            streamed = await self._apply(chunk, result, st) or streamed
+                        return result
+            except httpx2.TimeoutException:
+                last = f"timed out after {self.timeout:g}s"
+            except httpx2.TransportError as exc:
+                last = f"connection failed: {exc}"
+            if streamed:
+                # Part of the reply is out: a retry would say it twice.
+                raise SummarizerError(f"responder stream from {self.url} broke off: {last}")
+            if attempt < self.max_retries:
+                await asyncio.sleep(self.policy._delay(attempt, response))
+        raise SummarizerError(
+            f"responder request to {self.url} failed after {self.max_retries + 1} attempts: {last}"
+        )
+
+    async def _apply(self, chunk: dict[str, Any], result: _Round, st: MessageStream) -> bool:
+        """One streamed chunk into the reply; True if it carried content."""
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            result.input_tokens += int(usage.get("prompt_tokens") or 0)
+            result.output_tokens += int(usage.get("completion_tokens") or 0)
+        content = False
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            thought = delta.get("reasoning_content") or delta.get("reasoning")
+            if isinstance(thought, str) and thought:
+                await st.reasoning(thought)
+                content = True
+            text = delta.get("content")
+            if isinstance(text, str) and text:
+                await st.text(text)
+                result.text += text
+                content = True
+            for call in delta.get("tool_calls") or []:
+                held = result.calls.setdefault(int(call.get("index", 0)), _Call())
+                held.id = call.get("id") or held.id
+                function = call.get("function") or {}
+                held.name = function.get("name") or held.name
+                held.arguments += function.get("arguments") or ""
+                content = True
+        return content
+
+    async def _run_tools(
+        self, result: _Round, tools: Sequence[RemoteTool], st: MessageStream
+    ) -> list[dict[str, Any]]:
+        """Run the round's tool calls in the hub, each shown live as a tool part."""
+        by_name = {t.name: t for t in tools}
+        calls = [result.calls[i] for i in sorted(result.calls)]
+        asked: dict[str, Any] = {"role": "assistant", "content": result.text or None, "tool_calls": []}
+        answers: list[dict[str, Any]] = []
+        for n, call in enumerate(calls):
+            call_id = call.id or f"call-{n}"
+            try:
+                arguments: Any = json.loads(call.arguments or "{}")
+            except ValueError:
+                arguments = call.arguments
+            part: dict[str, Any] = {"type": f"tool-{call.name}", "toolCallId": call_id, "input": arguments}
+            await st.tool_part({**part, "state": "input-available"})
+            tool = by_name.get(call.name)
+            if tool is None:
+                output = f"Error: no tool named {call.name!r}"
+            else:
+                output = await tool.execute(call.arguments or "{}")
+            await st.tool_part({**part, "state": "output-available", "output": output})
+            asked["tool_calls"].append(
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+            )
+            answers.append({"role": "tool", "tool_call_id": call_id, "content": output})
+        return [asked, *answers]
+
+
+async def _sse(response: httpx2.Response) -> AsyncIterator[dict[str, Any]]:
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            raise SummarizerError(f"the model's stream sent a line that is not JSON: {data[:200]}") from None
+        if isinstance(chunk, dict):
+            if isinstance(chunk.get("error"), dict | str):
+                raise SummarizerError(f"the model's stream reported an error: {str(chunk['error'])[:500]}")
+            yield chunk
+
+
+async def run_responder(
+    url: str,
+    responder: ChatCompletionsResponder,
+    *,
+    token: str | None = None,
+    name: str = "responder",
+    concurrency: int = 64,
+    ready: asyncio.Event | None = None,
+) -> None:
+    """Answer the hub's turns until cancelled, up to ``concurrency`` at once."""
+    slots = asyncio.Semaphore(concurrency)
+    running: set[asyncio.Task[None]] = set()
+
+    async def one(turn: Turn) -> None:
+        try:
+            await responder.answer(turn)
+        except SummarizerError as exc:
+            log.warning("turn %s in %s failed: %s", turn.turn_id, turn.session_id, exc)
+        except Exception:
+            log.exception("turn %s in %s failed", turn.turn_id, turn.session_id)
+        finally:
+            slots.release()
+
+    async with HubClient(url, token=token, name=name, role="worker") as hub:
+        turns = hub.turns()
+        try:
+            first = asyncio.ensure_future(anext(turns))
+            if ready is not None:
+                ready.set()
+            turn = await first
+            while True:
+                await slots.acquire()
+                task = asyncio.create_task(one(turn))
+                running.add(task)
+                task.add_done_callback(running.discard)
+                turn = await anext(turns)
+        except StopAsyncIteration:
+            pass
+        finally:
+            for task in list(running):
+                task.cancel()
+            await turns.aclose()

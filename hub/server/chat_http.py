@@ -1,0 +1,395 @@
+"""The Vercel AI SDK's chat endpoints: ``POST /api/chat`` and ``GET /api/chat/{id}/stream``.
+
+Both answer with the SDK's *UI message stream*: server-sent events, one JSON chunk each
+(``start``, ``text-start``/``-delta``/``-end``, ``reasoning-*``, ``tool-input-*`` and
+``tool-output-*``, ``start-step``/``finish-step``, ``finish`` or ``error``), then
+``data: [DONE]``, with the header ``x-vercel-ai-ui-message-stream: v1``. So
+``useChat()`` with its ``DefaultChatTransport`` (and its resumable-stream reconnect) talks to
+the hub unchanged.
+
+``POST /api/chat`` takes the body ``DefaultChatTransport`` sends (``id``: the session,
+``messages``: the path the page shows, ``trigger``, ``messageId``), creates the session if
+it is new (with ``admin``), appends the messages it does not hold yet (idempotent by id, as a
+chain from the root), starts a turn (:mod:`.turns`) and streams the reply. The chunks are
+derived from the reply's stream frames by :class:`UIMessageEncoder`, which diffs the message
+as the hub holds it: what the SDK rebuilds is what the hub stores. ``GET
+/api/chat/{id}/stream`` resumes: ``204`` when no turn is in flight, else the message from its
+``start`` (everything so far, in one go) and then live.
+
+The endpoints see the running hub as a :class:`~hub.server.ports.ChatHost`
+(``request.app.state.hub``), a turn as a :class:`~hub.server.ports.ChatTurn`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Route
+
+from protocol import (
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    SessionHubError,
+    SessionNotFound,
+    SummarizerError,
+)
+from protocol import frames as f
+from protocol.deltas import apply_delta
+
+from ..auth import Grant, verify_token
+from .ports import ChatHost, ChatTurn
+from .turnframes import TurnOutcome
+
+__all__ = ["UIMessageEncoder", "chat_routes", "sse_headers"]
+
+log = logging.getLogger("sessionhub.chat")
+
+Chunk = dict[str, Any]
+
+#: Headers of every UI message stream response.
+sse_headers = {
+    "content-type": "text/event-stream",
+    "cache-control": "no-cache",
+    "connection": "keep-alive",
+    "x-vercel-ai-ui-message-stream": "v1",
+    "x-accel-buffering": "no",
+}
+
+_TOOL_STAGE = {"input-streaming": 0, "input-available": 1, "output-available": 2, "output-error": 2}
+
+
+def _is_tool(part: dict[str, Any]) -> bool:
+    kind = part.get("type")
+    return isinstance(kind, str) and (kind.startswith("tool-") or kind == "dynamic-tool")
+
+
+class UIMessageEncoder:
+    """Turns one streamed message, as the hub holds it, into UI message stream chunks.
+
+    Feed it snapshots (:meth:`message`) or deltas (:meth:`deltas`); each returns the chunks
+    that take a reader from what it was sent to what the message is now. Text and reasoning
+    grow by their new suffix; a tool part goes through input start, input available and
+    output; step-start parts become ``start-step`` (and ``finish-step`` before the next)."""
+
+    def __init__(self, message_id: str) -> None:
+        self.message_id = message_id
+        self.parts: list[dict[str, Any]] = []
+        self.index = -1
+        self._sent: list[dict[str, Any]] = []  # per part: what the reader has
+        self._step = False
+        self._metadata_sent = False
+
+    def start(self) -> list[Chunk]:
+        return [{"type": "start", "messageId": self.message_id}]
+
+    def message(self, message: dict[str, Any], index: int) -> list[Chunk]:
+        """A whole message (``start``, ``state``, ``end``): the reader catches up to it."""
+        if index < self.index:
+            return []
+        self.index = index
+        self.parts = copy.deepcopy(list(message.get("parts") or []))
+        chunks: list[Chunk] = []
+        metadata = message.get("metadata")
+        if metadata is not None and not self._metadata_sent:
+            self._metadata_sent = True
+            chunks.append({"type": "message-metadata", "messageMetadata": metadata})
+        return chunks + self._diff()
+
+    def deltas(self, deltas: list[dict[str, Any]]) -> list[Chunk]:
+        """Deltas applied in index order, once each; a gap waits for the next whole message."""
+        for delta in deltas:
+            if int(delta.get("index", -1)) != self.index + 1:
+                continue
+            with contextlib.suppress(InvalidInput):  # the hub checked it; a bad one is skipped
+                apply_delta(self.parts, delta.get("kind"), delta.get("text"), delta.get("part"))
+            self.index += 1
+        return self._diff()
+
+    def close(self) -> list[Chunk]:
+        """The message is complete: end open parts and the open step."""
+        chunks = self._close_open(len(self._sent))
+        if self._step:
+            self._step = False
+            chunks.append({"type": "finish-step"})
+        return chunks
+
+    def _close_open(self, before: int) -> list[Chunk]:
+        chunks: list[Chunk] = []
+        for sent in self._sent[:before]:
+            if sent.get("open"):
+                sent["open"] = False
+                chunks.append({"type": f"{sent['kind']}-end", "id": sent["id"]})
+        return chunks
+
+    def _diff(self) -> list[Chunk]:
+        chunks: list[Chunk] = []
+        for i, part in enumerate(self.parts):
+            if i >= len(self._sent):
+                chunks += self._close_open(i)  # only the last part can still grow
+                self._sent.append({})
+                chunks += self._first(i, part)
+            chunks += self._grow(i, part)
+        return chunks
+
+    def _first(self, i: int, part: dict[str, Any]) -> list[Chunk]:
+        kind = part.get("type")
+        sent = self._sent[i]
+        if kind in ("text", "reasoning"):
+            sent.update(kind=kind, id=f"{kind}-{i}", chars=0, open=True)
+            chunk: Chunk = {"type": f"{kind}-start", "id": sent["id"]}
+            if part.get("providerMetadata") is not None:
+                chunk["providerMetadata"] = part["providerMetadata"]
+            return [chunk]
+        if _is_tool(part):
+            sent.update(kind="tool", stage=-1)
+            return []
+        sent.update(kind="other")
+        if kind == "step-start":
+            chunks: list[Chunk] = [{"type": "finish-step"}] if self._step else []
+            self._step = True
+            return [*chunks, {"type": "start-step"}]
+        if kind == "file":
+            return [{"type": "file", "url": part.get("url", ""), "mediaType": part.get("mediaType", "")}]
+        if kind in ("source-url", "source-document") or (isinstance(kind, str) and kind.startswith("data-")):
+            return [dict(part)]
+        return []  # a part the stream protocol cannot carry: it is in the stored message
+
+    def _grow(self, i: int, part: dict[str, Any]) -> list[Chunk]:
+        sent = self._sent[i]
+        if sent.get("kind") in ("text", "reasoning"):
+            text = part.get("text")
+            if not isinstance(text, str) or len(text) <= sent["chars"]:
+                return []
+            delta, sent["chars"] = text[sent["chars"] :], len(text)
+            return [{"type": f"{sent['kind']}-delta", "id": sent["id"], "delta": delta}]
+        if sent.get("kind") != "tool":
+            return []
+        return self._tool(sent, part)
+
+    @staticmethod
+    def _tool(sent: dict[str, Any], part: dict[str, Any]) -> list[Chunk]:
+        kind = str(part.get("type"))
+        dynamic = kind == "dynamic-tool"
+        name = str(part.get("toolName", "")) if dynamic else kind[len("tool-") :]
+        call = str(part.get("toolCallId", ""))
+        common: Chunk = {"toolCallId": call, "toolName": name}
+        if dynamic:
+            common["dynamic"] = True
+        for key in ("providerExecuted", "title"):
+            if part.get(key) is not None:
+                common[key] = part[key]
+        stage = _TOOL_STAGE.get(str(part.get("state")), 0)
+        chunks: list[Chunk] = []
+        if sent["stage"] < 0:
+            chunks.append({"type": "tool-input-start", **common})
+            sent["stage"] = 0
+        if stage >= 1 and sent["stage"] < 1:
+            chunks.append({"type": "tool-input-available", **common, "input": part.get("input")})
+            sent["stage"] = 1
+        if stage >= 2 and sent["stage"] < 2:
+            if part.get("state") == "output-error":
+                chunks.append(
+                    {
+                        "type": "tool-output-error",
+                        "toolCallId": call,
+                        "errorText": str(part.get("errorText", "")),
+                    }
+                )
+            else:
+                chunks.append(
+                    {"type": "tool-output-available", "toolCallId": call, "output": part.get("output")}
+                )
+            sent["stage"] = 2
+        return chunks
+
+
+def _sse(chunks: list[Chunk]) -> bytes:
+    return "".join(f"data: {json.dumps(c, separators=(',', ':'))}\n\n" for c in chunks).encode()
+
+
+async def turn_stream(hub: ChatHost, turn: ChatTurn) -> AsyncIterator[bytes]:
+    """The turn's reply as SSE: from its ``start``, everything so far, then live."""
+    queue: asyncio.Queue[f.StreamFrame | TurnOutcome] = asyncio.Queue()
+    encoder = UIMessageEncoder(turn.reply_id)
+    # Watch, then read what is there, with no await between: every later frame is new.
+    stop = turn.watch(queue.put_nowait)
+    try:
+        chunks = encoder.start()
+        current = hub.streams.current(turn.session_id, turn.reply_id)
+        if current is not None:
+            chunks += encoder.message(*current)
+        yield _sse(chunks)
+        while True:
+            item = await queue.get()
+            if isinstance(item, TurnOutcome):
+                chunks = encoder.close()
+                if item.status == "finished":
+                    chunks.append({"type": "finish", "finishReason": "stop"})
+                else:
+                    chunks.append({"type": "error", "errorText": item.error or "the turn failed"})
+                yield _sse(chunks) + b"data: [DONE]\n\n"
+                return
+            if item.action == "delta":
+                chunks = encoder.deltas(item.deltas or [])
+            elif item.message is not None:
+                chunks = encoder.message(item.message, item.index)
+            else:
+                chunks = []
+            if chunks:
+                yield _sse(chunks)
+    finally:
+        stop()
+
+
+# -- HTTP ----------------------------------------------------------------------------------
+
+
+class ChatBody(msgspec.Struct, kw_only=True):
+    """What ``DefaultChatTransport`` posts (other fields, a page's own ``body``, are ignored)."""
+
+    id: str
+    messages: list[dict[str, Any]]
+    trigger: Literal["submit-message", "regenerate-message"] = "submit-message"
+    messageId: str | None = None  # the SDK's name
+
+
+_STATUS = {"invalid": 400, "forbidden": 403, "not_found": 404, "conflict": 409, "unavailable": 503}
+
+
+def _error(code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    status = 401 if code == "unauthorized" else _STATUS.get(code, 500)
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
+
+
+def _cors(request: Request, hub: ChatHost) -> dict[str, str] | None:
+    """CORS headers for an allowed cross-origin browser, ``{}`` for same-origin or
+    non-browser clients, None for an origin that is not allowed."""
+    origin = request.headers.get("origin")
+    if origin is None or origin.split("://", 1)[-1] == request.headers.get("host", ""):
+        return {}
+    allowed = hub.config.allowed_origins
+    if origin not in allowed and "*" not in allowed:
+        return None
+    return {
+        "access-control-allow-origin": origin,
+        "access-control-allow-headers": "authorization, content-type",
+        "access-control-allow-methods": "GET, POST, OPTIONS",
+        "access-control-expose-headers": "x-vercel-ai-ui-message-stream",
+        "access-control-max-age": "600",
+        "vary": "Origin",
+    }
+
+
+def _grant(request: Request, hub: ChatHost) -> Grant | None:
+    """The request's grant (None when the hub has no auth secret); raises Forbidden."""
+    secret = hub.config.auth_secret
+    if secret is None:
+        return None
+    header = request.headers.get("authorization", "")
+    token = header[7:].strip() if header[:7].lower() == "bearer " else None
+    return verify_token(secret, token)
+
+
+def _check(grant: Grant | None, hub: ChatHost, op: str, session_id: str) -> None:
+    if hub.config.auth_secret is not None and (grant is None or not grant.allows(op, session_id)):
+        raise Forbidden("forbidden")
+
+
+def _code(exc: SessionHubError) -> str:
+    if isinstance(exc, Forbidden):
+        return "forbidden"
+    if isinstance(exc, NotFound):
+        return "not_found"
+    if isinstance(exc, InvalidInput):
+        return "invalid"
+    if isinstance(exc, Conflict):
+        return "conflict"
+    if isinstance(exc, SummarizerError):
+        return "upstream"
+    return str(getattr(exc, "code", "internal"))
+
+
+def _title(messages: list[dict[str, Any]]) -> str:
+    for message in messages:
+        for part in message.get("parts") or []:
+            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                return " ".join(part["text"].split())[:60] or "chat"
+    return "chat"
+
+
+async def _post(request: Request) -> Response:
+    hub: ChatHost = request.app.state.hub
+    cors = _cors(request, hub)
+    if cors is None:
+        return _error("forbidden", "origin not allowed")
+    if hub.closing:
+        return _error("unavailable", "the hub is shutting down", cors)
+    try:
+        body = msgspec.json.decode(await request.body(), type=ChatBody)
+    except msgspec.DecodeError as exc:  # ValidationError included
+        return _error("invalid", f"the body is not a chat request: {exc}", cors)
+    if not body.messages:
+        return _error("invalid", "`messages` is empty: nothing to answer", cors)
+    try:
+        grant = _grant(request, hub)
+        _check(grant, hub, "append_all", body.id)
+        if await hub.manager.get(body.id) is None:
+            if hub.config.auth_secret is not None and (grant is None or not grant.allows("create", body.id)):
+                raise SessionNotFound(body.id)  # creating one needs admin
+            await hub.store.create_session(_title(body.messages), source="api/chat", session_id=body.id)
+        await hub.manager.append_all(body.id, body.messages, None)
+        last = body.messages[-1].get("id")
+        turn = await hub.turns.start(body.id, str(last), body.trigger)
+    except Forbidden:
+        if request.headers.get("authorization") is None:
+            return _error("unauthorized", "this hub needs a token: send Authorization: Bearer <token>", cors)
+        return _error("forbidden", "forbidden", cors)
+    except SessionHubError as exc:
+        return _error(_code(exc), str(exc), cors)
+    return StreamingResponse(turn_stream(hub, turn), headers={**sse_headers, **cors})
+
+
+async def _resume(request: Request) -> Response:
+    hub: ChatHost = request.app.state.hub
+    cors = _cors(request, hub)
+    if cors is None:
+        return _error("forbidden", "origin not allowed")
+    session_id = request.path_params["session_id"]
+    try:
+        _check(_grant(request, hub), hub, "get_history", session_id)
+    except Forbidden:
+        if request.headers.get("authorization") is None:
+            return _error("unauthorized", "this hub needs a token: send Authorization: Bearer <token>", cors)
+        return _error("forbidden", "forbidden", cors)
+    turn = hub.turns.in_flight(session_id)
+    if turn is None:
+        return Response(status_code=204, headers=cors)
+    return StreamingResponse(turn_stream(hub, turn), headers={**sse_headers, **cors})
+
+
+async def _preflight(request: Request) -> Response:
+    hub: ChatHost = request.app.state.hub
+    cors = _cors(request, hub)
+    if cors is None:
+        return _error("forbidden", "origin not allowed")
+    return Response(status_code=204, headers=cors)
+
+
+def chat_routes() -> list[BaseRoute]:
+    return [
+        Route("/api/chat", _post, methods=["POST"]),
+        Route("/api/chat", _preflight, methods=["OPTIONS"]),
+        Route("/api/chat/{session_id}/stream", _resume, methods=["GET"]),
+        Route("/api/chat/{session_id}/stream", _preflight, methods=["OPTIONS"]),
+    ]

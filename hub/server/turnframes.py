@@ -1,0 +1,51 @@
+"""What a turn says beyond the client protocol: how it ended, to its watchers (the chat
+endpoints), and what nodes tell each other about it through the relay.
+
+Values only, so that the ports (:mod:`.ports`), the relay and the chat endpoints can name
+them without importing :mod:`.turns`, which takes its host through the ports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import msgspec
+
+from protocol import frames as f
+
+__all__ = ["TurnOffer", "TurnOutcome", "TurnStatus", "Watcher"]
+
+
+@dataclass(frozen=True)
+class TurnOutcome:
+    """How a turn ended: ``finished`` (the reply is stored), or ``failed`` with why."""
+
+    status: Literal["finished", "failed"]
+    error: str | None = None
+
+
+#: Called with each stream frame of a turn's reply, then its outcome.
+Watcher = Callable[[f.StreamFrame | TurnOutcome], None]
+
+
+class TurnOffer(msgspec.Struct, tag="turn_offer", tag_field="frame", kw_only=True):
+    """Node ``origin`` asks node ``to`` to give the turn to one of its responders."""
+
+    origin: str
+    to: str
+    turn: f.TurnFrame
+
+
+class TurnStatus(msgspec.Struct, tag="turn_status", tag_field="frame", kw_only=True):
+    """The answering node's word on an offered turn: ``taken`` (given to a responder),
+    ``declined`` (none could take it), ``started``, or ``failed`` with ``error``. Also a
+    node's count of responders (``turn_id`` empty), so others know where to offer turns."""
+
+    origin: str
+    to: str
+    turn_id: str
+    status: Literal["taken", "declined", "started", "failed", "responders"]
+    error: str | None = None
+    responders: int = 0

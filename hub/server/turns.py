@@ -1,0 +1,550 @@
+"""Turns: "an assistant reply to this message", handed to one connected responder.
+
+A responder is a connection that sent ``take_turns``. :meth:`Turns.start` (op
+``start_turn``, or ``POST /api/chat``) picks one allowed to write the session (the least
+busy, in turn), sends it a ``turn`` frame, and waits for it to start the reply
+(``stream_start`` with the turn's ``turn_id`` and ``reply_id``). With no responder, it waits
+up to ``timeout`` seconds for one to connect; a responder that goes away before it started
+answering has its turn handed to another. Once started, the turn follows its stream: it
+ends with the stream (``finished``; ``aborted`` and ``interrupted`` are failures). The
+watchers of a turn (the SSE responses) see every stream frame of the reply and then its
+:class:`TurnOutcome`. ``turn.started`` and ``turn.ended`` are logged in the session.
+
+With several nodes, a node whose own responders cannot take a turn offers it to another
+node that has some (:meth:`Turns.relayed`); the reply's stream frames come back through the
+relay like any other stream's.
+
+Turns see the hub as a :class:`~hub.server.ports.TurnHost` and a connection as a
+:class:`~hub.server.ports.Responder` (a :class:`~hub.server.ports.ReplyWriter` when it
+starts a stream): this module imports neither the hub nor the connection module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import msgspec
+
+from protocol import Conflict, Forbidden, InvalidInput, NotFound
+from protocol import frames as f
+from protocol.codec import encode
+
+from ..bus import RemoteBus
+from ..store.base import LogEntry
+from .outbox import Evicted
+from .ports import ReplyWriter, Responder, TurnHost
+from .turnframes import TurnOffer, TurnOutcome, TurnStatus, Watcher
+
+__all__ = ["LiveTurn", "TurnOffer", "TurnOutcome", "TurnStatus", "Turns", "Watcher"]
+
+log = logging.getLogger("sessionhub.turns")
+
+
+@dataclass(eq=False)
+class LiveTurn:
+    turn_id: str
+    session_id: str
+    message_id: str
+    parent_id: str | None
+    reply_id: str
+    trigger: str
+    regenerates: str | None
+    metadata: Any = None
+    responder: Responder | None = None
+    #: With several nodes: the node answering it, when not this one.
+    remote: str | None = None
+    started: bool = False
+    error: str | None = None
+    outcome: TurnOutcome | None = None
+    watchers: list[Watcher] = field(default_factory=list)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    created: float = field(default_factory=time.monotonic)
+
+    def frame(self, history: list[dict[str, Any]]) -> f.TurnFrame:
+        return f.TurnFrame(
+            turn_id=self.turn_id,
+            session_id=self.session_id,
+            message_id=self.message_id,
+            parent_id=self.parent_id,
+            reply_id=self.reply_id,
+            trigger=self.trigger,
+            history=history,
+            regenerates=self.regenerates,
+        )
+
+    def watch(self, watcher: Watcher) -> Callable[[], None]:
+        """Call ``watcher`` with each stream frame of the reply, then the outcome."""
+        self.watchers.append(watcher)
+        return lambda: self.watchers.remove(watcher) if watcher in self.watchers else None
+
+
+class Turns:
+    """The hub's turns and responders."""
+
+    def __init__(self, host: TurnHost, timeout: float = 30.0) -> None:
+        self.host = host
+        self.timeout = timeout
+        # With a cross-node bus, turn messages go to the other nodes through its relay
+        # (the hub's relay hands theirs to :meth:`relayed`).
+        bus = host.store.bus
+        self._bus = bus if isinstance(bus, RemoteBus) else None
+        #: responder -> how many turns it is answering now
+        self.responders: dict[Responder, int] = {}
+        self.live: dict[str, LiveTurn] = {}
+        self._by_reply: dict[tuple[str, str], LiveTurn] = {}
+        self._watched: dict[str, int] = {}
+        self._arrived = asyncio.Event()
+        self._order = itertools.count()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        #: Turns this node answers for another node: turn id -> (origin node, turn).
+        self.foreign: dict[str, tuple[str, LiveTurn]] = {}
+        #: Other nodes' responder counts (node id -> (count, when heard)).
+        self.remote_responders: dict[str, tuple[int, float]] = {}
+
+    # -- responders ----------------------------------------------------------------------
+    def serve(self, connection: Responder) -> None:
+        """``take_turns``: the connection answers turns from now on."""
+        if connection not in self.responders:
+            self.responders[connection] = 0
+            self._arrived.set()
+            self._arrived = asyncio.Event()
+            self._announce()
+
+    def _may_answer(self, connection: Responder, session_id: str) -> bool:
+        if connection.closed:
+            return False
+        if self.host.config.auth_secret is None:
+            return True
+        grant = connection.grant
+        return grant is not None and grant.allows("stream_start", session_id)
+
+    def _pick(self, session_id: str) -> Responder | None:
+        allowed = [c for c in self.responders if self._may_answer(c, session_id)]
+        if not allowed:
+            return None
+        least = min(self.responders[c] for c in allowed)
+        idle = [c for c in allowed if self.responders[c] == least]
+        return idle[next(self._order) % len(idle)]
+
+    def connection_lost(self, connection: Responder) -> None:
+        """A responder went away: turns it had not started go to another one (its started
+        replies end ``interrupted`` with its streams)."""
+        if self.responders.pop(connection, None) is not None:
+            self._announce()
+        for turn in [*self.live.values(), *(t for _, t in self.foreign.values())]:
+            if turn.responder is connection and not turn.started:
+                turn.responder = None
+                turn.changed.set()
+
+    # -- starting ------------------------------------------------------------------------
+    async def start(
+        self, session_id: str, message_id: str | None = None, trigger: str | None = None
+    ) -> LiveTurn:
+        """Start a turn answering ``message_id`` (default: the latest leaf); see the module."""
+        session = await self.host.session(session_id)
+        if message_id is None:
+            leaf = await session.get_latest_leaf()
+            if leaf is None:
+                raise InvalidInput("the session has no message to answer")
+            message_id = leaf.id
+        path = await self.host.store.get_path(session_id, message_id)
+        if not path or path[-1].id != message_id:
+            raise NotFound(f"message not found: {message_id!r}")
+        target = path[-1]
+        regenerates: str | None = None
+        if target.role == "assistant":
+            # Regenerate: the new reply is a sibling of this one, on the same parent.
+            regenerates = target.id
+            path = path[:-1]
+            trigger = trigger or "regenerate-message"
+        if not path:
+            raise InvalidInput(f"message {message_id!r} has nothing before it to answer")
+        trigger = trigger or "submit-message"
+        if trigger not in ("submit-message", "regenerate-message"):
+            raise InvalidInput(f"trigger must be submit-message or regenerate-message; got {trigger!r}")
+        running = self.in_flight(session_id)
+        if running is not None:
+            raise Conflict(f"turn {running.turn_id} is still in flight in this session")
+        answered = path[-1]
+        turn = LiveTurn(
+            turn_id=uuid.uuid4().hex,
+            session_id=session_id,
+            message_id=answered.id,
+            parent_id=answered.id,
+            reply_id=uuid.uuid4().hex,
+            trigger=trigger,
+            regenerates=regenerates,
+        )
+        self.live[turn.turn_id] = turn
+        self._by_reply[(session_id, turn.reply_id)] = turn
+        self._follow(session_id)
+        try:
+            await self._log(turn, "turn.started", {"message_id": turn.message_id, "trigger": trigger})
+        except BaseException:
+            self._forget(turn)
+            raise
+        self._spawn(self._assign(turn, [m.to_dict() for m in await session.get_history(answered.id)]))
+        return turn
+
+    @staticmethod
+    def describe(turn: LiveTurn | None) -> dict[str, Any] | None:
+        """A turn as the ``start_turn`` and ``get_turn`` ops answer it."""
+        if turn is None:
+            return None
+        return {
+            "turn_id": turn.turn_id,
+            "reply_id": turn.reply_id,
+            "message_id": turn.message_id,
+            "parent_id": turn.parent_id,
+            "trigger": turn.trigger,
+            "started": turn.started,
+        }
+
+    def in_flight(self, session_id: str) -> LiveTurn | None:
+        """The session's turn that has not ended, if any (the newest)."""
+        running = [t for t in self.live.values() if t.session_id == session_id and t.outcome is None]
+        return max(running, key=lambda t: t.created) if running else None
+
+    async def _assign(self, turn: LiveTurn, history: list[dict[str, Any]]) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        frame = turn.frame(history)
+        declined: set[str] = set()
+        while turn.outcome is None and not turn.started:
+            responder = self._pick(turn.session_id)
+            node = None if responder is not None else self._remote_node(declined)
+            if responder is None and node is None:
+                arrived = self._arrived
+                if not await _wait(arrived, deadline - loop.time()):
+                    self.fail(
+                        turn,
+                        f"no worker is connected to answer this turn (waited {self.timeout:g}s); "
+                        "start one with `sessionhub respond`",
+                    )
+                    return
+                continue
+            turn.changed.clear()
+            if responder is not None:
+                turn.responder = responder
+                self.responders[responder] += 1
+                sent = await self._give(responder, frame)
+                if not sent:
+                    self._release(turn)
+                    continue
+            else:
+                assert node is not None and self._bus is not None
+                turn.remote = node
+                self._relay(TurnOffer(origin=self._node_id(), to=node, turn=frame))
+            if not await _wait(turn.changed, deadline - loop.time()):
+                label = _label(turn.responder) if turn.responder is not None else f"node {turn.remote}"
+                self.fail(turn, f"responder {label} did not start answering within {self.timeout:g}s")
+                return
+            if turn.remote is not None and not turn.started and turn.outcome is None:
+                declined.add(turn.remote)  # that node could not place it: try another
+                turn.remote = None
+            elif turn.responder is None and not turn.started:
+                self._release(turn)  # lost before it started: hand the turn on
+
+    async def _give(self, responder: Responder, frame: f.TurnFrame) -> bool:
+        try:
+            await responder.send(frame)
+        except Evicted:
+            return False
+        return True
+
+    def _release(self, turn: LiveTurn) -> None:
+        responder, turn.responder = turn.responder, None
+        if responder is not None and responder in self.responders:
+            self.responders[responder] = max(0, self.responders[responder] - 1)
+
+    # -- answering -----------------------------------------------------------------------
+    def claim(self, connection: Responder, request: f.StreamStart) -> LiveTurn:
+        """A ``stream_start`` naming a turn: only its responder may start it, and only as
+        the turn's reply (its ``reply_id``, on its parent)."""
+        assert request.turn_id is not None
+        turn = self.live.get(request.turn_id)
+        if turn is None:
+            held = self.foreign.get(request.turn_id)
+            turn = held[1] if held is not None else None
+        if turn is None or turn.outcome is not None:
+            raise NotFound(f"no turn {request.turn_id!r} is waiting for an answer")
+        if turn.responder is not connection:
+            raise Forbidden(f"turn {request.turn_id!r} was given to another connection")
+        if turn.started:
+            raise Conflict(f"turn {request.turn_id!r} is already being answered")
+        if request.session_id != turn.session_id or request.message_id != turn.reply_id:
+            raise InvalidInput(f"turn {turn.turn_id!r} is answered in message {turn.reply_id!r}")
+        if request.parent_id is msgspec.UNSET:
+            request.parent_id = turn.parent_id
+        elif request.parent_id != turn.parent_id:
+            raise InvalidInput(f"turn {turn.turn_id!r} is answered under message {turn.parent_id!r}")
+        turn.metadata = request.metadata
+        turn.started = True
+        return turn
+
+    async def start_stream(self, connection: ReplyWriter, request: f.StreamStart) -> dict[str, Any]:
+        """``stream_start``, claiming its turn first when it names one."""
+        if request.turn_id is None:
+            return await self.host.streams.start(connection, request)
+        turn = self.claim(connection, request)
+        try:
+            result = await self.host.streams.start(connection, request)
+        except BaseException:
+            turn.started = False
+            raise
+        turn.changed.set()
+        origin = self._origin_of(turn)
+        if origin is not None:
+            self._relay(self._status(origin, turn, "started"))
+        return result
+
+    def refused(self, connection: Responder, request: f.TurnFailed) -> None:
+        """``turn_failed``: the responder cannot answer."""
+        held = self.foreign.get(request.turn_id)
+        turn = self.live.get(request.turn_id) or (held[1] if held is not None else None)
+        if turn is None or turn.responder is not connection:
+            raise NotFound(f"no turn {request.turn_id!r} was given to this connection")
+        label = _label(connection)
+        turn.error = f"responder {label} failed: {request.error}"
+        origin = self._origin_of(turn)
+        if origin is not None:
+            self._relay(self._status(origin, turn, "failed", turn.error))
+            if not turn.started:
+                self._drop_foreign(turn)
+            return
+        if not turn.started:
+            self.fail(turn, turn.error)
+
+    # -- following the reply -------------------------------------------------------------
+    def _follow(self, session_id: str) -> None:
+        count = self._watched.get(session_id, 0)
+        if count == 0:
+            self.host.streams.watchers.setdefault(session_id, []).append(self._on_stream)
+        self._watched[session_id] = count + 1
+
+    def _unfollow(self, session_id: str) -> None:
+        count = self._watched.get(session_id, 0) - 1
+        if count > 0:
+            self._watched[session_id] = count
+            return
+        self._watched.pop(session_id, None)
+        watchers = self.host.streams.watchers.get(session_id, [])
+        if self._on_stream in watchers:
+            watchers.remove(self._on_stream)
+        if not watchers:
+            self.host.streams.watchers.pop(session_id, None)
+
+    def _on_stream(self, frame: f.StreamFrame) -> None:
+        turn = self._by_reply.get((frame.session_id, frame.message_id))
+        if turn is None:
+            return
+        if frame.action == "start" and turn.remote is not None and not turn.started:
+            turn.started = True  # another node's responder started it
+            turn.changed.set()
+        for watcher in list(turn.watchers):
+            watcher(frame)
+        if frame.action == "end" and turn.outcome is None:
+            if frame.status == "finished":
+                self._finish(turn, TurnOutcome("finished"))
+            elif frame.status == "interrupted":
+                self._finish(turn, TurnOutcome("failed", "the responder disconnected mid-reply"))
+            else:
+                self._finish(turn, TurnOutcome("failed", turn.error or "the responder aborted the reply"))
+
+    def fail(self, turn: LiveTurn, error: str) -> None:
+        if turn.outcome is None:
+            self._finish(turn, TurnOutcome("failed", error))
+
+    def _finish(self, turn: LiveTurn, outcome: TurnOutcome) -> None:
+        turn.outcome = outcome
+        turn.changed.set()
+        self._release(turn)
+        for watcher in list(turn.watchers):
+            watcher(outcome)
+        self._forget(turn)
+        data: dict[str, Any] = {"status": outcome.status}
+        if outcome.error is not None:
+            data["error"] = outcome.error
+        self._spawn(self._log(turn, "turn.ended", data))
+
+    def _forget(self, turn: LiveTurn) -> None:
+        if self.live.pop(turn.turn_id, None) is not None:
+            self._by_reply.pop((turn.session_id, turn.reply_id), None)
+            self._unfollow(turn.session_id)
+
+    async def _log(self, turn: LiveTurn, type_: str, data: dict[str, Any]) -> None:
+        entry = {"turn_id": turn.turn_id, "reply_id": turn.reply_id, **data}
+        try:
+            await self.host.store.log_event(LogEntry(session_id=turn.session_id, type=type_, data=entry))
+        except Exception:
+            if type_ == "turn.started":
+                raise
+            log.exception("logging %s of turn %s failed", type_, turn.turn_id)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        for turn in list(self.live.values()):
+            self.fail(turn, "the hub is shutting down")
+        for task in list(self._tasks):
+            if not task.done():
+                task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    # -- several nodes -------------------------------------------------------------------
+    def _node_id(self) -> str:
+        return "" if self._bus is None else self._bus.node_id
+
+    def _relay(self, message: TurnOffer | TurnStatus) -> None:
+        if self._bus is not None:
+            self._bus.relay(encode(message).decode())
+
+    def _announce(self) -> None:
+        """Tell the other nodes how many responders this node has."""
+        if self._bus is not None:
+            self._relay(
+                TurnStatus(
+                    origin=self._node_id(),
+                    to="",
+                    turn_id="",
+                    status="responders",
+                    responders=len(self.responders),
+                )
+            )
+
+    def heartbeat(self) -> None:
+        """On the presence heartbeat: announce again (a node that started later learns)."""
+        self._announce()
+
+    def _remote_node(self, declined: set[str]) -> str | None:
+        now = time.monotonic()
+        ttl = self.host.config.presence_ttl
+        nodes = sorted(
+            n for n, (count, seen) in self.remote_responders.items() if count > 0 and now - seen <= ttl
+        )
+        nodes = [n for n in nodes if n not in declined]
+        return nodes[next(self._order) % len(nodes)] if nodes else None
+
+    def _origin_of(self, turn: LiveTurn) -> str | None:
+        held = self.foreign.get(turn.turn_id)
+        return held[0] if held is not None and held[1] is turn else None
+
+    def _status(
+        self,
+        origin: str,
+        turn: LiveTurn,
+        status: Literal["taken", "declined", "started", "failed"],
+        error: str | None = None,
+    ) -> TurnStatus:
+        return TurnStatus(origin=self._node_id(), to=origin, turn_id=turn.turn_id, status=status, error=error)
+
+    def _drop_foreign(self, turn: LiveTurn) -> None:
+        held = self.foreign.pop(turn.turn_id, None)
+        if held is not None:
+            self._release(turn)
+
+    def relayed(self, node: str, message: TurnOffer | TurnStatus) -> None:
+        """A turn message from another node."""
+        me = self._node_id()
+        if isinstance(message, TurnStatus) and message.status == "responders":
+            self.remote_responders[node] = (message.responders, time.monotonic())
+            if message.responders:  # turns waiting for a responder may go there now
+                self._arrived.set()
+                self._arrived = asyncio.Event()
+            return
+        if message.to != me:
+            return
+        if isinstance(message, TurnOffer):
+            self._spawn(self._answer_offer(message))
+            return
+        turn = self.live.get(message.turn_id)
+        if turn is None or turn.remote != node:
+            return
+        if message.status == "declined":
+            turn.changed.set()
+        elif message.status == "started":
+            turn.started = True
+            turn.changed.set()
+        elif message.status == "failed":
+            turn.error = message.error
+            if not turn.started:
+                self.fail(turn, message.error or "the responder failed")
+
+    async def _answer_offer(self, offer: TurnOffer) -> None:
+        """Another node's turn: give it to one of ours; tell the origin how it went."""
+        frame = offer.turn
+        turn = LiveTurn(
+            turn_id=frame.turn_id,
+            session_id=frame.session_id,
+            message_id=frame.message_id,
+            parent_id=frame.parent_id,
+            reply_id=frame.reply_id,
+            trigger=frame.trigger,
+            regenerates=frame.regenerates,
+        )
+        self.foreign[turn.turn_id] = (offer.origin, turn)
+        deadline = asyncio.get_running_loop().time() + self.timeout
+        while not turn.started:
+            responder = self._pick(turn.session_id)
+            if responder is None:
+                self._drop_foreign(turn)
+                self._relay(self._status(offer.origin, turn, "declined"))
+                return
+            turn.responder = responder
+            self.responders[responder] += 1
+            turn.changed.clear()
+            if await self._give(responder, frame):
+                self._relay(self._status(offer.origin, turn, "taken"))
+                await _wait(turn.changed, deadline - asyncio.get_running_loop().time())
+            if turn.started or offer.turn.turn_id not in self.foreign:
+                break
+            if turn.responder is not None:  # it neither started nor went away: give up
+                break
+            self._release(turn)
+        if turn.started:
+            # The stream's end (seen locally) releases the responder.
+            self._follow_foreign(turn)
+        else:
+            self._drop_foreign(turn)
+
+    def _follow_foreign(self, turn: LiveTurn) -> None:
+        def ended(frame: f.StreamFrame) -> None:
+            if frame.message_id == turn.reply_id and frame.action == "end":
+                self._drop_foreign(turn)
+                watchers = self.host.streams.watchers.get(turn.session_id, [])
+                if ended in watchers:
+                    watchers.remove(ended)
+                if not watchers:
+                    self.host.streams.watchers.pop(turn.session_id, None)
+
+        self.host.streams.watchers.setdefault(turn.session_id, []).append(ended)
+
+
+async def _wait(event: asyncio.Event, timeout: float) -> bool:
+    if event.is_set():
+        return True
+    if timeout <= 0:
+        return False
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True
+
+
+def _label(connection: Responder) -> str:
+    return connection.name or connection.connection_id

@@ -1,0 +1,580 @@
+"""`PostgresStore`: the store class; its statements are in :mod:`.sql`, its transaction in
+:mod:`.tx`, its schema in :mod:`.schema`."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+import asyncpg
+import msgspec
+
+from protocol import (
+    Compaction,
+    Event,
+    InvalidInput,
+    Message,
+    SearchResult,
+    SessionInfo,
+    SessionNotFound,
+    StoreClosed,
+    StoreError,
+)
+
+from ...bus import Bus, MemoryBus
+from ...bus.doorbell import CHANNEL
+from ...bus.doorbell import encode as doorbell
+from ...fts import fts_text, fts_words
+from ...overlays import visible_compactions
+from ..base import (
+    LATEST,
+    AppendResult,
+    LogEntry,
+    ParentArg,
+    Store,
+    StreamPosition,
+    check_limit,
+    check_usage,
+    session_stream,
+)
+from ..policy import (
+    SEARCH_WINDOW,
+    check_compaction_args,
+    check_name,
+    check_query,
+    check_summary,
+)
+from ..rows import SESSION_COLS, decode_message, session_info
+from . import sql
+from .schema import lock_key, migrate
+from .tx import PostgresTx
+
+if TYPE_CHECKING:
+    from .tx import Conn
+
+__all__ = ["PostgresStore"]
+
+T = TypeVar("T")
+
+_decode = msgspec.json.Decoder().decode
+
+
+class _Connection(asyncpg.Connection):
+    """Pooled connections skip asyncpg's reset query on release (one round trip per
+    operation): the store keeps no session state (advisory locks are transaction-scoped,
+    no LISTEN, no cursors), and an open transaction is still rolled back."""
+
+    def get_reset_query(self) -> str:
+        return ""
+
+
+def _translate(exc: BaseException) -> BaseException:
+    if isinstance(exc, asyncpg.exceptions.DataError):
+        return InvalidInput(f"postgres refused the value: {exc}")
+    return StoreError(f"postgres: {exc}")
+
+
+class PostgresStore(Store):
+    """Everything in one Postgres database (the schema on the role's ``search_path``)."""
+
+    def __init__(self, pool: asyncpg.Pool[asyncpg.Record], bus: Bus, *, notify: bool = True) -> None:
+        self.bus = bus
+        self.notify = notify
+        self._pool = pool
+        self._closed = False
+
+    @classmethod
+    async def connect(
+        cls,
+        dsn: str,
+        *,
+        bus: Bus | None = None,
+        min_size: int = 1,
+        max_size: int = 10,
+        notify: bool = True,
+        server_settings: dict[str, str] | None = None,
+    ) -> PostgresStore:
+        """Open a pool on ``dsn`` and create or migrate the schema as needed.
+
+        ``notify=True`` sends a ``pg_notify`` doorbell per stream written, in each write's
+        transaction, for the hub nodes listening on :data:`hub.bus.doorbell.CHANNEL`.
+        ``server_settings`` (e.g. ``{"search_path": "tenant_a"}``) apply to every connection.
+        """
+        try:
+            pool = await asyncpg.create_pool(
+                dsn,
+                min_size=min_size,
+                max_size=max_size,
+                server_settings=server_settings,
+                connection_class=_Connection,
+            )
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise StoreError(f"postgres: cannot connect: {exc}") from exc
+        try:
+            async with pool.acquire() as conn:
+                await migrate(conn)
+        except BaseException as exc:
+            await pool.close()
+            if isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError | OSError):
+                raise StoreError(f"postgres: cannot migrate: {exc}") from exc
+            raise
+        return cls(pool, bus or MemoryBus(), notify=notify)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self._pool.close()
+
+    async def __aenter__(self) -> PostgresStore:
+        return self
+
+    # -- plumbing ------------------------------------------------------------------------
+    async def _write(self, fn: Callable[..., Awaitable[T]], *args: Any, lock: str | None = None) -> T:
+        """Run ``fn(tx, *args)`` as one transaction (after locking session stream
+        ``lock``), send the doorbells inside it, commit, then ring the bus."""
+        if self._closed:
+            raise StoreClosed("store is closed")
+        try:
+            async with self._pool.acquire() as conn:
+                tx = PostgresTx(conn)
+                await conn.execute(
+                    "BEGIN" if lock is None else f"BEGIN; SELECT pg_advisory_xact_lock({lock_key(lock)})"
+                )
+                try:
+                    result = await fn(tx, *args)
+                    await conn.execute(self._commit(tx))
+                except BaseException:
+                    if not conn.is_closed():
+                        with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+                            await conn.execute("ROLLBACK")
+                    raise
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+            if self._closed:
+                raise StoreClosed("store is closed") from exc
+            raise _translate(exc) from exc
+        except UnicodeEncodeError as exc:  # a lone surrogate, in a lock key or a parameter
+            raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
+        tx.ring(self.bus)
+        return result
+
+    async def analyze(self) -> None:
+        """Refresh the planner's statistics of the store's tables. Autovacuum does it soon
+        after a big change; call it yourself right after a bulk import, before searching."""
+
+        async def fn(conn: Conn) -> None:
+            await conn.execute("ANALYZE messages, events, search_entries, sessions")
+
+        await self._read(fn)
+
+    def _commit(self, tx: PostgresTx) -> str:
+        """COMMIT, after the doorbells not yet sent: one round trip. The payloads go as
+        hex literals, so no stream name can ever be read as SQL."""
+        if not self.notify:
+            return "COMMIT"
+        last = {stream: seq for stream, seq in tx.notes if stream not in tx.notified}
+        payloads = [doorbell(stream, seq).encode().hex() for stream, seq in last.items()]
+        notices = "".join(
+            f"SELECT pg_notify('{CHANNEL}', convert_from(decode('{p}', 'hex'), 'UTF8'));" for p in payloads
+        )
+        return notices + "COMMIT"
+
+    async def _read(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        if self._closed:
+            raise StoreClosed("store is closed")
+        try:
+            async with self._pool.acquire() as conn:
+                return await fn(conn, *args)
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+            if self._closed:
+                raise StoreClosed("store is closed") from exc
+            raise _translate(exc) from exc
+        except UnicodeEncodeError as exc:  # a lone surrogate, in a lock key or a parameter
+            raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
+
+    # -- messages ------------------------------------------------------------------------
+    async def append_messages(
+        self,
+        session_id: str,
+        messages: Sequence[Message],
+        parent: ParentArg = LATEST,
+        *,
+        managed: bool = False,
+    ) -> AppendResult:
+        async def fn(tx: PostgresTx) -> AppendResult:
+            if len(messages) == 1:
+                return await sql.append_one(
+                    tx, session_id, messages[0], parent, managed=managed, notify=self.notify
+                )
+            if managed:
+                await tx.touch(session_id)
+            return await sql.insert_messages(tx, session_id, messages, parent)
+
+        return await self._write(fn, lock=session_stream(session_id))
+
+    async def update_message(
+        self,
+        session_id: str,
+        message: Message,
+        *,
+        managed: bool = False,
+        emit: bool = True,
+        also: Sequence[LogEntry] = (),
+    ) -> bool:
+        async def fn(tx: PostgresTx) -> bool:
+            if managed:
+                await tx.touch(session_id)
+            updated = await sql.update_message(tx, session_id, message, emit=emit)
+            for entry in also:
+                await tx.emit_session(entry.session_id, entry.type, entry.data)
+            return updated
+
+        return await self._write(fn, lock=session_stream(session_id))
+
+    async def upsert_message(
+        self,
+        session_id: str,
+        message: Message,
+        parent: ParentArg = LATEST,
+        *,
+        managed: bool = False,
+    ) -> bool:
+        async def fn(tx: PostgresTx) -> bool:
+            if managed:
+                await tx.touch(session_id)
+            if await sql.update_message(tx, session_id, message):
+                return False
+            await sql.insert_messages(tx, session_id, [message], parent)
+            return True
+
+        return await self._write(fn, lock=session_stream(session_id))
+
+    async def delete_messages(
+        self, session_id: str, ids: Sequence[str], *, managed: bool = False
+    ) -> list[str]:
+        return await self._write(
+            sql.delete_messages, session_id, ids, managed, lock=session_stream(session_id)
+        )
+
+    async def clear_messages(self, session_id: str, *, managed: bool = False) -> None:
+        async def fn(tx: PostgresTx) -> None:
+            if managed:
+                await tx.touch(session_id)
+            await tx.conn.execute(sql.CLEAR, session_id)
+            await tx.emit_session(session_id, "messages.cleared", {})
+
+        await self._write(fn, lock=session_stream(session_id))
+
+    async def get_message(self, session_id: str, message_id: str) -> Message | None:
+        async def fn(conn: Conn) -> Message | None:
+            content = await conn.fetchval(
+                "SELECT content FROM messages WHERE session_id = $1 AND id = $2", session_id, message_id
+            )
+            return None if content is None else decode_message(content)
+
+        return await self._read(fn)
+
+    async def get_history(self, session_id: str, leaf_id: str | None = None) -> list[Message]:
+        return await self._read(sql.history, session_id, leaf_id)
+
+    async def get_path(self, session_id: str, leaf_id: str | None = None) -> list[Message]:
+        return await self._read(lambda conn: sql.path(conn, session_id, leaf_id))
+
+    async def get_latest_leaf(self, session_id: str) -> Message | None:
+        async def fn(conn: Conn) -> Message | None:
+            content = await conn.fetchval(
+                "SELECT content FROM messages WHERE session_id = $1 ORDER BY pk DESC LIMIT 1", session_id
+            )
+            return None if content is None else decode_message(content)
+
+        return await self._read(fn)
+
+    async def get_path_length(self, session_id: str, leaf_id: str | None = None) -> int:
+        async def fn(conn: Conn) -> int:
+            if leaf_id is None or leaf_id == "":
+                n = await conn.fetchval(sql.LENGTH_LATEST, session_id)
+            else:
+                n = await conn.fetchval(sql.LENGTH_ID, session_id, leaf_id)
+            return int(n)
+
+        return await self._read(fn)
+
+    async def get_branches(self, session_id: str, message_id: str) -> list[Message]:
+        async def fn(conn: Conn) -> list[Message]:
+            rows = await conn.fetch(
+                "SELECT content FROM messages WHERE parent_pk = "
+                "(SELECT pk FROM messages WHERE session_id = $1 AND id = $2) ORDER BY pk",
+                session_id,
+                message_id,
+            )
+            return [m for (c,) in rows if (m := decode_message(c)) is not None]
+
+        return await self._read(fn)
+
+    async def search_messages(
+        self,
+        query: str,
+        *,
+        session_id: str | None,
+        limit: int = 20,
+        match: Literal["phrase", "words"] = "phrase",
+    ) -> list[SearchResult]:
+        check_query(query)
+        arg: str | list[str] = fts_text(query) if match == "phrase" else fts_words(query)
+        if not arg or check_limit(limit) <= 0:
+            return []
+
+        async def fn(conn: Conn) -> list[SearchResult]:
+            tsquery = await conn.fetchval(sql.TSQUERY[match], arg)
+            if not tsquery:
+                return []  # no lexeme in the query: nothing can match
+            q = sql.tsquery_constant(tsquery)
+            if session_id is not None:
+                rows = await conn.fetch(
+                    sql.SEARCH_SESSION.format(q=q, window=SEARCH_WINDOW), session_id, limit
+                )
+            else:
+                rows = await conn.fetch(sql.SEARCH_ALL.format(q=q, window=SEARCH_WINDOW), limit)
+            return [
+                SearchResult(id=r[0], role=r[1], content=r[2], session_id=r[3], created_at=r[4]) for r in rows
+            ]
+
+        return await self._read(fn)
+
+    # -- compaction overlays -------------------------------------------------------------
+    async def add_compaction(
+        self,
+        session_id: str,
+        summary: str,
+        from_id: str,
+        to_id: str,
+        *,
+        managed: bool = False,
+        verify_path: bool = False,
+        covered: Sequence[str] = (),
+    ) -> Compaction:
+        check_compaction_args(summary, from_id, to_id)
+
+        return await self._write(
+            sql.add_compaction,
+            session_id,
+            summary,
+            from_id,
+            to_id,
+            managed,
+            verify_path,
+            covered,
+            lock=session_stream(session_id),
+        )
+
+    async def get_compactions(self, session_id: str) -> list[Compaction]:
+        return await self._read(lambda conn: sql.compactions(conn, session_id))
+
+    # -- sessions registry ---------------------------------------------------------------
+    async def create_session(
+        self,
+        name: str,
+        *,
+        parent_session_id: str | None = None,
+        model: str | None = None,
+        source: str | None = None,
+        session_id: str | None = None,
+    ) -> SessionInfo:
+        check_name(name)
+
+        async def fn(tx: PostgresTx) -> SessionInfo:
+            return await sql.create_session(
+                tx,
+                name=name,
+                parent_session_id=parent_session_id,
+                model=model,
+                source=source,
+                session_id=session_id,
+            )
+
+        return await self._write(fn)
+
+    async def get_session(self, session_id: str) -> SessionInfo | None:
+        async def fn(conn: Conn) -> SessionInfo | None:
+            row = await conn.fetchrow(f"SELECT {SESSION_COLS} FROM sessions WHERE id = $1", session_id)
+            return None if row is None else session_info(row)
+
+        return await self._read(fn)
+
+    async def list_sessions(self) -> list[SessionInfo]:
+        async def fn(conn: Conn) -> list[SessionInfo]:
+            rows = await conn.fetch(f"SELECT {SESSION_COLS} FROM sessions ORDER BY updated_at DESC, pk DESC")
+            return [session_info(r) for r in rows]
+
+        return await self._read(fn)
+
+    async def rename_session(self, session_id: str, name: str) -> SessionInfo:
+        check_name(name)
+
+        async def fn(tx: PostgresTx) -> SessionInfo:
+            row = await tx.conn.fetchrow(
+                f"UPDATE sessions SET name = $2, updated_at = $3 WHERE id = $1 RETURNING {SESSION_COLS}",
+                session_id,
+                name,
+                tx.when,
+            )
+            if row is None:
+                raise SessionNotFound(session_id)
+            info = session_info(row)
+            await tx.registry_change(info, "session.renamed")
+            return info
+
+        return await self._write(fn)
+
+    async def delete_session(self, session_id: str, *, context_keys: Sequence[str] = ()) -> None:
+        stream = session_stream(session_id)
+
+        await self._write(sql.delete_session, session_id, stream, context_keys, lock=stream)
+
+    async def add_usage(
+        self, session_id: str, input_tokens: int, output_tokens: int, cost: float
+    ) -> SessionInfo:
+        delta = check_usage(input_tokens, output_tokens, cost)
+
+        return await self._write(sql.add_usage, session_id, delta)
+
+    async def fork_session(self, session_id: str, at_message_id: str, name: str) -> SessionInfo:
+        check_name(name)
+
+        async def fn(tx: PostgresTx) -> SessionInfo:
+            conn = tx.conn
+            await tx.session_row(session_id)
+            path = await sql.path(conn, session_id, at_message_id) if at_message_id else []
+            overlays = visible_compactions([m.id for m in path], await sql.compactions(conn, session_id))
+            info = await sql.create_session(
+                tx,
+                name=name,
+                parent_session_id=session_id,
+                model=None,
+                source=None,
+                session_id=None,
+                event="session.forked",
+                event_extra={"from_session_id": session_id, "at_message_id": at_message_id},
+            )
+            await sql.insert_messages(tx, info.id, path, None)
+            for c in overlays:
+                await sql.insert_compaction(tx, info.id, c)
+            return info
+
+        return await self._write(fn, lock=session_stream(session_id))
+
+    async def split_session(self, session_id: str, summary: str, name: str | None = None) -> SessionInfo:
+        check_summary(summary)
+
+        return await self._write(
+            sql.split_session, session_id, summary, name, lock=session_stream(session_id)
+        )
+
+    # -- context blocks and search entries ------------------------------------------------
+    async def get_context_value(self, key: str) -> str | None:
+        async def fn(conn: Conn) -> str | None:
+            content = await conn.fetchval("SELECT content FROM context_blocks WHERE key = $1", key)
+            return None if content is None else str(content)
+
+        return await self._read(fn)
+
+    async def set_context_value(self, key: str, content: str, *, event: LogEntry | None = None) -> None:
+        async def fn(tx: PostgresTx) -> None:
+            await tx.conn.execute(
+                "INSERT INTO context_blocks (key, content, updated_at) VALUES ($1, $2, $3) "
+                "ON CONFLICT (key) DO UPDATE SET content = excluded.content, "
+                "updated_at = excluded.updated_at",
+                key,
+                content,
+                tx.when,
+            )
+            if event is not None:
+                await tx.emit_session(event.session_id, event.type, event.data)
+
+        await self._write(fn)
+
+    async def count_search_entries(self, label: str) -> int:
+        async def fn(conn: Conn) -> int:
+            return int(await conn.fetchval("SELECT count(*) FROM search_entries WHERE label = $1", label))
+
+        return await self._read(fn)
+
+    async def set_search_entry(
+        self, label: str, key: str, content: str, *, event: LogEntry | None = None
+    ) -> None:
+        async def fn(tx: PostgresTx) -> None:
+            await tx.conn.execute(
+                "INSERT INTO search_entries (label, key, content, tsv, created_at, updated_at) "
+                "VALUES ($1, $2, $3, to_tsvector('sessionhub', $5::text), $4, $4) "
+                "ON CONFLICT (label, key) DO UPDATE SET "
+                "content = excluded.content, tsv = excluded.tsv, updated_at = excluded.updated_at",
+                label,
+                key,
+                content,
+                tx.when,
+                fts_text(content),
+            )
+            if event is not None:
+                await tx.emit_session(event.session_id, event.type, event.data)
+
+        await self._write(fn)
+
+    async def search_entries(self, label: str, query: str, limit: int = 10) -> list[tuple[str, str]]:
+        words = fts_words(query) if isinstance(query, str) else []
+        if not words or check_limit(limit) <= 0:
+            return []
+
+        async def fn(conn: Conn) -> list[tuple[str, str]]:
+            rows = await conn.fetch(sql.SEARCH_ENTRIES, words, label, limit)
+            return [(str(k), str(c)) for k, c in rows]
+
+        return await self._read(fn)
+
+    async def log_event(self, entry: LogEntry) -> int:
+        async def fn(tx: PostgresTx) -> int:
+            return await tx.emit_session(entry.session_id, entry.type, entry.data)
+
+        return await self._write(fn)
+
+    # -- event logs ----------------------------------------------------------------------
+    async def read_events(
+        self, stream: str, after_seq: int = 0, limit: int = 1000, *, epoch: str | None = None
+    ) -> list[Event]:
+        check_limit(after_seq, "after_seq")
+        check_limit(limit)
+
+        return await self._read(sql.read_events, stream, after_seq, limit, epoch)
+
+    async def stream_position(self, stream: str) -> StreamPosition:
+        async def fn(conn: Conn) -> StreamPosition:
+            row = await conn.fetchrow(
+                "SELECT epoch, first_seq, last_seq FROM streams WHERE stream = $1", stream
+            )
+            if row is None:
+                return StreamPosition(stream=stream, epoch="", first_seq=1, last_seq=0)
+            return StreamPosition(stream=stream, epoch=row[0], first_seq=row[1], last_seq=row[2])
+
+        return await self._read(fn)
+
+    # -- settings ------------------------------------------------------------------------
+    async def claim_setting(self, key: str, value: str, *, replace: bool = False) -> str:
+        """Record ``value`` under ``key`` unless another value is recorded (or ``replace``);
+        returns the value recorded afterwards. One statement: two nodes starting at once
+        agree on which one recorded first."""
+
+        async def fn(conn: Conn) -> str:
+            return str(
+                await conn.fetchval(
+                    "INSERT INTO settings (key, value) VALUES ($1, $2) "
+                    "ON CONFLICT (key) DO UPDATE SET "
+                    "value = CASE WHEN $3 THEN excluded.value ELSE settings.value END, "
+                    "updated_at = CASE WHEN $3 THEN now() ELSE settings.updated_at END "
+                    "RETURNING value",
+                    key,
+                    value,
+                    replace,
+                )
+            )
+
+        return await self._read(fn)

@@ -1,0 +1,114 @@
+"""The background WAL checkpointer: passive passes off the write path, one catch-up past the
+limit."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import sqlite3
+from collections.abc import Callable
+
+from .connection import BUSY_TIMEOUT_MS, Conn
+
+__all__ = ["CHECKPOINT_EVERY", "WAL_LIMIT_BYTES", "Checkpointer"]
+
+log = logging.getLogger("sessionhub.store")
+
+#: The background checkpointer is woken after this many commits. A pass with nothing to
+#: copy costs a few microseconds, so waking it often keeps each pass (and the final
+#: catch-up, below) short.
+CHECKPOINT_EVERY = 50
+#: When the WAL holds more than this, the next writer waits for one catch-up pass with
+#: the write lock held, so the WAL is reused from its start: the bound on its size. It is
+#: also the ``journal_size_limit``: the file is cut back to it when the WAL restarts.
+WAL_LIMIT_BYTES = 64 * 2**20
+
+
+class Checkpointer:
+    """PASSIVE checkpoints on a connection and thread of their own, off the write path.
+
+    A passive checkpoint copies WAL frames into the database file while writers go on
+    appending (it takes no write lock), so a pass costs the writers nothing but disk
+    bandwidth. What it cannot do under steady writes is *finish*: frames appended during a
+    pass are left for the next, and SQLite reuses the WAL from its start only once every
+    frame is copied. So the WAL grows until either a pass ends with no commit having
+    happened meanwhile (any pause in writing), or its file passes ``WAL_LIMIT_BYTES``: then one
+    writer holds the write lock for a last pass, which copies only the frames appended
+    since the previous pass (the bulk is already in the file), and the next write starts
+    the WAL over. Submitting a pass needs no event-loop turn: a writer that never yields
+    still gets its WAL checkpointed.
+    """
+
+    def __init__(self, path: str, synchronous: str) -> None:
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sessionhub-checkpoint")
+        self._pending: concurrent.futures.Future[None] | None = None
+        self._conn: Conn | None = None
+        self._path = path
+        self._wal = path + "-wal"
+        self._synchronous = synchronous
+        #: WAL size (bytes) at the start of the last pass; 0 once a pass copied everything.
+        self.wal_bytes = 0
+        self.passes = 0
+        self.catch_ups = 0
+
+    def _pass(self, commits: Callable[[], int]) -> None:
+        if self._conn is None:
+            self._conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+            self._conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            self._conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+        before = commits()
+        _busy, log, done = self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        page = int(self._conn.execute("PRAGMA page_size").fetchone()[0])
+        self.passes += 1
+        # log == done and no commit since: every frame is in the database file, and the
+        # next write restarts the WAL. Otherwise the WAL is at least `log` frames long.
+        caught_up = log == done and commits() == before
+        self.wal_bytes = 0 if caught_up else max(0, int(log)) * (page + 24)
+
+    def wal_file_size(self) -> int:
+        """The -wal file's size: a stat, ~1 µs. It is the WAL's length whenever that is over
+        ``journal_size_limit``, since SQLite cuts the file back to it when the WAL restarts."""
+        try:
+            return os.stat(self._wal).st_size
+        except FileNotFoundError:
+            return 0
+
+    def wake(self, commits: Callable[[], int]) -> None:
+        """Start a background pass unless one is queued or running; never blocks."""
+        if self._pending is not None and not self._pending.done():
+            return
+        self._pending = self._pool.submit(self._pass, commits)
+        self._pending.add_done_callback(_log_failed_pass)
+
+    async def settle(self) -> None:
+        """Wait for the running pass, if any (writers go on meanwhile)."""
+        pending = self._pending
+        if pending is not None and not pending.done():
+            await asyncio.wrap_future(pending)
+
+    async def catch_up(self, commits: Callable[[], int]) -> None:
+        """One pass while the caller holds the write lock: the WAL ends fully copied.
+
+        After ``settle()`` it copies only what was appended during the last pass."""
+        self.catch_ups += 1
+        await asyncio.wrap_future(self._pool.submit(self._pass, commits))
+
+    async def close(self) -> None:
+        def shut() -> None:
+            self._pool.submit(self._close_conn).result()
+            self._pool.shutdown(wait=True)
+
+        await asyncio.to_thread(shut)
+
+    def _close_conn(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def _log_failed_pass(future: concurrent.futures.Future[None]) -> None:
+    exc = future.exception()
+    if exc is not None:  # the next pass catches up
+        log.warning("WAL checkpoint failed: %s", exc)

@@ -1,0 +1,131 @@
+"""The SQLite schema: versioned migrations, applied in one transaction at open."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from protocol import StoreError
+
+__all__ = ["MIGRATIONS", "migrate"]
+
+# Versioned migrations: index i brings the schema from user_version i to i + 1.
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE sessions (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        parent_session_id TEXT,
+        model TEXT,
+        source TEXT,
+        input_tokens INTEGER NOT NULL DEFAULT 0,
+        output_tokens INTEGER NOT NULL DEFAULT 0,
+        estimated_cost REAL NOT NULL DEFAULT 0,
+        end_reason TEXT,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    CREATE INDEX sessions_updated ON sessions(updated_at);
+
+    CREATE TABLE messages (
+        pk INTEGER PRIMARY KEY,
+        session_id TEXT NOT NULL,
+        id TEXT NOT NULL,
+        parent_pk INTEGER,
+        role TEXT NOT NULL,
+        content TEXT NOT NULL,
+        created_at REAL NOT NULL
+    );
+    CREATE UNIQUE INDEX messages_id ON messages(session_id, id);
+    CREATE INDEX messages_session ON messages(session_id);
+    CREATE INDEX messages_children ON messages(parent_pk);
+
+    CREATE VIRTUAL TABLE messages_fts USING fts5(sid, body, tokenize='porter unicode61');
+    INSERT INTO messages_fts(messages_fts, rank) VALUES ('rank', 'bm25(0.0, 1.0)');
+
+    CREATE TABLE compactions (
+        pk INTEGER PRIMARY KEY,
+        session_id TEXT NOT NULL,
+        id TEXT NOT NULL,
+        summary TEXT NOT NULL,
+        from_message_id TEXT NOT NULL,
+        to_message_id TEXT NOT NULL,
+        created_at REAL NOT NULL
+    );
+    CREATE UNIQUE INDEX compactions_id ON compactions(session_id, id);
+
+    CREATE TABLE streams (
+        stream TEXT PRIMARY KEY,
+        epoch TEXT NOT NULL,
+        first_seq INTEGER NOT NULL,
+        last_seq INTEGER NOT NULL
+    ) WITHOUT ROWID;
+
+    CREATE TABLE events (
+        stream TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        session_id TEXT NOT NULL,
+        type TEXT NOT NULL,
+        data TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        PRIMARY KEY (stream, seq)
+    ) WITHOUT ROWID;
+    """,
+    """
+    CREATE TABLE context_blocks (
+        key TEXT PRIMARY KEY,
+        content TEXT NOT NULL,
+        updated_at REAL NOT NULL
+    ) WITHOUT ROWID;
+
+    CREATE TABLE search_entries (
+        pk INTEGER PRIMARY KEY,
+        label TEXT NOT NULL,
+        key TEXT NOT NULL,
+        content TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    CREATE UNIQUE INDEX search_entries_key ON search_entries(label, key);
+
+    CREATE VIRTUAL TABLE search_fts USING fts5(lbl, body, tokenize='porter unicode61');
+    INSERT INTO search_fts(search_fts, rank) VALUES ('rank', 'bm25(0.0, 1.0)');
+    """,
+    """
+    CREATE TABLE session_stats (
+        session_id TEXT PRIMARY KEY,
+        messages INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    INSERT INTO session_stats (session_id, messages)
+        SELECT session_id, COUNT(*) FROM messages GROUP BY session_id;
+    """,
+    # Facts about how the database is served, e.g. the bus its nodes ring each other on
+    # (hub/backends.py: a node on another bus would miss their live events).
+    """
+    CREATE TABLE settings (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL,
+        updated_at REAL NOT NULL
+    ) WITHOUT ROWID;
+    """,
+]
+
+
+def migrate(conn: sqlite3.Connection) -> int:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        if version > len(MIGRATIONS):
+            raise StoreError(
+                f"database schema version {version} is newer than "
+                f"this sessionhub supports ({len(MIGRATIONS)})"
+            )
+        for i in range(version, len(MIGRATIONS)):
+            for statement in MIGRATIONS[i].split(";\n"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {i + 1}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.rollback()
+        raise
+    return len(MIGRATIONS)

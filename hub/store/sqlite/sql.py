@@ -1,0 +1,471 @@
+"""Statements run inside a transaction, in the connection's thread: reads take the raw
+connection, writes the transaction (:class:`~.tx.SqliteTx`: connection, clock, events)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import sqlite3
+import uuid
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import msgspec
+
+from protocol import Compaction, Event, InvalidInput, Message, SearchResult, SessionInfo
+
+from ..base import LATEST, REGISTRY, AppendResult, LogEntry, ParentArg, StreamPosition, session_stream
+from ..policy import SEARCH_WINDOW, registry_events
+from ..rows import (
+    appended_json,
+    compaction,
+    decode_message,
+    message_json,
+    ts,
+    updated_json,
+)
+from .connection import Conn
+from .tx import SqliteTx
+
+log = logging.getLogger("sessionhub.store")
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
+
+#: Up to this many messages a session's search keeps the session token in MATCH.
+SMALL_SESSION = 20_000
+
+
+def sid_token(session_id: str) -> str:
+    # One alphanumeric token per session for the FTS column filter; the join on
+    # session_id keeps results exact even if two ids ever hashed alike.
+    return "s" + hashlib.blake2b(session_id.encode(), digest_size=10).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------
+# Statements run inside a transaction, in the worker thread. They take the raw connection.
+# ---------------------------------------------------------------------------------------
+
+
+def latest(conn: Conn, session_id: str) -> tuple[int, str] | None:
+    row = conn.execute(
+        "SELECT pk, id FROM messages WHERE session_id = ? ORDER BY pk DESC LIMIT 1", (session_id,)
+    ).fetchone()
+    return None if row is None else (row[0], row[1])
+
+
+def pk_of(conn: Conn, session_id: str, message_id: str) -> int | None:
+    row = conn.execute(
+        "SELECT pk FROM messages WHERE session_id = ? AND id = ?", (session_id, message_id)
+    ).fetchone()
+    return None if row is None else int(row[0])
+
+
+def index_text(conn: Conn, pk: int, session_id: str, message: Message) -> None:
+    text = message.text()
+    if text:
+        conn.execute(
+            "INSERT INTO messages_fts(rowid, sid, body) VALUES (?, ?, ?)",
+            (pk, sid_token(session_id), text),
+        )
+
+
+def count_messages(conn: Conn, session_id: str, delta: int) -> None:
+    if delta:
+        conn.execute(
+            "INSERT INTO session_stats (session_id, messages) VALUES (?, ?) "
+            "ON CONFLICT (session_id) DO UPDATE SET messages = messages + excluded.messages",
+            (session_id, delta),
+        )
+
+
+def insert_one(
+    tx: SqliteTx, session_id: str, message: Message, parent_pk: int | None, parent_id: str | None
+) -> AppendResult:
+    """The common case, in as few statements as possible (the write path of every turn)."""
+    conn = tx.conn
+    content = message_json(message)
+    row = conn.execute(
+        "INSERT INTO messages (session_id, id, parent_pk, role, content, created_at) "
+        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_id, id) DO NOTHING RETURNING pk",
+        (session_id, message.id, parent_pk, message.role, content, tx.now),
+    ).fetchone()
+    if row is None:  # already stored: first content wins, nothing is written
+        return AppendResult(inserted=[], last_id=message.id, last_seq=0)
+    text = message.text()
+    if text:
+        conn.execute(
+            "INSERT INTO messages_fts (rowid, sid, body) VALUES (?, ?, ?)",
+            (row[0], sid_token(session_id), text),
+        )
+    count_messages(conn, session_id, 1)
+    seq = tx.emit_many(
+        session_stream(session_id), session_id, [("message.appended", appended_json(content, parent_id))]
+    )
+    return AppendResult(inserted=[message.id], last_id=message.id, last_seq=seq)
+
+
+def insert_messages(
+    tx: SqliteTx, session_id: str, messages: Sequence[Message], parent: ParentArg
+) -> AppendResult:
+    conn = tx.conn
+    parent_pk: int | None
+    parent_id: str | None
+    if parent is LATEST:
+        tip = latest(conn, session_id)
+        parent_pk, parent_id = (None, None) if tip is None else tip
+    elif parent is None:
+        parent_pk, parent_id = None, None
+    else:
+        parent_pk = pk_of(conn, session_id, parent)
+        parent_id = parent if parent_pk is not None else None
+    if not messages:
+        return AppendResult(inserted=[], last_id=parent_id, last_seq=0)
+    if len(messages) == 1:
+        return insert_one(tx, session_id, messages[0], parent_pk, parent_id)
+    # Which ids are stored already (first content wins; they still continue the chain).
+    known: dict[str, int] = dict(
+        conn.execute(
+            "SELECT id, pk FROM messages WHERE session_id = ? AND id IN (SELECT value FROM json_each(?))",
+            (session_id, _encode([m.id for m in messages]).decode()),
+        ).fetchall()
+    )
+    # Inside BEGIN IMMEDIATE nobody else writes: the next rowids are ours to hand out, so
+    # the whole chain goes in with executemany instead of one statement per message.
+    next_pk = int(conn.execute("SELECT COALESCE(MAX(pk), 0) FROM messages").fetchone()[0])
+    sid = sid_token(session_id)
+    rows: list[tuple[Any, ...]] = []
+    texts: list[tuple[int, str, str]] = []
+    events: list[tuple[str, str]] = []
+    inserted: list[str] = []
+    for message in messages:
+        pk = known.get(message.id)
+        if pk is None:
+            next_pk += 1
+            pk = known[message.id] = next_pk
+            content = message_json(message)
+            rows.append((pk, session_id, message.id, parent_pk, message.role, content, tx.now))
+            text = message.text()
+            if text:
+                texts.append((pk, sid, text))
+            events.append(("message.appended", appended_json(content, parent_id)))
+            inserted.append(message.id)
+        parent_pk, parent_id = pk, message.id
+    conn.executemany(
+        "INSERT INTO messages (pk, session_id, id, parent_pk, role, content, created_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        rows,
+    )
+    # One FTS statement for the batch: FTS5 flushes a new index segment at every statement
+    # boundary inside a transaction, so per-row inserts cost ~20 µs each more.
+    conn.executemany("INSERT INTO messages_fts (rowid, sid, body) VALUES (?, ?, ?)", texts)
+    count_messages(conn, session_id, len(rows))
+    last_seq = tx.emit_many(session_stream(session_id), session_id, events)
+    return AppendResult(inserted=inserted, last_id=parent_id, last_seq=last_seq)
+
+
+def update_message(tx: SqliteTx, session_id: str, message: Message, *, emit: bool = True) -> bool:
+    conn = tx.conn
+    content = message_json(message)
+    row = conn.execute(
+        "UPDATE messages SET content = ?, role = ? WHERE session_id = ? AND id = ? RETURNING pk",
+        (content, message.role, session_id, message.id),
+    ).fetchone()
+    if row is None:
+        return False
+    pk = int(row[0])
+    conn.execute("DELETE FROM messages_fts WHERE rowid = ?", (pk,))
+    index_text(conn, pk, session_id, message)
+    if emit:
+        tx.emit_many(session_stream(session_id), session_id, [("message.updated", updated_json(content))])
+    return True
+
+
+def path_rows(conn: Conn, leaf_pk: int) -> list[tuple[int, str, str]]:
+    # Walk rowids upward; ``m.pk < path.pk`` guarantees termination on any data.
+    # Each step yields at most one row (a message has one parent), so the rows come out
+    # leaf first, root last, with no ORDER BY: no sort, and the content rides along
+    # instead of a second lookup per row.
+    rows = conn.execute(
+        """
+        WITH RECURSIVE path(pk, parent_pk, id, content) AS (
+            SELECT pk, parent_pk, id, content FROM messages WHERE pk = ?
+            UNION ALL
+            SELECT m.pk, m.parent_pk, m.id, m.content
+            FROM path JOIN messages m ON m.pk = path.parent_pk
+            WHERE m.pk < path.pk
+        )
+        SELECT pk, id, content FROM path
+        """,
+        (leaf_pk,),
+    ).fetchall()
+    rows.reverse()
+    return rows
+
+
+def resolve_leaf(conn: Conn, session_id: str, leaf_id: str | None) -> int | None:
+    if leaf_id is None or leaf_id == "":
+        tip = latest(conn, session_id)
+        return None if tip is None else tip[0]
+    return pk_of(conn, session_id, leaf_id)
+
+
+def path(conn: Conn, session_id: str, leaf_id: str | None) -> list[Message]:
+    leaf = resolve_leaf(conn, session_id, leaf_id)
+    if leaf is None:
+        return []
+    out = []
+    for _pk, _id, content in path_rows(conn, leaf):
+        message = decode_message(content)
+        if message is not None:
+            out.append(message)
+    return out
+
+
+def is_ancestor(conn: Conn, session_id: str, ancestor_id: str, leaf_id: str) -> bool:
+    """Whether ``ancestor_id`` is ``leaf_id`` or lies on the path above it."""
+    top = pk_of(conn, session_id, ancestor_id)
+    leaf = pk_of(conn, session_id, leaf_id)
+    if top is None or leaf is None or top > leaf:
+        return False
+    row = conn.execute(
+        """
+        WITH RECURSIVE up(pk, parent_pk) AS (
+            SELECT pk, parent_pk FROM messages WHERE pk = ?
+            UNION ALL
+            SELECT m.pk, m.parent_pk FROM up JOIN messages m ON m.pk = up.parent_pk
+            WHERE m.pk < up.pk AND m.pk >= ?
+        )
+        SELECT 1 FROM up WHERE pk = ? LIMIT 1
+        """,
+        (leaf, top, top),
+    ).fetchone()
+    return row is not None
+
+
+def compactions(conn: Conn, session_id: str) -> list[Compaction]:
+    rows = conn.execute(
+        "SELECT id, summary, from_message_id, to_message_id, created_at FROM compactions "
+        "WHERE session_id = ? ORDER BY pk",
+        (session_id,),
+    ).fetchall()
+    return [compaction(r, ts) for r in rows]
+
+
+def insert_compaction(tx: SqliteTx, session_id: str, c: Compaction, *, emit: bool = True) -> None:
+    tx.conn.execute(
+        "INSERT INTO compactions "
+        "(session_id, id, summary, from_message_id, to_message_id, created_at) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        (session_id, c.id, c.summary, c.from_message_id, c.to_message_id, c.created_at.timestamp()),
+    )
+    if emit:
+        tx.emit_session(session_id, "compaction.added", {"compaction": msgspec.to_builtins(c)})
+
+
+def create_session(
+    tx: SqliteTx,
+    *,
+    name: str,
+    parent_session_id: str | None,
+    model: str | None,
+    source: str | None,
+    session_id: str | None,
+    event: str = "session.created",
+    event_extra: dict[str, Any] | None = None,
+) -> SessionInfo:
+    sid = session_id if session_id is not None else str(uuid.uuid4())
+    try:
+        tx.conn.execute(
+            "INSERT INTO sessions "
+            "(id, name, parent_session_id, model, source, created_at, updated_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (sid, name, parent_session_id, model, source, tx.now, tx.now),
+        )
+    except sqlite3.IntegrityError:
+        raise InvalidInput(f"session {sid!r} already exists") from None
+    info = tx.session_row(sid)
+    tx.registry_change(info, event, **(event_extra or {}))
+    return info
+
+
+def clear(conn: Conn, session_id: str) -> None:
+    conn.execute(
+        "DELETE FROM messages_fts WHERE rowid IN (SELECT pk FROM messages WHERE session_id = ?)",
+        (session_id,),
+    )
+    conn.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
+    conn.execute("DELETE FROM compactions WHERE session_id = ?", (session_id,))
+    conn.execute("DELETE FROM session_stats WHERE session_id = ?", (session_id,))
+
+
+def position(conn: Conn, stream: str) -> StreamPosition:
+    row = conn.execute(
+        "SELECT epoch, first_seq, last_seq FROM streams WHERE stream = ?", (stream,)
+    ).fetchone()
+    if row is None:
+        return StreamPosition(stream=stream, epoch="", first_seq=1, last_seq=0)
+    return StreamPosition(stream=stream, epoch=row[0], first_seq=row[1], last_seq=row[2])
+
+
+def delete_messages(tx: SqliteTx, session_id: str, ids: Sequence[str], managed: bool) -> list[str]:
+    if managed:
+        tx.touch(session_id)
+    deleted: list[str] = []
+    reparented: list[list[str | None]] = []
+    for mid in dict.fromkeys(ids):
+        row = tx.conn.execute(
+            "SELECT m.pk, m.parent_pk, p.id FROM messages m "
+            "LEFT JOIN messages p ON p.pk = m.parent_pk "
+            "WHERE m.session_id = ? AND m.id = ?",
+            (session_id, mid),
+        ).fetchone()
+        if row is None:
+            continue
+        pk, parent_pk, parent_id = row
+        children = tx.conn.execute(
+            "UPDATE messages SET parent_pk = ? WHERE parent_pk = ? RETURNING id",
+            (parent_pk, pk),
+        ).fetchall()
+        reparented.extend([child, parent_id] for (child,) in children)
+        tx.conn.execute("DELETE FROM messages_fts WHERE rowid = ?", (pk,))
+        tx.conn.execute("DELETE FROM messages WHERE pk = ?", (pk,))
+        deleted.append(mid)
+    if deleted:
+        count_messages(tx.conn, session_id, -len(deleted))
+        tx.emit_session(session_id, "message.deleted", {"ids": deleted, "reparented": reparented})
+    return deleted
+
+
+def path_length(conn: Conn, session_id: str, leaf_id: str | None) -> int:
+    leaf = resolve_leaf(conn, session_id, leaf_id)
+    if leaf is None:
+        return 0
+    row = conn.execute(
+        """
+        WITH RECURSIVE path(pk, parent_pk) AS (
+            SELECT pk, parent_pk FROM messages WHERE pk = ?
+            UNION ALL
+            SELECT m.pk, m.parent_pk FROM path JOIN messages m ON m.pk = path.parent_pk
+            WHERE m.pk < path.pk
+        )
+        SELECT COUNT(*) FROM path
+        """,
+        (leaf,),
+    ).fetchone()
+    return int(row[0])
+
+
+def search_messages(conn: Conn, expr: str, session_id: str | None, limit: int) -> list[SearchResult]:
+    body = f"body : ({expr})"
+    try:
+        if session_id is not None:
+            both = f"sid : {sid_token(session_id)} AND {body}"
+            # The newest matches, by rowid: no ranking, so no cost per match.
+            window = conn.execute(
+                "SELECT rowid FROM messages_fts WHERE messages_fts MATCH ? ORDER BY rowid DESC LIMIT ?",
+                (both, SEARCH_WINDOW),
+            ).fetchall()
+            if not window:
+                return []
+            size = conn.execute(
+                "SELECT messages FROM session_stats WHERE session_id = ?", (session_id,)
+            ).fetchone()
+            # bm25 counts every row holding each phrase; the session token is in
+            # every row of the session, so only small sessions keep it in MATCH.
+            small = size is None or size[0] <= SMALL_SESSION
+            rows = conn.execute(
+                "SELECT m.id, m.role, f.body, m.session_id, m.created_at FROM messages_fts f "
+                "JOIN messages m ON m.pk = f.rowid "
+                "WHERE messages_fts MATCH ? AND f.rowid >= ? AND m.session_id = ? "
+                "ORDER BY f.rank LIMIT ?",
+                (both if small else body, window[-1][0], session_id, limit),
+            ).fetchall()
+        else:
+            edge = conn.execute(
+                "SELECT rowid FROM messages_fts WHERE messages_fts MATCH ? "
+                "ORDER BY rowid DESC LIMIT 1 OFFSET ?",
+                (body, SEARCH_WINDOW - 1),
+            ).fetchone()
+            rows = conn.execute(
+                "SELECT m.id, m.role, f.body, m.session_id, m.created_at FROM messages_fts f "
+                "JOIN messages m ON m.pk = f.rowid JOIN sessions s ON s.id = m.session_id "
+                "WHERE messages_fts MATCH ? AND f.rowid >= ? ORDER BY f.rank LIMIT ?",
+                (body, 0 if edge is None else edge[0], limit),
+            ).fetchall()
+    except sqlite3.OperationalError as exc:
+        # Quoting keeps FTS syntax out; what remains (a phrase of only separators,
+        # say) is "no results", never an exception for the caller.
+        log.debug("fts query %r matched nothing: %s", expr, exc)
+        return []
+    return [
+        SearchResult(id=r[0], role=r[1], content=r[2], session_id=r[3], created_at=ts(r[4])) for r in rows
+    ]
+
+
+def delete_session(tx: SqliteTx, session_id: str, context_keys: Sequence[str]) -> None:
+    info = tx.session_row(session_id)
+    clear(tx.conn, session_id)
+    tx.conn.executemany("DELETE FROM context_blocks WHERE key = ?", [(k,) for k in context_keys])
+    tx.conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+    stream = session_stream(session_id)
+    # The log goes with the session (it holds message bodies); only the final
+    # event stays, and the stream now starts there.
+    (own, data), (registry, _) = registry_events(info, "session.deleted")
+    seq = tx.emit(own, session_id, "session.deleted", data)
+    tx.conn.execute("DELETE FROM events WHERE stream = ? AND seq < ?", (stream, seq))
+    tx.conn.execute("UPDATE streams SET first_seq = ? WHERE stream = ?", (seq, stream))
+    tx.emit(registry, session_id, "session.deleted", data)
+
+
+def set_search_entry(tx: SqliteTx, label: str, key: str, content: str, event: LogEntry | None) -> None:
+    row = tx.conn.execute(
+        "INSERT INTO search_entries (label, key, content, created_at, updated_at) "
+        "VALUES (?, ?, ?, ?, ?) ON CONFLICT (label, key) DO UPDATE SET "
+        "content = excluded.content, updated_at = excluded.updated_at RETURNING pk",
+        (label, key, content, tx.now, tx.now),
+    ).fetchone()
+    pk = int(row[0])
+    tx.conn.execute("DELETE FROM search_fts WHERE rowid = ?", (pk,))
+    tx.conn.execute(
+        "INSERT INTO search_fts (rowid, lbl, body) VALUES (?, ?, ?)",
+        (pk, sid_token(label), content),
+    )
+    if event is not None:
+        tx.emit_session(event.session_id, event.type, event.data)
+
+
+def search_entries(conn: Conn, label: str, expr: str, limit: int) -> list[tuple[str, str]]:
+    try:
+        rows = conn.execute(
+            "SELECT e.key, e.content FROM search_fts f JOIN search_entries e ON e.pk = f.rowid "
+            "WHERE search_fts MATCH ? AND e.label = ? ORDER BY f.rank LIMIT ?",
+            (f"lbl : {sid_token(label)} AND body : ({expr})", label, limit),
+        ).fetchall()
+    except sqlite3.OperationalError as exc:
+        log.debug("fts query %r matched nothing: %s", expr, exc)
+        return []
+    return [(str(k), str(c)) for k, c in rows]
+
+
+def read_events(conn: Conn, stream: str, after_seq: int, limit: int, epoch: str | None) -> list[Event]:
+    pos = position(conn, stream)
+    pos.check(after_seq, epoch)
+    rows = conn.execute(
+        "SELECT session_id, seq, type, data, created_at FROM events "
+        "WHERE stream = ? AND seq > ? ORDER BY seq LIMIT ?",
+        (stream, after_seq, limit),
+    ).fetchall()
+    kind: Literal["session", "registry"] = "registry" if stream == REGISTRY else "session"
+    return [
+        Event(
+            session_id=r[0],
+            seq=r[1],
+            epoch=pos.epoch,
+            type=r[2],
+            data=_decode(r[3]),
+            created_at=ts(r[4]),
+            stream=kind,
+        )
+        for r in rows
+    ]

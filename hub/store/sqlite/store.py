@@ -1,0 +1,585 @@
+"""`SqliteStore`: the store class; its statements are in :mod:`.sql`, its plumbing in
+:mod:`.connection`, the WAL checkpointer in :mod:`.checkpoint`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import aiosqlite
+import msgspec
+
+from protocol import (
+    Compaction,
+    Event,
+    InvalidInput,
+    Message,
+    SearchResult,
+    SessionInfo,
+    StoreClosed,
+    StoreError,
+)
+
+from ...bus import Bus, MemoryBus
+from ...fts import phrase_query, words_query
+from ...overlays import apply_compactions, visible_compactions
+from ..base import (
+    LATEST,
+    AppendResult,
+    LogEntry,
+    ParentArg,
+    Store,
+    StreamPosition,
+    check_limit,
+    check_usage,
+    usage_totals,
+)
+from ..policy import (
+    check_compaction_args,
+    check_name,
+    check_query,
+    check_summary,
+    continuation_message,
+    new_compaction,
+    not_one_path,
+    split_name,
+    summarized_deleted,
+    usage_event,
+)
+from ..rows import SESSION_COLS, decode_message, session_info, ts
+from . import checkpoint, sql
+from .checkpoint import CHECKPOINT_EVERY, WAL_LIMIT_BYTES, Checkpointer
+from .connection import Conn, Connection, configure, is_busy, patient, read_tx, write_tx
+from .schema import migrate
+from .tx import SqliteTx
+
+__all__ = ["INLINE_BATCH", "SqliteStore"]
+
+log = logging.getLogger("sessionhub.store")
+
+T = TypeVar("T")
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
+
+#: Appends of more messages than this run in the writer's thread, not inline.
+INLINE_BATCH = 16
+
+
+class SqliteStore(Store):
+    """Everything in one SQLite file (or ``":memory:"``)."""
+
+    def __init__(
+        self,
+        path: str,
+        writer: Connection,
+        reader: Connection,
+        bus: Bus,
+        synchronous: str = "NORMAL",
+        wal_limit: int = WAL_LIMIT_BYTES,
+    ) -> None:
+        self.path = path
+        self.bus = bus
+        self._writer = writer
+        self._reader = reader
+        self._closed = False
+        self._write_lock = asyncio.Lock()
+        self._commits = 0
+        self._checkpointer: Checkpointer | None = None
+        self._catching_up = False
+        self._wal_limit = wal_limit
+        if path != ":memory:":
+            self._checkpointer = Checkpointer(path, synchronous)
+
+    @classmethod
+    async def open(
+        cls,
+        path: str | Path = "sessionhub.db",
+        *,
+        bus: Bus | None = None,
+        synchronous: Literal["OFF", "NORMAL", "FULL", "EXTRA"] = "NORMAL",
+    ) -> SqliteStore:
+        """Open (creating and migrating as needed) the database at ``path``.
+
+        ``synchronous="NORMAL"`` with WAL survives a crash of the process (the commit is in
+        the WAL before the call returns) but may lose the last commits on power loss;
+        ``"FULL"`` fsyncs every commit.
+        """
+        path = str(path)
+        memory = path == ":memory:"
+        # Read at each open, so that a test can lower the bound for the stores it opens.
+        wal_limit = checkpoint.WAL_LIMIT_BYTES
+        writer = await aiosqlite.connect(path, isolation_level=None, check_same_thread=False)
+        try:
+            w = Connection(writer)
+            if not memory:
+                await w.call(lambda c: c.execute("PRAGMA journal_mode = WAL").fetchone())
+            await w.call(lambda c: configure(c, synchronous=synchronous, reader=False, wal_limit=wal_limit))
+            await w.call(migrate)
+            if memory:
+                r = w
+            else:
+                reader = await aiosqlite.connect(path, isolation_level=None, check_same_thread=False)
+                r = Connection(reader)
+                await r.call(lambda c: configure(c, synchronous=synchronous, reader=True))
+        except BaseException:
+            await writer.close()
+            raise
+        return cls(path, w, r, bus or MemoryBus(), synchronous, wal_limit)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        async with self._write_lock:
+            if self._checkpointer is not None:
+                await self._checkpointer.close()
+            if self._reader is not self._writer:
+                await self._reader.conn.close()
+            await self._writer.conn.close()
+
+    async def __aenter__(self) -> SqliteStore:
+        return self
+
+    # -- plumbing ------------------------------------------------------------------------
+    async def _write(self, fn: Callable[..., T], *args: Any, inline: bool = True) -> T:
+        """Run ``fn(tx, *args)`` as one write transaction, then ring the bus.
+
+        Small transactions (``inline``) run right here on the event loop: they take
+        ~80 µs, less than the two cross-thread wake-ups a trip to the writer's thread costs
+        on this kind of machine (docs/benchmarks.md). Big ones, and any that finds the
+        database locked by another process, run in the writer's thread with the busy
+        timeout, so the event loop never waits on a lock or a long write.
+        """
+        if self._closed:
+            raise StoreClosed("store is closed")
+        attempts: list[SqliteTx] = []
+
+        def body(conn: Conn) -> T:
+            # A fresh transaction (clock, notes) per attempt: a busy inline attempt is
+            # retried in the writer's thread, and only the committed one is rung.
+            tx = SqliteTx(conn)
+            attempts.append(tx)
+            return fn(tx, *args)
+
+        async with self._write_lock:
+            try:
+                if inline:
+                    try:
+                        result = write_tx(body)(self._writer.raw)
+                    except sqlite3.OperationalError as exc:
+                        if not is_busy(exc):
+                            raise
+                        result = await self._writer.call(patient(write_tx(body)))
+                else:
+                    result = await self._writer.call(patient(write_tx(body)))
+            except sqlite3.Error as exc:
+                raise StoreError(f"sqlite: {exc}") from exc
+            except UnicodeEncodeError as exc:  # binding a str with a lone surrogate
+                raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
+        attempts[-1].ring(self.bus)
+        self._commits += 1
+        checkpointer = self._checkpointer
+        if checkpointer is not None:
+            if self._commits % CHECKPOINT_EVERY == 0:
+                checkpointer.wake(self._commit_count)
+            if not self._catching_up and checkpointer.wal_file_size() > self._wal_limit:
+                # The bound on the WAL. This writer (committed already) runs the catch-up
+                # inline rather than in a task, so the bound holds even for a caller that
+                # never yields to the event loop; other writers go on until it takes the lock.
+                self._catching_up = True
+                try:
+                    await checkpointer.settle()
+                    async with self._write_lock:
+                        if not self._closed:
+                            await checkpointer.catch_up(self._commit_count)
+                except Exception as exc:  # committed already; the next catch-up retries
+                    log.warning("WAL checkpoint failed: %s", exc)
+                finally:
+                    self._catching_up = False
+        return result
+
+    def _commit_count(self) -> int:
+        return self._commits
+
+    async def _read(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._closed:
+            raise StoreClosed("store is closed")
+        try:
+            return await self._reader.call(read_tx(fn), *args)
+        except sqlite3.Error as exc:
+            raise StoreError(f"sqlite: {exc}") from exc
+        except UnicodeEncodeError as exc:
+            raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
+
+    # -- messages ------------------------------------------------------------------------
+    async def append_messages(
+        self,
+        session_id: str,
+        messages: Sequence[Message],
+        parent: ParentArg = LATEST,
+        *,
+        managed: bool = False,
+    ) -> AppendResult:
+        def fn(tx: SqliteTx) -> AppendResult:
+            if managed:
+                tx.touch(session_id)
+            return sql.insert_messages(tx, session_id, messages, parent)
+
+        return await self._write(fn, inline=len(messages) <= INLINE_BATCH)
+
+    async def update_message(
+        self,
+        session_id: str,
+        message: Message,
+        *,
+        managed: bool = False,
+        emit: bool = True,
+        also: Sequence[LogEntry] = (),
+    ) -> bool:
+        def fn(tx: SqliteTx) -> bool:
+            if managed:
+                tx.touch(session_id)
+            updated = sql.update_message(tx, session_id, message, emit=emit)
+            for entry in also:
+                tx.emit_session(entry.session_id, entry.type, entry.data)
+            return updated
+
+        return await self._write(fn)
+
+    async def upsert_message(
+        self,
+        session_id: str,
+        message: Message,
+        parent: ParentArg = LATEST,
+        *,
+        managed: bool = False,
+    ) -> bool:
+        def fn(tx: SqliteTx) -> bool:
+            if managed:
+                tx.touch(session_id)
+            if sql.update_message(tx, session_id, message):
+                return False
+            sql.insert_messages(tx, session_id, [message], parent)
+            return True
+
+        return await self._write(fn)
+
+    async def delete_messages(
+        self, session_id: str, ids: Sequence[str], *, managed: bool = False
+    ) -> list[str]:
+        return await self._write(
+            sql.delete_messages, session_id, ids, managed, inline=len(ids) <= INLINE_BATCH
+        )
+
+    async def clear_messages(self, session_id: str, *, managed: bool = False) -> None:
+        def fn(tx: SqliteTx) -> None:
+            if managed:
+                tx.touch(session_id)
+            sql.clear(tx.conn, session_id)
+            tx.emit_session(session_id, "messages.cleared", {})
+
+        await self._write(fn, inline=False)
+
+    async def get_message(self, session_id: str, message_id: str) -> Message | None:
+        def fn(conn: Conn) -> Message | None:
+            row = conn.execute(
+                "SELECT content FROM messages WHERE session_id = ? AND id = ?",
+                (session_id, message_id),
+            ).fetchone()
+            return None if row is None else decode_message(row[0])
+
+        return await self._read(fn)
+
+    async def get_history(self, session_id: str, leaf_id: str | None = None) -> list[Message]:
+        def fn(conn: Conn) -> list[Message]:
+            path = sql.path(conn, session_id, leaf_id)
+            if not path:
+                return path
+            return apply_compactions(path, sql.compactions(conn, session_id))
+
+        return await self._read(fn)
+
+    async def get_path(self, session_id: str, leaf_id: str | None = None) -> list[Message]:
+        return await self._read(sql.path, session_id, leaf_id)
+
+    async def get_latest_leaf(self, session_id: str) -> Message | None:
+        def fn(conn: Conn) -> Message | None:
+            row = conn.execute(
+                "SELECT content FROM messages WHERE session_id = ? ORDER BY pk DESC LIMIT 1",
+                (session_id,),
+            ).fetchone()
+            return None if row is None else decode_message(row[0])
+
+        return await self._read(fn)
+
+    async def get_path_length(self, session_id: str, leaf_id: str | None = None) -> int:
+        return await self._read(sql.path_length, session_id, leaf_id)
+
+    async def get_branches(self, session_id: str, message_id: str) -> list[Message]:
+        def fn(conn: Conn) -> list[Message]:
+            pk = sql.pk_of(conn, session_id, message_id)
+            if pk is None:
+                return []
+            rows = conn.execute(
+                "SELECT content FROM messages WHERE parent_pk = ? ORDER BY pk", (pk,)
+            ).fetchall()
+            return [m for (c,) in rows if (m := decode_message(c)) is not None]
+
+        return await self._read(fn)
+
+    async def search_messages(
+        self,
+        query: str,
+        *,
+        session_id: str | None,
+        limit: int = 20,
+        match: Literal["phrase", "words"] = "phrase",
+    ) -> list[SearchResult]:
+        check_query(query)
+        expr = phrase_query(query) if match == "phrase" else words_query(query)
+        if expr is None or check_limit(limit) <= 0:
+            return []
+
+        return await self._read(sql.search_messages, expr, session_id, limit)
+
+    # -- compaction overlays -------------------------------------------------------------
+    async def add_compaction(
+        self,
+        session_id: str,
+        summary: str,
+        from_id: str,
+        to_id: str,
+        *,
+        managed: bool = False,
+        verify_path: bool = False,
+        covered: Sequence[str] = (),
+    ) -> Compaction:
+        check_compaction_args(summary, from_id, to_id)
+
+        def fn(tx: SqliteTx) -> Compaction:
+            if managed:
+                tx.touch(session_id)
+            if verify_path and not sql.is_ancestor(tx.conn, session_id, from_id, to_id):
+                raise not_one_path(from_id, to_id)
+            if covered:
+                wanted = set(covered)
+                found = tx.conn.execute(
+                    "SELECT COUNT(*) FROM messages WHERE session_id = ? "
+                    "AND id IN (SELECT value FROM json_each(?))",
+                    (session_id, _encode(sorted(wanted)).decode()),
+                ).fetchone()[0]
+                if found != len(wanted):
+                    raise summarized_deleted(from_id, to_id, len(wanted) - found)
+            c = new_compaction(summary, from_id, to_id, ts(tx.now))
+            sql.insert_compaction(tx, session_id, c)
+            return c
+
+        return await self._write(fn, inline=not verify_path)
+
+    async def get_compactions(self, session_id: str) -> list[Compaction]:
+        return await self._read(sql.compactions, session_id)
+
+    # -- sessions registry ---------------------------------------------------------------
+    async def create_session(
+        self,
+        name: str,
+        *,
+        parent_session_id: str | None = None,
+        model: str | None = None,
+        source: str | None = None,
+        session_id: str | None = None,
+    ) -> SessionInfo:
+        check_name(name)
+
+        def fn(tx: SqliteTx) -> SessionInfo:
+            return sql.create_session(
+                tx,
+                name=name,
+                parent_session_id=parent_session_id,
+                model=model,
+                source=source,
+                session_id=session_id,
+            )
+
+        return await self._write(fn)
+
+    async def get_session(self, session_id: str) -> SessionInfo | None:
+        def fn(conn: Conn) -> SessionInfo | None:
+            row = conn.execute(f"SELECT {SESSION_COLS} FROM sessions WHERE id = ?", (session_id,)).fetchone()
+            return None if row is None else session_info(row, ts)
+
+        return await self._read(fn)
+
+    async def list_sessions(self) -> list[SessionInfo]:
+        def fn(conn: Conn) -> list[SessionInfo]:
+            rows = conn.execute(
+                f"SELECT {SESSION_COLS} FROM sessions ORDER BY updated_at DESC, rowid DESC"
+            ).fetchall()
+            return [session_info(r, ts) for r in rows]
+
+        return await self._read(fn)
+
+    async def rename_session(self, session_id: str, name: str) -> SessionInfo:
+        check_name(name)
+
+        def fn(tx: SqliteTx) -> SessionInfo:
+            tx.conn.execute(
+                "UPDATE sessions SET name = ?, updated_at = ? WHERE id = ?", (name, tx.now, session_id)
+            )
+            info = tx.session_row(session_id)
+            tx.registry_change(info, "session.renamed")
+            return info
+
+        return await self._write(fn)
+
+    async def delete_session(self, session_id: str, *, context_keys: Sequence[str] = ()) -> None:
+        await self._write(sql.delete_session, session_id, context_keys, inline=False)
+
+    async def add_usage(
+        self, session_id: str, input_tokens: int, output_tokens: int, cost: float
+    ) -> SessionInfo:
+        delta = check_usage(input_tokens, output_tokens, cost)
+
+        def fn(tx: SqliteTx) -> SessionInfo:
+            # Read, check, write inside BEGIN IMMEDIATE: no other writer runs in between.
+            before = tx.session_row(session_id)
+            totals = usage_totals((before.input_tokens, before.output_tokens, before.estimated_cost), delta)
+            tx.conn.execute(
+                "UPDATE sessions SET input_tokens = ?, output_tokens = ?, estimated_cost = ?, "
+                "updated_at = ? WHERE id = ?",
+                (*totals, tx.now, session_id),
+            )
+            info = tx.session_row(session_id)
+            tx.registry_change(info, "session.usage", delta=usage_event(delta))
+            return info
+
+        return await self._write(fn)
+
+    async def fork_session(self, session_id: str, at_message_id: str, name: str) -> SessionInfo:
+        check_name(name)
+
+        def fn(tx: SqliteTx) -> SessionInfo:
+            tx.session_row(session_id)
+            path = sql.path(tx.conn, session_id, at_message_id) if at_message_id else []
+            overlays = visible_compactions([m.id for m in path], sql.compactions(tx.conn, session_id))
+            info = sql.create_session(
+                tx,
+                name=name,
+                parent_session_id=session_id,
+                model=None,
+                source=None,
+                session_id=None,
+                event="session.forked",
+                event_extra={"from_session_id": session_id, "at_message_id": at_message_id},
+            )
+            sql.insert_messages(tx, info.id, path, None)
+            for c in overlays:
+                sql.insert_compaction(tx, info.id, c)
+            return info
+
+        return await self._write(fn, inline=False)
+
+    async def split_session(self, session_id: str, summary: str, name: str | None = None) -> SessionInfo:
+        check_summary(summary)
+
+        def fn(tx: SqliteTx) -> SessionInfo:
+            old = tx.session_row(session_id)
+            tx.conn.execute(
+                "UPDATE sessions SET end_reason = 'compaction', updated_at = ? WHERE id = ?",
+                (tx.now, session_id),
+            )
+            tx.registry_change(tx.session_row(session_id), "session.ended")
+            info = sql.create_session(
+                tx,
+                name=split_name(old, name),
+                parent_session_id=session_id,
+                model=old.model,
+                source=old.source,
+                session_id=None,
+            )
+            sql.insert_messages(tx, info.id, [continuation_message(summary)], None)
+            return info
+
+        return await self._write(fn, inline=False)
+
+    # -- context blocks and search entries ------------------------------------------------
+    async def get_context_value(self, key: str) -> str | None:
+        def fn(conn: Conn) -> str | None:
+            row = conn.execute("SELECT content FROM context_blocks WHERE key = ?", (key,)).fetchone()
+            return None if row is None else str(row[0])
+
+        return await self._read(fn)
+
+    async def set_context_value(self, key: str, content: str, *, event: LogEntry | None = None) -> None:
+        def fn(tx: SqliteTx) -> None:
+            tx.conn.execute(
+                "INSERT INTO context_blocks (key, content, updated_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET content = excluded.content, "
+                "updated_at = excluded.updated_at",
+                (key, content, tx.now),
+            )
+            if event is not None:
+                tx.emit_session(event.session_id, event.type, event.data)
+
+        await self._write(fn)
+
+    async def count_search_entries(self, label: str) -> int:
+        def fn(conn: Conn) -> int:
+            row = conn.execute("SELECT COUNT(*) FROM search_entries WHERE label = ?", (label,)).fetchone()
+            return int(row[0])
+
+        return await self._read(fn)
+
+    async def set_search_entry(
+        self, label: str, key: str, content: str, *, event: LogEntry | None = None
+    ) -> None:
+        await self._write(sql.set_search_entry, label, key, content, event)
+
+    async def search_entries(self, label: str, query: str, limit: int = 10) -> list[tuple[str, str]]:
+        expr = words_query(query) if isinstance(query, str) else None
+        if expr is None or check_limit(limit) <= 0:
+            return []
+
+        return await self._read(sql.search_entries, label, expr, limit)
+
+    async def log_event(self, entry: LogEntry) -> int:
+        def fn(tx: SqliteTx) -> int:
+            return tx.emit_session(entry.session_id, entry.type, entry.data)
+
+        return await self._write(fn)
+
+    # -- event logs ----------------------------------------------------------------------
+    async def read_events(
+        self, stream: str, after_seq: int = 0, limit: int = 1000, *, epoch: str | None = None
+    ) -> list[Event]:
+        check_limit(after_seq, "after_seq")
+        check_limit(limit)
+
+        return await self._read(sql.read_events, stream, after_seq, limit, epoch)
+
+    async def stream_position(self, stream: str) -> StreamPosition:
+        return await self._read(sql.position, stream)
+
+    # -- settings ------------------------------------------------------------------------
+    async def claim_setting(self, key: str, value: str, *, replace: bool = False) -> str:
+        """Record ``value`` under ``key`` unless another value is recorded (or ``replace``);
+        returns the value recorded afterwards. One statement: two nodes starting at once
+        agree on which one recorded first."""
+
+        def fn(tx: SqliteTx) -> str:
+            row = tx.conn.execute(
+                "INSERT INTO settings (key, value, updated_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET "
+                "value = CASE WHEN ? THEN excluded.value ELSE value END, "
+                "updated_at = CASE WHEN ? THEN excluded.updated_at ELSE updated_at END "
+                "RETURNING value",
+                (key, value, tx.now, replace, replace),
+            ).fetchone()
+            return str(row[0])
+
+        return await self._write(fn)

@@ -1,0 +1,92 @@
+"""The write transaction: plain calls, as the whole transaction runs as one call in the
+writer's thread (or inline on the event loop, see ``SqliteStore._write``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from protocol import SessionInfo, SessionNotFound
+
+from ..base import WriteTx
+from ..policy import registry_events, session_stream
+from ..rows import SESSION_COLS, new_epoch, session_info, ts
+from .connection import Conn
+
+__all__ = ["SqliteTx", "session_row"]
+
+_encode = msgspec.json.Encoder().encode
+
+
+class SqliteTx(WriteTx[Conn]):
+    """One ``BEGIN IMMEDIATE .. COMMIT`` on the writer's connection."""
+
+    __slots__ = ()
+
+    def emit(self, stream: str, session_id: str, type_: str, data: Any) -> int:
+        conn = self.conn
+        row = conn.execute(
+            "UPDATE streams SET last_seq = last_seq + 1 WHERE stream = ? RETURNING last_seq", (stream,)
+        ).fetchone()
+        if row is None:
+            conn.execute("INSERT INTO streams VALUES (?, ?, 1, 1)", (stream, new_epoch()))
+            seq = 1
+        else:
+            seq = int(row[0])
+        conn.execute(
+            "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)",
+            (stream, seq, session_id, type_, _encode(data).decode(), self.now),
+        )
+        self.notes.append((stream, seq))
+        return seq
+
+    def emit_many(self, stream: str, session_id: str, events: Sequence[tuple[str, str]]) -> int:
+        """Append pre-encoded ``(type, data_json)`` events with consecutive seqs; the last."""
+        n = len(events)
+        if n == 0:
+            return 0
+        conn = self.conn
+        row = conn.execute(
+            "UPDATE streams SET last_seq = last_seq + ? WHERE stream = ? RETURNING last_seq", (n, stream)
+        ).fetchone()
+        if row is None:
+            conn.execute("INSERT INTO streams VALUES (?, ?, 1, ?)", (stream, new_epoch(), n))
+            last = n
+        else:
+            last = int(row[0])
+        first = last - n + 1
+        now = self.now
+        conn.executemany(
+            "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)",
+            [(stream, first + i, session_id, t, data, now) for i, (t, data) in enumerate(events)],
+        )
+        self.notes.append((stream, last))
+        return last
+
+    def emit_session(self, session_id: str, type_: str, data: Any) -> int:
+        return self.emit(session_stream(session_id), session_id, type_, data)
+
+    def touch(self, session_id: str) -> None:
+        if (
+            self.conn.execute(
+                "UPDATE sessions SET updated_at = ? WHERE id = ?", (self.now, session_id)
+            ).rowcount
+            == 0
+        ):
+            raise SessionNotFound(session_id)
+
+    def session_row(self, session_id: str) -> SessionInfo:
+        return session_row(self.conn, session_id)
+
+    def registry_change(self, info: SessionInfo, type_: str, **extra: Any) -> None:
+        for stream, data in registry_events(info, type_, **extra):
+            self.emit(stream, info.id, type_, data)
+
+
+def session_row(conn: Conn, session_id: str) -> SessionInfo:
+    row = conn.execute(f"SELECT {SESSION_COLS} FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    if row is None:
+        raise SessionNotFound(session_id)
+    return session_info(row, ts)

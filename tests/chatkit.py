@@ -1,0 +1,88 @@
+"""Test helpers for turns and the chat endpoints: a scripted responder (a real
+``HubClient`` iterating ``turns()``) and an SSE reader over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx2
+
+from clients import HubClient, Turn
+
+__all__ = ["answer", "responder", "sse_chunks"]
+
+
+async def answer(turn: Turn) -> None:
+    """Reply by the user's text (see tests/js/chat.test.mjs for the script)."""
+    asked = turn.history[-1].text() if turn.history else ""
+    async with turn.reply() as st:
+        if asked.startswith("tool"):
+            await st.reasoning("Let me look that up.")
+            call = {"type": "tool-lookup", "toolCallId": "call-1", "input": {"q": asked}}
+            await st.tool_part({**call, "state": "input-available"})
+            await st.tool_part({**call, "state": "output-available", "output": {"found": 3}})
+            await st.text("Found 3.")
+        elif asked.startswith("slow"):
+            for i in range(40):
+                await st.text(f"w{i} ")
+                await asyncio.sleep(0.04)
+        elif asked.startswith("fail"):
+            await st.text("Thinking")
+            raise RuntimeError("the model is down")
+        else:
+            for piece in ("You said: ", asked[: len(asked) // 2], asked[len(asked) // 2 :]):
+                await st.text(piece)
+
+
+@contextlib.asynccontextmanager
+async def responder(
+    url: str, ready: Callable[[], bool], token: str | None = None, name: str = "agent"
+) -> AsyncIterator[HubClient]:
+    """A connected responder answering every turn with :func:`answer`, concurrently.
+    ``ready()`` tells when the hub counts it (e.g. ``lambda: len(hub.turns.responders) == 1``)."""
+    async with HubClient(url, token=token, name=name, role="worker") as client:
+        tasks: set[asyncio.Task[None]] = set()
+        started = asyncio.Event()
+
+        async def run() -> None:
+            turns = client.turns()
+            first = asyncio.ensure_future(anext(turns))
+            await asyncio.sleep(0)
+            started.set()
+            turn = await first
+            while True:
+                task = asyncio.create_task(_quietly(answer(turn)))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                turn = await anext(turns)
+
+        loop = asyncio.create_task(run())
+        async with asyncio.timeout(5):
+            await started.wait()
+            while not ready():
+                await asyncio.sleep(0.005)
+        try:
+            yield client
+        finally:
+            loop.cancel()
+            for task in [loop, *tasks]:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, Exception):
+                    await task
+
+
+async def _quietly(coro: Any) -> None:
+    with contextlib.suppress(RuntimeError):  # the scripted failure
+        await coro
+
+
+async def sse_chunks(response: httpx2.Response) -> AsyncIterator[dict[str, Any] | str]:
+    """The chunks of a UI message stream response (``"[DONE]"`` last)."""
+    async for line in response.aiter_lines():
+        if line.startswith("data: "):
+            data = line[len("data: ") :]
+            yield "[DONE]" if data == "[DONE]" else json.loads(data)

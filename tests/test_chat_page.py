@@ -1,0 +1,81 @@
+"""web/examples/chat.html in Debian's Chromium (playwright, as tests/test_inspector.py):
+a reply that keeps streaming across a page reload, nothing doubled or lost; the active
+branch only; Regenerate and the branch switcher."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from playwright.async_api import Browser, async_playwright, expect
+
+from .chatkit import responder
+from .hubtest import WAIT, served
+from .services import chromium
+
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+
+
+@contextlib.asynccontextmanager
+async def _browser() -> AsyncIterator[Browser]:
+    executable = chromium()  # skips (fails under SESSIONHUB_REQUIRE_SERVICES=1) without it
+    async with async_playwright() as pw:
+        launched = await pw.chromium.launch(
+            executable_path=str(executable),
+            headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"],
+        )
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+async def test_a_reply_keeps_streaming_across_a_reload(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    async with (
+        served(db=tmp_path / "hub.db") as h,
+        responder(h.ws_url, lambda: len(h.hub.turns.responders) == 1),
+        _browser() as browser,
+    ):
+        info = await h.hub.store.create_session("page chat", session_id="page-chat")
+        context = await browser.new_context()
+        page = await context.new_page()
+        page.set_default_timeout(WAIT * 1000)
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        try:
+            await page.goto(f"{h.url}/examples/chat.html#session={info.id}")
+            await expect(page.locator("#status")).to_have_text("Connected")
+            await page.get_by_label("Message").fill("slow story please")
+            await page.get_by_role("button", name="Send").click()
+            reply = page.locator('#chat-log article[data-role="assistant"]')
+            await expect(reply).to_contain_text("w3 ")
+            assert h.hub.turns.in_flight(info.id) is not None, "reloading mid-reply"
+            await page.reload()
+            await expect(page.locator("#status")).to_contain_text("Connected")
+            await expect(reply).to_contain_text("w39", timeout=10_000)
+            words = (await reply.locator("p").first.inner_text()).split()[1:]  # after "Assistant:"
+            assert words == [f"w{i}" for i in range(40)], "nothing doubled or lost"
+            stored = (await h.hub.manager.get_session(info.id).get_history())[-1]
+            assert stored.text().split() == words
+            # Regenerate: a sibling; the page shows the new branch, and ‹ 1/2 › switches back.
+            async with asyncio.timeout(5):
+                while h.hub.turns.in_flight(info.id) is not None:
+                    await asyncio.sleep(0.01)
+            await page.get_by_role("button", name="Regenerate").click()
+            await expect(page.locator(".branch")).to_contain_text("2/2")
+            await expect(page.locator("#chat-log article")).to_have_count(2)  # the active branch only
+            await page.get_by_title("previous branch").click()
+            await expect(page.locator(".branch")).to_contain_text("1/2")
+            await expect(reply).to_contain_text("w39")
+        finally:
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(Exception):
+                await page.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"))
+            await context.close()
+        assert not [e for e in errors if "WebSocket" not in e], errors
