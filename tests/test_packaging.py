@@ -122,7 +122,8 @@ async def test_the_hub_serves_the_inspector_and_not_its_tests(tmp_path: Path) ->
         assert index[0] == 200 and b"inspector/main.js" in index[1]
         modules = sorted(p.relative_to(web).as_posix() for p in (web / "inspector").glob("*.js"))
         assert "inspector/main.js" in modules
-        for path in ("inspector.css", "sessionhub.js", "chat-transport.js", "index.html", "examples/chat.html", *modules):
+        pages = ("inspector.css", "sessionhub.js", "chat-transport.js", "index.html", "examples/chat.html")
+        for path in (*pages, *modules):
             status, body = await asyncio.to_thread(_get, f"{h.url}/{path}")
             assert (path, status) == (path, 200)
             assert body == (web / path).read_bytes()
