@@ -4,13 +4,18 @@ so the search vectors and the ``message.appended`` events are those of any appen
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from protocol import Conflict, SessionInfo
 
 from ..base import PROMPT_LABEL, DumpedMessage, SessionDump, context_key
 from ..prune import PruneArgs, batch_end
 from ..rows import SESSION_COLS, decode_message, session_info, ts
 from . import sql
-from .tx import Conn, PostgresTx, session_row
+from .tx import PostgresTx, session_row
+
+if TYPE_CHECKING:
+    from .tx import Conn
 
 __all__ = [
     "count_events",
