@@ -105,7 +105,7 @@ async def test_the_registry_log_prunes_the_same_way(store: Store) -> None:
 async def test_count_events_follows_appends_and_prunes(store: Store) -> None:
     manager = SessionManager(store)
     assert await store.count_events() == 0
-    sid, last = await session_with(manager, 4)
+    _sid, last = await session_with(manager, 4)
     assert await store.count_events() == last + 1  # the session's log and the registry's one
     await manager.prune_events(keep_per_session=1)
     assert await store.count_events() == 2
@@ -214,7 +214,7 @@ async def test_the_hub_prunes_in_the_background_and_shows_it_in_metrics(store: S
 
 async def test_without_a_policy_the_hub_keeps_everything(store: Store) -> None:
     manager = SessionManager(store)
-    sid, last = await session_with(manager, 3)
+    sid, _last = await session_with(manager, 3)
     async with served(store=store) as h:
         assert h.hub.retention.task is None
         assert (await store.stream_position(session_stream(sid))).first_seq == 1
