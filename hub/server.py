@@ -26,6 +26,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -56,6 +57,7 @@ from .logfilter import install_log_filters
 from .manager import SessionManager
 from .mcp import create_endpoint as create_mcp_endpoint
 from .relay import Relay
+from .retention import Retention
 from .session import Session
 from .static import WEB_DIR, InspectorFiles
 from .store.base import LATEST, REGISTRY, ParentArg, Store, session_stream
@@ -125,6 +127,11 @@ class HubConfig:
     close_grace: float = 5.0
     #: How long a turn waits for a responder to start answering it (hub/turns.py).
     turn_timeout: float = 30.0
+    #: Event retention (hub/retention.py): prune events older than this many seconds,
+    #: and beyond the newest N of each log, every ``retention_interval`` s. None: keep.
+    retain_events: float | None = None
+    retain_events_per_session: int | None = None
+    retention_interval: float = 60.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -1336,6 +1343,14 @@ class Hub:
             self.relay.start()
             self.metrics.watch_bus(store.bus)
         self.closing = False
+        self.retention = Retention(
+            store,
+            self.metrics.registry,
+            older_than=None if config.retain_events is None else timedelta(seconds=config.retain_events),
+            keep_per_session=config.retain_events_per_session,
+            interval=config.retention_interval,
+        )
+        self.retention.start()
         self.ops: dict[str, Callable[[Any], Awaitable[Any]]] = _operations(self)
 
     def check_total(self) -> None:
@@ -1421,6 +1436,7 @@ class Hub:
         await asyncio.sleep(0)
         for connection in list(self.connections):
             await connection.close(CLOSE_GOING_AWAY, "server shutting down; resume elsewhere")
+        await self.retention.close()
         await self.turns.close()
         await self.tails.close()
         if self.relay is not None:
@@ -1776,6 +1792,7 @@ def create_app(
 
     async def metrics(request: HttpRequest) -> Response:
         hub: Hub = request.app.state.hub
+        await hub.retention.observe()
         return Response(generate_latest(hub.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def ws(websocket: WebSocket) -> None:
