@@ -198,7 +198,10 @@ async def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=3000, help="messages (default 3000)")
     p.add_argument("--sessions", default="1,20", help="comma-separated session counts (default 1,20)")
     p.add_argument("--store", choices=("sqlite", "postgres", "both"), default="both")
-    p.add_argument("--dsn", default=os.environ.get("SESSIONHUB_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres"))
+    p.add_argument(
+        "--dsn",
+        default=os.environ.get("SESSIONHUB_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres"),
+    )
     p.add_argument("--json", action="store_true", help="print one JSON line at the end")
     args = p.parse_args(argv)
     results = []
