@@ -837,9 +837,8 @@ def run_original(args: argparse.Namespace) -> dict[str, Any] | None:
         say(f"   original: failed ({done.stderr.strip()[-300:]})")
         return None
     v032 = json.loads(done.stdout.strip().splitlines()[-1])["v0_32_0"]
-    say(
-        f"   original v0.32.0 search over {v032['search_corpus_messages']:,} messages, p50 of {args.search_calls}:"
-    )
+    corpus = v032["search_corpus_messages"]
+    say(f"   original v0.32.0 search over {corpus:,} messages, p50 of {args.search_calls}:")
     for query, stats in v032["search"].items():
         say(f"     {query!r:24} hits {stats['hits']:>3}  p50 {stats['median_ms']:7.3f} ms")
     return {"messages": v032["search_corpus_messages"], "search": v032["search"]}

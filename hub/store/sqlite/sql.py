@@ -34,6 +34,7 @@ log = logging.getLogger("sessionhub.store")
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 
+
 def sid_token(session_id: str) -> str:
     # One alphanumeric token per session for the FTS column filter; the join on
     # session_id keeps results exact even if two ids ever hashed alike.
@@ -405,9 +406,7 @@ SELECT m.id, m.role, m.content, m.session_id, m.created_at FROM (
 #: The session's token in MATCH: FTS5 intersects the two posting lists.
 SEARCH_BY_TOKEN = SEARCH_SESSION.format(join="", filter="")
 #: The text alone in MATCH, the session checked on each match's row.
-SEARCH_BY_ROW = SEARCH_SESSION.format(
-    join="JOIN messages s ON s.pk = f.rowid", filter="AND s.session_id = ?"
-)
+SEARCH_BY_ROW = SEARCH_SESSION.format(join="JOIN messages s ON s.pk = f.rowid", filter="AND s.session_id = ?")
 #: A session holding at least this share of all messages is searched SEARCH_BY_ROW: its
 #: token's posting list is then most of the index, and walking it (and bm25 counting it)
 #: costs more than looking each match's row up; at most 1/share - 1 lookups are wasted
