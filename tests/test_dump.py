@@ -82,6 +82,20 @@ async def test_sqlite_to_postgres_and_back(tmp_path: Path, pg_dsn: str, pg_schem
         assert await export_all(b) == original
 
 
+async def test_a_session_exports_only_its_own_context_blocks(store: Store) -> None:
+    # Keys are `<label>_<session id>`: the key of label "x" in session "a_b" also ends in
+    # "_b". It belongs to "a_b" (the longest id it ends with that exists), not to "b".
+    for sid in ("b", "a_b"):
+        await store.create_session(sid, session_id=sid)
+    await store.set_context_value(context_key("x", "a_b"), "a_b's")
+    await store.set_context_value(context_key("memory", "b"), "b's")
+    await store.set_context_value(context_key("notes_c", "b"), "b's too")  # no session "c_b"
+    lines = [json.loads(line) for line in await export_all(store)]
+    dumps = {d["session"]["id"]: d for d in lines if d.get("type") == "session"}
+    assert dumps["b"]["context"] == {"memory": "b's", "notes_c": "b's too"}
+    assert dumps["a_b"]["context"] == {"x": "a_b's"}
+
+
 async def test_an_existing_session_is_refused_unless_replace(store: Store) -> None:
     ids = await rich_session(store)
     lines = await export_all(store)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from protocol import Conflict, SessionInfo
 
 from ..base import PROMPT_LABEL, DumpedMessage, SessionDump, context_key
+from ..policy import context_owners, owned_context
 from ..prune import PruneArgs, batch_end
 from ..rows import SESSION_COLS, decode_message, session_info, ts
 from . import sql
@@ -86,7 +87,14 @@ async def _context_rows(conn: Conn, session_id: str) -> list[tuple[str, str]]:
         'WHERE length(key) > length($1) AND right(key, length($1)) = $1 ORDER BY key COLLATE "C"',
         suffix,
     )
-    return [(str(r[0])[: -len(suffix)], str(r[1])) for r in rows]
+    found = [(str(r[0]), str(r[1])) for r in rows]
+    candidates = sorted(context_owners((k for k, _ in found), session_id))
+    existing: set[str] = set()
+    if candidates:
+        existing = {
+            str(r[0]) for r in await conn.fetch("SELECT id FROM sessions WHERE id = ANY($1)", candidates)
+        }
+    return owned_context(found, session_id, existing)
 
 
 async def dump_session(conn: Conn, session_id: str) -> SessionDump:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from protocol import Conflict, SessionInfo
 
 from ..base import PROMPT_LABEL, DumpedMessage, SessionDump, context_key
+from ..policy import context_owners, owned_context
 from ..prune import PruneArgs, batch_end
 from ..rows import SESSION_COLS, decode_message, session_info, ts
 from . import sql
@@ -76,7 +77,19 @@ def _context_rows(conn: Conn, session_id: str) -> list[tuple[str, str]]:
         "SELECT key, content FROM context_blocks WHERE length(key) > ? AND substr(key, -?) = ? ORDER BY key",
         (len(suffix), len(suffix), suffix),
     ).fetchall()
-    return [(str(k)[: -len(suffix)], str(c)) for k, c in rows]
+    found = [(str(k), str(c)) for k, c in rows]
+    candidates = sorted(context_owners((k for k, _ in found), session_id))
+    existing = (
+        {
+            str(r[0])
+            for r in conn.execute(
+                f"SELECT id FROM sessions WHERE id IN ({', '.join('?' * len(candidates))})", candidates
+            ).fetchall()
+        }
+        if candidates
+        else set()
+    )
+    return owned_context(found, session_id, existing)
 
 
 def dump_session(conn: Conn, session_id: str) -> SessionDump:
