@@ -119,6 +119,53 @@ def build_texts(count: int) -> list[str]:
     return out
 
 
+def _node_rng(seed: int) -> Callable[[], float]:
+    """bench.mjs's generator (an LCG on 32 bits), so ``--corpus original`` is its data."""
+    state = seed % 2**32
+
+    def step() -> float:
+        nonlocal state
+        state = (state * 1664525 + 1013904223) % 2**32
+        return state / 2**32
+
+    return step
+
+
+def _node_vocab() -> list[str]:
+    out = []
+    for i in range(600):
+        r = _node_rng(i + 7)
+        length = 3 + int(r() * 7)
+        out.append("".join(chr(97 + int(r() * 26)) for _ in range(length)))
+    return out
+
+
+NODE_VOCAB = _node_vocab()
+NODE_QUERIES: list[tuple[str, str]] = [
+    ("specific word, 1 %", "deployment"),
+    ("rare word, every 1000th", "zebracorn"),
+    ("2-word phrase, ~14 %", "deploying pipeline"),
+    ("common vocab word", NODE_VOCAB[3]),
+    ("no match", "nomatchword"),
+]
+
+
+def node_texts(count: int) -> list[str]:
+    """bench.mjs's ``textFor(i)`` for i < count, exactly."""
+    out = []
+    for i in range(count):
+        r = _node_rng(i * 31 + 1)
+        words = [NODE_VOCAB[int(r() * 600)] for _ in range(20)]
+        if i % 100 == 0:
+            words.append("deployment")
+        if i % 1000 == 0:
+            words.append("zebracorn")
+        if i % 7 == 0:
+            words.extend(["deploying", "pipeline"])
+        out.append(" ".join(words))
+    return out
+
+
 def ui_message(message_id: str, i: int, text: str) -> dict[str, Any]:
     role = "assistant" if i % 2 else "user"
     return {"id": message_id, "role": role, "parts": [{"type": "text", "text": text}]}
@@ -328,6 +375,12 @@ class Stores:
 async def bench_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     stores = Stores(args, tmp)
     try:
+        if args.search_only:
+            say(f"== sessionhub search only: {stores.describe()}")
+            return {
+                "store": stores.kind,
+                "search": {str(args.search_n): await bench_search(args, stores, args.search_n)},
+            }
         return await _bench_engine(args, stores)
     finally:
         await stores.drop_all()
@@ -466,16 +519,33 @@ async def bench_search(args: argparse.Namespace, stores: Stores, size: int) -> d
     from hub import SessionManager
 
     calls: int = args.search_calls
-    texts = build_texts(size)
+    original = args.corpus == "original"
+    queries = NODE_QUERIES if original else QUERIES
+    sessions: int = args.search_sessions
+    texts = node_texts(size) if original else build_texts(size)
     store = await stores.open(f"search-{size}")
     try:
         manager = SessionManager(store)
         info = await manager.create(f"search-{size}")
-        batch_size = 10_000
         t0 = perf()
-        for start in range(0, size, batch_size):
-            batch = [ui_message(f"m{i}", i, texts[i]) for i in range(start, min(size, start + batch_size))]
-            await manager.append_all(info.id, batch)
+        if sessions <= 1:
+            batch_size = 10_000
+            for start in range(0, size, batch_size):
+                batch = [
+                    ui_message(f"m{i}", i, texts[i]) for i in range(start, min(size, start + batch_size))
+                ]
+                await manager.append_all(info.id, batch)
+        else:
+            # The corpus spread over ``sessions`` sessions, written in rounds of 10 messages
+            # per session, so sessions interleave in the index as live ones do; the first
+            # session is searched.
+            ids = [info.id] + [(await manager.create(f"other-{k}")).id for k in range(1, sessions)]
+            per = size // sessions
+            batch_size = 10
+            for start in range(0, per, batch_size):
+                for k, sid in enumerate(ids):
+                    rows = range(k * per + start, k * per + min(per, start + batch_size))
+                    await manager.append_all(sid, [ui_message(f"m{i}", i - k * per, texts[i]) for i in rows])
         build_s = perf() - t0
         await stores.settle(store)
         del texts
@@ -485,6 +555,8 @@ async def bench_search(args: argparse.Namespace, stores: Stores, size: int) -> d
             "build_s": r3(build_s),
             "build_msgs_per_s": round(size / build_s),
             "calls": calls,
+            "sessions": max(sessions, 1),
+            "corpus": args.corpus,
             "session_search": {},
             "manager_search": {},
         }
@@ -499,7 +571,7 @@ async def bench_search(args: argparse.Namespace, stores: Stores, size: int) -> d
         ):
             label = "Session.search (phrase)" if api == "session_search" else "SessionManager.search (words)"
             say(f"   {label}:")
-            for desc, query in QUERIES:
+            for desc, query in queries:
                 hits = await fn(query)  # warm-up call, and the hit count
                 stats, _ = await repeat(functools.partial(fn, query), calls)
                 result[api][query] = {"what": desc, "hits": len(hits), **stats}
@@ -739,6 +811,39 @@ def print_table(rows: list[tuple[str, str, str, str]]) -> None:
 # ---------------------------------------------------------------------------------------
 
 
+def run_original(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The original (agents@0.32.0 ``Sessions``) on bench.mjs's corpus of ``--search-n``
+    messages in one session, ``--search-calls`` calls per query; its search medians."""
+    here = Path(args.original)
+    if not (here / "node_modules").is_dir():
+        say(f"   original: skipped, no node_modules in {here} (run `npm ci` there)")
+        return None
+    command = [
+        "node",
+        "bench.mjs",
+        "--impl",
+        "v032",
+        "--n",
+        str(args.search_n),
+        "--branches",
+        "0",
+        "--reps",
+        str(args.search_calls),
+        "--agent-n",
+        "0",
+    ]
+    done = subprocess.run(command, cwd=here, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        say(f"   original: failed ({done.stderr.strip()[-300:]})")
+        return None
+    v032 = json.loads(done.stdout.strip().splitlines()[-1])["v0_32_0"]
+    corpus = v032["search_corpus_messages"]
+    say(f"   original v0.32.0 search over {corpus:,} messages, p50 of {args.search_calls}:")
+    for query, stats in v032["search"].items():
+        say(f"     {query!r:24} hits {stats['hits']:>3}  p50 {stats['median_ms']:7.3f} ms")
+    return {"messages": v032["search_corpus_messages"], "search": v032["search"]}
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=10_000, help="chain length / bulk size (default 10000)")
@@ -762,6 +867,27 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         metavar="CPU",
         help="run on this one CPU only (the peer subprocess inherits it)",
+    )
+    p.add_argument(
+        "--corpus",
+        choices=["own", "original"],
+        default="own",
+        help="search corpus: ours, or exactly bench.mjs's textFor() (default own)",
+    )
+    p.add_argument(
+        "--search-sessions",
+        type=int,
+        default=1,
+        metavar="K",
+        help="spread each search corpus over K interleaved sessions, search the first (default 1)",
+    )
+    p.add_argument("--search-only", action="store_true", help="run only section 5 (search), at --search-n")
+    p.add_argument(
+        "--original",
+        metavar="DIR",
+        default=None,
+        help="also run the original (node DIR/bench.mjs --impl v032 --n SEARCH_N --branches 0) "
+        "and print its search medians beside ours; use with --corpus original",
     )
     p.add_argument("--peer-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -801,12 +927,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"running on CPUs {machine['cpu_affinity']}"
             )
             result["engine"] = asyncio.run(bench_engine(args, tmp))
+            if args.original:
+                result["original"] = run_original(args)
+            if args.search_only:
+                args.skip_peer = True
             # The peer is SQLite-only: it has no row to stand beside a Postgres run.
             args.skip_peer = args.skip_peer or args.store == "postgres"
             result["peer"] = None if args.skip_peer else run_peer_subprocess(args)
             if args.skip_peer:
                 say("6. peer skipped (--skip-peer)")
-            print_table(comparison_rows(result["engine"], result["peer"], args.search_n))
+            if not args.search_only:
+                print_table(comparison_rows(result["engine"], result["peer"], args.search_n))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     result["wall_s"] = r3(perf() - started)

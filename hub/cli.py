@@ -30,6 +30,7 @@ exit codes:
   4    the hub refused the request: no token, or one it does not accept (--token)
   5    the session does not exist (tail)
   6    the log no longer holds --after SEQ (pruned, or another epoch): pick another --after
+  7    import: a session in the dump is already stored (pass --replace to overwrite it)
   130  interrupted (Ctrl-C)
   141  stdout was closed (e.g. `| head`): stops quietly, as other Unix tools do"""
 
@@ -144,6 +145,56 @@ def _parser() -> argparse.ArgumentParser:
         default=30.0,
         help="how long a chat turn waits for a responder to start answering (default: %(default)s s)",
     )
+
+    serve.add_argument(
+        "--retain-events",
+        type=_age,
+        default=None,
+        help="prune log events older than this: 90s, 15m, 12h, 30d, 2w (default: keep all)",
+    )
+    serve.add_argument(
+        "--retain-events-per-session",
+        type=_positive,
+        default=None,
+        help="prune all but the newest N events of each log (default: keep all)",
+    )
+
+    db_help = (
+        "SQLite file (a path or sqlite:///PATH) or postgresql:// DSN (default: $SESSIONHUB_DB or %(default)s)"
+    )
+    db_default = os.environ.get("SESSIONHUB_DB") or "sessionhub.db"
+    prune = command("prune", "delete old events from the logs (messages, overlays, context stay)")
+    prune.add_argument("--db", default=db_default, help=db_help)
+    prune.add_argument("--older-than", type=_age, default=None, help="events older than this: 12h, 30d, 2w")
+    prune.add_argument(
+        "--keep-per-session", type=_whole, default=None, help="all but the newest N events of each log"
+    )
+    prune.add_argument("--batch", type=_positive, default=1000, help="events per transaction (default: 1000)")
+
+    export = command("export", "write sessions as JSON lines to stdout (docs/operations.md)")
+    export.add_argument(
+        "session_ids", nargs="*", metavar="SESSION_ID", help="sessions to export (default: all)"
+    )
+    export.add_argument("--db", default=db_default, help=db_help)
+
+    import_ = command("import", "read sessions from a dump (or another format) into the store")
+    import_.add_argument(
+        "file", metavar="FILE", help="the dump (JSON lines; - reads stdin), or --from's file"
+    )
+    import_.add_argument("--db", default=db_default, help=db_help)
+    import_.add_argument("--replace", action="store_true", help="overwrite sessions already stored")
+    import_.add_argument(
+        "--from",
+        dest="source",
+        choices=["dump", "openai-agents", "ui-messages"],
+        default="dump",
+        help="FILE's format: a sessionhub dump (default), an OpenAI Agents SQLiteSession "
+        "database, or a JSON array of AI SDK UIMessages (needs --session)",
+    )
+    import_.add_argument(
+        "--session", default=None, help="--from ui-messages: the id of the session to create"
+    )
+    import_.add_argument("--name", default=None, help="--from ui-messages: its name (default: the id)")
 
     token = command("token", "print an access token")
     token.add_argument(
@@ -283,6 +334,28 @@ def _size(text: str) -> int:
     return number * _UNITS[unit]
 
 
+def _age(text: str) -> float:
+    """An age in seconds: 90s, 15m, 12h, 30d, 2w."""
+    from protocol.errors import InvalidInput
+
+    from .retention import parse_age
+
+    try:
+        return parse_age(text).total_seconds()
+    except InvalidInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _whole(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, not {number}")
+    return number
+
+
 def _positive(text: str) -> int:
     try:
         number = int(text)
@@ -336,6 +409,8 @@ def _serve(args: argparse.Namespace) -> int:
             max_in_flight=args.max_in_flight,
             send_timeout=args.send_timeout,
             turn_timeout=args.turn_timeout,
+            retain_events=args.retain_events,
+            retain_events_per_session=args.retain_events_per_session,
         )
     except ValueError as exc:  # HubConfig checks its limits: one line, exit 2
         print(f"sessionhub: {exc}", file=sys.stderr)
@@ -443,7 +518,90 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _respond(args)
     if args.command == "token":
         return _token(args)
+    if args.command in ("prune", "export", "import"):
+        return _data(args)
     return _operate(args)
+
+
+def _data(args: argparse.Namespace) -> int:
+    """``prune``, ``export`` and ``import``, on the store itself (no hub needed)."""
+    from protocol.errors import Conflict, InvalidInput, SessionHubError, SessionNotFound
+
+    from .extras import MissingExtra
+
+    if args.command == "prune" and args.older_than is None and args.keep_per_session is None:
+        print("sessionhub: prune needs --older-than AGE or --keep-per-session N (or both)", file=sys.stderr)
+        return 2
+    if args.command == "import" and args.source == "ui-messages" and not args.session:
+        print(
+            "sessionhub: import --from ui-messages needs --session ID (the session to create)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        return asyncio.run(_run_data(args))
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except Conflict as exc:
+        print(f"sessionhub: {exc}", file=sys.stderr)
+        return 7
+    except SessionNotFound as exc:
+        print(f"sessionhub: {exc}", file=sys.stderr)
+        return 5
+    except (InvalidInput, MissingExtra, OSError) as exc:
+        print(f"sessionhub: {exc}", file=sys.stderr)
+        return 2
+    except SessionHubError as exc:  # the store cannot be opened or used
+        print(f"sessionhub: {exc}", file=sys.stderr)
+        return 2
+
+
+async def _run_data(args: argparse.Namespace) -> int:
+    from datetime import UTC, datetime, timedelta
+
+    from . import dump
+
+    async with dump.open_store(args.db) as store:
+        if args.command == "prune":
+            cutoff = (
+                None if args.older_than is None else datetime.now(UTC) - timedelta(seconds=args.older_than)
+            )
+            result = await store.prune_events(
+                older_than=cutoff, keep_per_session=args.keep_per_session, batch=args.batch
+            )
+            print(f"pruned {result.events} events from {result.streams} logs")
+            return 0
+        if args.command == "export":
+            out = sys.stdout
+            async for line in dump.export_lines(store, args.session_ids):
+                out.write(line + "\n")
+            out.flush()
+            return 0
+        if args.source == "openai-agents":
+            from .importers import from_openai_agents
+
+            dumps = await from_openai_agents(args.file)
+        elif args.source == "ui-messages":
+            dumps = [dump.from_ui_messages(_read_input(args.file), args.session, args.name)]
+        else:
+            if args.file == "-":
+                dumps = dump.parse_dump(sys.stdin.buffer)
+            else:
+                dumps = dump.parse_dump(_read_input(args.file).splitlines())
+        done = await dump.import_dumps(store, dumps, replace=args.replace)
+        print(f"imported {len(done.sessions)} sessions, {done.messages} messages")
+        return 0
+
+
+def _read_input(name: str) -> bytes:
+    if name == "-":
+        return sys.stdin.buffer.read()
+    with open(name, "rb") as file:
+        return file.read()
 
 
 def _operate(args: argparse.Namespace) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import Any, Self
 
 from protocol import (
@@ -20,8 +21,9 @@ from protocol import (
 from .builder import SessionBuilder, SessionConfig
 from .context import ContextConfig
 from .events import follow
+from .retention import prune_cutoff
 from .session import MessageInput, Session, check_ids, check_parent
-from .store.base import LATEST, REGISTRY, Parent, ParentArg, Store, check_session_id
+from .store.base import LATEST, REGISTRY, Parent, ParentArg, PruneResult, Store, check_session_id
 from .tools import Tool
 
 __all__ = ["SessionManager"]
@@ -243,6 +245,22 @@ class SessionManager(SessionBuilder):
         return [Tool("session_search", description, schema, run)]
 
     # -- events --------------------------------------------------------------------------
+    # -- retention (docs/operations.md) ----------------------------------------------------
+    async def prune_events(
+        self,
+        *,
+        older_than: datetime | timedelta | None = None,
+        keep_per_session: int | None = None,
+        batch: int = 1000,
+    ) -> PruneResult:
+        """Prune the event logs of every session and the registry: events stored before
+        ``older_than`` (a time, or an age such as ``timedelta(days=30)``) and those beyond
+        the newest ``keep_per_session`` of each log. Messages, overlays and context stay; a
+        subscriber resuming from a pruned position gets ``reset`` with the new first seq."""
+        return await self.store.prune_events(
+            older_than=prune_cutoff(older_than), keep_per_session=keep_per_session, batch=batch
+        )
+
     async def read_registry_events(self, after_seq: int = 0, limit: int = 1000) -> builtins.list[Event]:
         return await self.store.read_events(REGISTRY, after_seq, limit)
 

@@ -122,7 +122,8 @@ async def test_the_hub_serves_the_inspector_and_not_its_tests(tmp_path: Path) ->
         assert index[0] == 200 and b"inspector/main.js" in index[1]
         modules = sorted(p.relative_to(web).as_posix() for p in (web / "inspector").glob("*.js"))
         assert "inspector/main.js" in modules
-        for path in ("inspector.css", "sessionhub.js", "index.html", "examples/chat.html", *modules):
+        pages = ("inspector.css", "sessionhub.js", "chat-transport.js", "index.html", "examples/chat.html")
+        for path in (*pages, *modules):
             status, body = await asyncio.to_thread(_get, f"{h.url}/{path}")
             assert (path, status) == (path, 200)
             assert body == (web / path).read_bytes()
@@ -208,6 +209,7 @@ def test_the_wheel_builds_quietly_and_ships_no_js_tests(tmp_path: Path) -> None:
     assert [line for line in noisy if "Location 'file:" not in line] == []
     (wheel,) = tmp_path.glob("sessionhub-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    shipped = {"web/index.html", "web/inspector/main.js", "web/sessionhub.js", "web/examples/chat.html"}
+    shipped = {"web/index.html", "web/inspector/main.js", "web/sessionhub.js", "web/chat-transport.js"}
+    shipped.add("web/examples/chat.html")
     assert shipped <= set(names)
     assert not [n for n in names if n.startswith("web/test")]

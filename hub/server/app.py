@@ -93,6 +93,7 @@ def create_app(
 
     async def metrics(request: HttpRequest) -> Response:
         hub: Hub = request.app.state.hub
+        await hub.retention.observe()
         return Response(generate_latest(hub.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def ws(websocket: WebSocket) -> None:

@@ -54,6 +54,11 @@ class HubConfig:
     close_grace: float = 5.0
     #: How long a turn waits for a responder to start answering it (hub/server/turns.py).
     turn_timeout: float = 30.0
+    #: Event retention (hub/server/retention.py): prune events older than this many
+    #: seconds, and beyond the newest N of each log, every ``retention_interval`` s. None: keep.
+    retain_events: float | None = None
+    retain_events_per_session: int | None = None
+    retention_interval: float = 60.0
 
     def __post_init__(self) -> None:
         for name in (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -24,6 +25,7 @@ from .ops import Op, operations, receive
 from .outbox import Held
 from .presence import Presence
 from .relay import Relay
+from .retention import Retention
 from .streams import Streams
 from .tails import Tails
 from .turns import Turns
@@ -75,6 +77,14 @@ class Hub:
             self.relay.start()
             self.metrics.watch_bus(store.bus)
         self.closing = False
+        self.retention = Retention(
+            store,
+            self.metrics.registry,
+            older_than=None if config.retain_events is None else timedelta(seconds=config.retain_events),
+            keep_per_session=config.retain_events_per_session,
+            interval=config.retention_interval,
+        )
+        self.retention.start()
         #: The op table: every request type's handler (hub/server/ops.py).
         self.ops: dict[str, Op] = operations(self, self.turns)
 
@@ -119,6 +129,7 @@ class Hub:
         await asyncio.sleep(0)
         for connection in list(self.connections):
             await connection.close(CLOSE_GOING_AWAY, "server shutting down; resume elsewhere")
+        await self.retention.close()
         await self.turns.close()
         await self.tails.close()
         if self.relay is not None:

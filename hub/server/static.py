@@ -17,7 +17,7 @@ __all__ = ["WEB_DIR", "InspectorFiles", "is_shipped"]
 WEB_DIR = Path(__file__).resolve().parents[2] / "web"
 
 #: Paths under web/ the hub serves ("." is the directory, i.e. index.html).
-SHIPPED = frozenset({".", "index.html", "inspector.css", "sessionhub.js"})
+SHIPPED = frozenset({".", "index.html", "inspector.css", "sessionhub.js", "chat-transport.js"})
 #: The examples and the inspector's ES modules (web/inspector/*.js).
 _PATTERNS = re.compile(r"examples/[A-Za-z0-9_-]+\.html|inspector/[A-Za-z0-9_-]+\.js")
 

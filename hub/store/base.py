@@ -15,6 +15,7 @@ from __future__ import annotations
 import abc
 import time
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
@@ -47,17 +48,22 @@ __all__ = [
     "INT64_MAX",
     "INT64_MIN",
     "LATEST",
+    "PROMPT_LABEL",
     "REGISTRY",
     "AppendResult",
+    "DumpedMessage",
     "LogEntry",
     "Parent",
     "ParentArg",
+    "PruneResult",
+    "SessionDump",
     "Store",
     "StreamPosition",
     "WriteTx",
     "check_limit",
     "check_session_id",
     "check_usage",
+    "context_key",
     "session_stream",
     "usage_totals",
 ]
@@ -79,6 +85,44 @@ class LogEntry(msgspec.Struct, kw_only=True):
     session_id: str
     type: str
     data: dict[str, Any]
+
+
+class PruneResult(msgspec.Struct, kw_only=True):
+    """What :meth:`Store.prune_events` removed: events, and the streams whose first seq moved."""
+
+    events: int = 0
+    streams: int = 0
+
+
+class DumpedMessage(msgspec.Struct, kw_only=True):
+    """A stored message row: the message, its parent's id (None: a root) and when it was
+    stored (what search results report, which is not always the message's ``createdAt``)."""
+
+    message: Message
+    parent_id: str | None
+    created_at: datetime
+
+
+class SessionDump(msgspec.Struct, kw_only=True):
+    """Everything a session holds except its event log: the registry row, every message of
+    every branch in storage order (a parent always comes before its children), the
+    overlays, and the context rows (``context``: block label -> content; the frozen prompt
+    apart, in ``system_prompt``). What ``hub.dump`` writes and reads back."""
+
+    info: SessionInfo
+    messages: list[DumpedMessage]
+    compactions: list[Compaction]
+    context: dict[str, str]
+    system_prompt: str | None = None
+
+
+#: The context row key of a session's frozen prompt (also ``SessionManager.delete``'s).
+PROMPT_LABEL = "_system_prompt"
+
+
+def context_key(label: str, session_id: str) -> str:
+    """The ``context_blocks`` key of a session's store-backed block (or prompt)."""
+    return f"{label}_{session_id}"
 
 
 class StreamPosition(msgspec.Struct, kw_only=True):
@@ -334,3 +378,38 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def stream_position(self, stream: str) -> StreamPosition: ...
+
+    # -- retention (docs/operations.md) ----------------------------------------------------
+    @abc.abstractmethod
+    async def prune_events(
+        self,
+        *,
+        older_than: datetime | None = None,
+        keep_per_session: int | None = None,
+        batch: int = 1000,
+    ) -> PruneResult:
+        """Delete the oldest events of every stream (each session's and the registry's):
+        those stored before ``older_than``, and those beyond the newest ``keep_per_session``
+        of their stream (either rule prunes an event). Only the log: messages, overlays and
+        context stay. Each batch of at most ``batch`` events is its own short transaction
+        that also moves the stream's ``first_seq``, so a reader of an older position gets
+        :class:`~protocol.errors.PositionLost`, never a gap; a batch re-reads the stream
+        under its write lock, so two nodes pruning at once delete each event once."""
+
+    @abc.abstractmethod
+    async def count_events(self) -> int:
+        """Events held in every log (from the streams' first and last seqs: no scan)."""
+
+    # -- export and import (hub/dump.py) ---------------------------------------------------
+    @abc.abstractmethod
+    async def dump_session(self, session_id: str) -> SessionDump:
+        """The session's contents, read in one snapshot; SessionNotFound if unregistered."""
+
+    @abc.abstractmethod
+    async def import_session(self, dump: SessionDump, *, replace: bool = False) -> SessionInfo:
+        """Write a dumped session in one transaction, with its ids, timestamps and usage.
+        A registered id is :class:`~protocol.errors.Conflict` unless ``replace`` (then its
+        messages, overlays and context rows are replaced). Logs what a subscriber needs:
+        ``session.created`` (both logs; on replace ``messages.cleared`` then
+        ``session.renamed``), a ``message.appended`` per message and a ``compaction.added``
+        per overlay."""

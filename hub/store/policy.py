@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import sys
 import uuid
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, Final
 
@@ -28,9 +29,11 @@ __all__ = [
     "check_session_id",
     "check_summary",
     "check_usage",
+    "context_owners",
     "continuation_message",
     "new_compaction",
     "not_one_path",
+    "owned_context",
     "registry_events",
     "session_stream",
     "split_name",
@@ -202,3 +205,38 @@ def summarized_deleted(from_id: str, to_id: str, missing: int) -> Conflict:
         f"cannot lay an overlay over {from_id!r}..{to_id!r}: "
         f"{missing} of the summarized messages were deleted meanwhile"
     )
+
+
+# -- context blocks of one session --------------------------------------------------------
+# A store-backed block's key is ``<label>_<session id>`` (the original's layout), so the keys
+# ending in ``_b`` include those of a session ``a_b``. A key belongs to the longest session
+# id it ends with that exists: the stores look up the candidates below, then keep the rows
+# that are really the session's.
+
+
+def context_owners(keys: Iterable[str], session_id: str) -> set[str]:
+    """The session ids longer than ``session_id`` that keys ending in ``_<session_id>``
+    could belong to instead (every suffix after an underscore of the label part)."""
+    candidates: set[str] = set()
+    cut = len(session_id) + 1
+    for key in keys:
+        label = key[:-cut]
+        for i, ch in enumerate(label):
+            if ch == "_":
+                candidates.add(key[i + 1 :])
+    return candidates
+
+
+def owned_context(
+    rows: Iterable[tuple[str, str]], session_id: str, existing: set[str]
+) -> list[tuple[str, str]]:
+    """``(label, content)`` of the ``(key, content)`` rows that belong to ``session_id``,
+    given which of :func:`context_owners`' candidates are sessions (``existing``)."""
+    cut = len(session_id) + 1
+    owned: list[tuple[str, str]] = []
+    for key, content in rows:
+        label = key[:-cut]
+        if any(key[i + 1 :] in existing for i, ch in enumerate(label) if ch == "_"):
+            continue  # a longer session id that exists owns it
+        owned.append((label, content))
+    return owned

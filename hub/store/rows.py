@@ -21,11 +21,14 @@ __all__ = [
     "SESSION_COLS",
     "Row",
     "appended_json",
+    "appended_ref",
     "compaction",
     "decode_message",
     "message_json",
     "new_epoch",
+    "rehydrated",
     "session_info",
+    "text_of",
     "ts",
     "updated_json",
 ]
@@ -110,6 +113,40 @@ def _cost(value: Any) -> float:
 def appended_json(content: str, parent_id: str | None) -> str:
     """The ``message.appended`` event body: the stored JSON verbatim, no second encode."""
     return f'{{"message":{content},"parent_id":{_encode(parent_id).decode()}}}'
+
+
+def appended_ref(parent_id: str | None) -> str:
+    """What a ``message.appended`` event that refers to its message stores as data: only
+    the parent id; :func:`appended_json` of the message's row and this gives the body back."""
+    return _encode(parent_id).decode()
+
+
+def rehydrated(content: str, parent_ref: str) -> str:
+    """The body of a referring ``message.appended`` event, byte for byte what
+    :func:`appended_json` wrote before events referred to their message."""
+    return f'{{"message":{content},"parent_id":{parent_ref}}}'
+
+
+class _Part(msgspec.Struct):
+    type: Any = None
+    text: Any = None
+
+
+class _Parts(msgspec.Struct):
+    parts: list[_Part] = []
+
+
+_decode_parts = msgspec.json.Decoder(_Parts).decode
+
+
+def text_of(content: str | bytes) -> str:
+    """``Message.text()`` of a stored message, decoding only its parts (a search hit's
+    text: the index keeps no copy). A row that cannot be decoded has no text."""
+    try:
+        parts = _decode_parts(content).parts
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return ""
+    return " ".join(p.text for p in parts if p.type == "text" and isinstance(p.text, str))
 
 
 def updated_json(content: str) -> str:

@@ -7,7 +7,8 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import { DefaultChatTransport, readUIMessageStream, validateUIMessages } from "ai";
-import { HubClient, SessionHubChatTransport } from "../../web/sessionhub.js";
+import { HubClient } from "../../web/sessionhub.js";
+import { SessionHubChatTransport } from "../../web/chat-transport.js";
 
 const base = process.env.SESSIONHUB_URL;
 const wsUrl = process.env.SESSIONHUB_WS_URL;

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import asyncpg
@@ -32,6 +33,8 @@ from ..base import (
     AppendResult,
     LogEntry,
     ParentArg,
+    PruneResult,
+    SessionDump,
     Store,
     StreamPosition,
     check_limit,
@@ -45,8 +48,9 @@ from ..policy import (
     check_query,
     check_summary,
 )
+from ..prune import check_prune
 from ..rows import SESSION_COLS, decode_message, session_info
-from . import sql
+from . import maintenance, sql
 from .schema import lock_key, migrate
 from .tx import PostgresTx
 
@@ -556,6 +560,38 @@ class PostgresStore(Store):
             return StreamPosition(stream=stream, epoch=row[0], first_seq=row[1], last_seq=row[2])
 
         return await self._read(fn)
+
+    # -- retention, export and import (.maintenance) -------------------------------------
+    async def prune_events(
+        self,
+        *,
+        older_than: datetime | None = None,
+        keep_per_session: int | None = None,
+        batch: int = 1000,
+    ) -> PruneResult:
+        args = check_prune(older_than, keep_per_session, batch)
+        result = PruneResult()
+        for stream in await self._read(maintenance.prune_candidates, args):
+            moved = False
+            while True:
+                # Each batch is its own transaction: a writer of the stream waits for one
+                # batch at most.
+                n = await self._write(maintenance.prune_batch, stream, args)
+                result.events += n
+                moved = moved or n > 0
+                if n < args.batch:
+                    break
+            result.streams += moved
+        return result
+
+    async def count_events(self) -> int:
+        return await self._read(maintenance.count_events)
+
+    async def dump_session(self, session_id: str) -> SessionDump:
+        return await self._read(maintenance.dump_session, session_id)
+
+    async def import_session(self, dump: SessionDump, *, replace: bool = False) -> SessionInfo:
+        return await self._write(maintenance.import_session, dump, replace, lock=session_stream(dump.info.id))
 
     # -- settings ------------------------------------------------------------------------
     async def claim_setting(self, key: str, value: str, *, replace: bool = False) -> str:

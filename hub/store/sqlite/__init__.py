@@ -28,16 +28,16 @@ from ..policy import SEARCH_WINDOW
 from .checkpoint import CHECKPOINT_EVERY, WAL_LIMIT_BYTES
 from .connection import BUSY_TIMEOUT_MS
 from .schema import MIGRATIONS
-from .sql import SMALL_SESSION
+from .sql import BY_ROW_SHARE
 from .store import INLINE_BATCH, SqliteStore
 
 __all__ = [
     "BUSY_TIMEOUT_MS",
+    "BY_ROW_SHARE",
     "CHECKPOINT_EVERY",
     "INLINE_BATCH",
     "MIGRATIONS",
     "SEARCH_WINDOW",
-    "SMALL_SESSION",
     "WAL_LIMIT_BYTES",
     "SqliteStore",
 ]

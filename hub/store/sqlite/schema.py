@@ -107,6 +107,21 @@ MIGRATIONS: list[str] = [
         updated_at REAL NOT NULL
     ) WITHOUT ROWID;
     """,
+    # The footprint (docs/operations.md, "Sizes"): the full-text index keeps no copy of the
+    # text (contentless: a removal hands back the words it indexed, re-derived from the
+    # stored message by Message.text()), and a message.appended event refers to its message
+    # (events.ref = messages.pk; data holds only the parent id) until the message is updated
+    # or deleted, when the event gets the body it had (messages.event_seq finds the event).
+    # Existing events keep their full bodies (ref NULL): they read back the same.
+    """
+    CREATE VIRTUAL TABLE messages_fts_new USING fts5(sid, body, content='', tokenize='porter unicode61');
+    INSERT INTO messages_fts_new(messages_fts_new, rank) VALUES ('rank', 'bm25(0.0, 1.0)');
+    INSERT INTO messages_fts_new(rowid, sid, body) SELECT rowid, sid, body FROM messages_fts;
+    DROP TABLE messages_fts;
+    ALTER TABLE messages_fts_new RENAME TO messages_fts;
+    ALTER TABLE messages ADD COLUMN event_seq INTEGER;
+    ALTER TABLE events ADD COLUMN ref INTEGER;
+    """,
 ]
 
 

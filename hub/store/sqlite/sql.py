@@ -17,23 +17,22 @@ from protocol import Compaction, Event, InvalidInput, Message, SearchResult, Ses
 from ..base import LATEST, REGISTRY, AppendResult, LogEntry, ParentArg, StreamPosition, session_stream
 from ..policy import SEARCH_WINDOW, registry_events
 from ..rows import (
-    appended_json,
+    appended_ref,
     compaction,
     decode_message,
     message_json,
+    rehydrated,
+    text_of,
     ts,
     updated_json,
 )
 from .connection import Conn
-from .tx import SqliteTx
+from .tx import SqliteTx, next_seq
 
 log = logging.getLogger("sessionhub.store")
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
-
-#: Up to this many messages a session's search keeps the session token in MATCH.
-SMALL_SESSION = 20_000
 
 
 def sid_token(session_id: str) -> str:
@@ -70,6 +69,30 @@ def index_text(conn: Conn, pk: int, session_id: str, message: Message) -> None:
         )
 
 
+def unindex(conn: Conn, rows: Sequence[tuple[int, str, str]]) -> None:
+    """Take ``(pk, session_id, content)`` rows out of the index. The index is contentless:
+    it is handed back the words it was given, which Message.text() of the stored message
+    gives again (a text that no longer matches would leave stale words, never an error)."""
+    gone = [(pk, sid_token(sid), text) for pk, sid, content in rows if (text := text_of(content))]
+    if gone:
+        conn.executemany(
+            "INSERT INTO messages_fts(messages_fts, rowid, sid, body) VALUES ('delete', ?, ?, ?)", gone
+        )
+
+
+def detach_events(conn: Conn, session_id: str, rows: Sequence[tuple[int, str, int | None]]) -> None:
+    """Before ``(pk, content, event_seq)`` rows change or go: their ``message.appended``
+    events stop referring to them and get the body they were appended with."""
+    stream = session_stream(session_id)
+    held = [(content, stream, seq, pk) for pk, content, seq in rows if seq is not None]
+    if held:
+        conn.executemany(
+            "UPDATE events SET data = '{\"message\":' || ? || ',\"parent_id\":' || data || '}', "
+            "ref = NULL WHERE stream = ? AND seq = ? AND ref = ?",
+            held,
+        )
+
+
 def count_messages(conn: Conn, session_id: str, delta: int) -> None:
     if delta:
         conn.execute(
@@ -85,10 +108,11 @@ def insert_one(
     """The common case, in as few statements as possible (the write path of every turn)."""
     conn = tx.conn
     content = message_json(message)
+    stream = session_stream(session_id)
     row = conn.execute(
-        "INSERT INTO messages (session_id, id, parent_pk, role, content, created_at) "
-        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_id, id) DO NOTHING RETURNING pk",
-        (session_id, message.id, parent_pk, message.role, content, tx.now),
+        "INSERT INTO messages (session_id, id, parent_pk, role, content, created_at, event_seq) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (session_id, id) DO NOTHING RETURNING pk",
+        (session_id, message.id, parent_pk, message.role, content, tx.now, next_seq(conn, stream)),
     ).fetchone()
     if row is None:  # already stored: first content wins, nothing is written
         return AppendResult(inserted=[], last_id=message.id, last_seq=0)
@@ -99,9 +123,7 @@ def insert_one(
             (row[0], sid_token(session_id), text),
         )
     count_messages(conn, session_id, 1)
-    seq = tx.emit_many(
-        session_stream(session_id), session_id, [("message.appended", appended_json(content, parent_id))]
-    )
+    seq = tx.emit_many(stream, session_id, [("message.appended", appended_ref(parent_id))], [row[0]])
     return AppendResult(inserted=[message.id], last_id=message.id, last_seq=seq)
 
 
@@ -133,10 +155,13 @@ def insert_messages(
     # Inside BEGIN IMMEDIATE nobody else writes: the next rowids are ours to hand out, so
     # the whole chain goes in with executemany instead of one statement per message.
     next_pk = int(conn.execute("SELECT COALESCE(MAX(pk), 0) FROM messages").fetchone()[0])
+    stream = session_stream(session_id)
+    seq = next_seq(conn, stream)
     sid = sid_token(session_id)
     rows: list[tuple[Any, ...]] = []
     texts: list[tuple[int, str, str]] = []
     events: list[tuple[str, str]] = []
+    refs: list[int | None] = []
     inserted: list[str] = []
     for message in messages:
         pk = known.get(message.id)
@@ -144,37 +169,44 @@ def insert_messages(
             next_pk += 1
             pk = known[message.id] = next_pk
             content = message_json(message)
-            rows.append((pk, session_id, message.id, parent_pk, message.role, content, tx.now))
+            rows.append((pk, session_id, message.id, parent_pk, message.role, content, tx.now, seq))
+            seq += 1
             text = message.text()
             if text:
                 texts.append((pk, sid, text))
-            events.append(("message.appended", appended_json(content, parent_id)))
+            events.append(("message.appended", appended_ref(parent_id)))
+            refs.append(pk)
             inserted.append(message.id)
         parent_pk, parent_id = pk, message.id
     conn.executemany(
-        "INSERT INTO messages (pk, session_id, id, parent_pk, role, content, created_at) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO messages (pk, session_id, id, parent_pk, role, content, created_at, event_seq) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         rows,
     )
     # One FTS statement for the batch: FTS5 flushes a new index segment at every statement
     # boundary inside a transaction, so per-row inserts cost ~20 µs each more.
     conn.executemany("INSERT INTO messages_fts (rowid, sid, body) VALUES (?, ?, ?)", texts)
     count_messages(conn, session_id, len(rows))
-    last_seq = tx.emit_many(session_stream(session_id), session_id, events)
+    last_seq = tx.emit_many(stream, session_id, events, refs)
     return AppendResult(inserted=inserted, last_id=parent_id, last_seq=last_seq)
 
 
 def update_message(tx: SqliteTx, session_id: str, message: Message, *, emit: bool = True) -> bool:
     conn = tx.conn
     content = message_json(message)
-    row = conn.execute(
-        "UPDATE messages SET content = ?, role = ? WHERE session_id = ? AND id = ? RETURNING pk",
-        (content, message.role, session_id, message.id),
+    old = conn.execute(
+        "SELECT pk, content, event_seq FROM messages WHERE session_id = ? AND id = ?",
+        (session_id, message.id),
     ).fetchone()
-    if row is None:
+    if old is None:
         return False
-    pk = int(row[0])
-    conn.execute("DELETE FROM messages_fts WHERE rowid = ?", (pk,))
+    pk = int(old[0])
+    detach_events(conn, session_id, [old])
+    conn.execute(
+        "UPDATE messages SET content = ?, role = ?, event_seq = NULL WHERE pk = ?",
+        (content, message.role, pk),
+    )
+    unindex(conn, [(pk, session_id, old[1])])
     index_text(conn, pk, session_id, message)
     if emit:
         tx.emit_many(session_stream(session_id), session_id, [("message.updated", updated_json(content))])
@@ -289,11 +321,16 @@ def create_session(
     return info
 
 
-def clear(conn: Conn, session_id: str) -> None:
-    conn.execute(
-        "DELETE FROM messages_fts WHERE rowid IN (SELECT pk FROM messages WHERE session_id = ?)",
-        (session_id,),
-    )
+def clear(conn: Conn, session_id: str, *, keep_log: bool = True) -> None:
+    """Delete the session's messages, overlays and counts. ``keep_log``: its
+    ``message.appended`` events stay readable, with the bodies they were appended with
+    (False when the log goes too)."""
+    rows = conn.execute(
+        "SELECT pk, content, event_seq FROM messages WHERE session_id = ?", (session_id,)
+    ).fetchall()
+    if keep_log:
+        detach_events(conn, session_id, rows)
+    unindex(conn, [(pk, session_id, content) for pk, content, _ in rows])
     conn.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
     conn.execute("DELETE FROM compactions WHERE session_id = ?", (session_id,))
     conn.execute("DELETE FROM session_stats WHERE session_id = ?", (session_id,))
@@ -315,20 +352,21 @@ def delete_messages(tx: SqliteTx, session_id: str, ids: Sequence[str], managed: 
     reparented: list[list[str | None]] = []
     for mid in dict.fromkeys(ids):
         row = tx.conn.execute(
-            "SELECT m.pk, m.parent_pk, p.id FROM messages m "
+            "SELECT m.pk, m.parent_pk, p.id, m.content, m.event_seq FROM messages m "
             "LEFT JOIN messages p ON p.pk = m.parent_pk "
             "WHERE m.session_id = ? AND m.id = ?",
             (session_id, mid),
         ).fetchone()
         if row is None:
             continue
-        pk, parent_pk, parent_id = row
+        pk, parent_pk, parent_id, content, event_seq = row
+        detach_events(tx.conn, session_id, [(pk, content, event_seq)])
         children = tx.conn.execute(
             "UPDATE messages SET parent_pk = ? WHERE parent_pk = ? RETURNING id",
             (parent_pk, pk),
         ).fetchall()
         reparented.extend([child, parent_id] for (child,) in children)
-        tx.conn.execute("DELETE FROM messages_fts WHERE rowid = ?", (pk,))
+        unindex(tx.conn, [(pk, session_id, content)])
         tx.conn.execute("DELETE FROM messages WHERE pk = ?", (pk,))
         deleted.append(mid)
     if deleted:
@@ -356,31 +394,45 @@ def path_length(conn: Conn, session_id: str, leaf_id: str | None) -> int:
     return int(row[0])
 
 
+# A session's search, in one statement: the newest SEARCH_WINDOW matches of the session
+# (by rowid, so no cost per match), ranked. ``{filter}`` says how the session's rows are
+# found among every session's: see search_messages.
+SEARCH_SESSION = """
+SELECT m.id, m.role, m.content, m.session_id, m.created_at FROM (
+    SELECT f.rowid AS pk, f.rank AS r FROM messages_fts f {join}
+    WHERE messages_fts MATCH ? {filter} ORDER BY f.rowid DESC LIMIT ?
+) w JOIN messages m ON m.pk = w.pk ORDER BY w.r, w.pk LIMIT ?
+"""
+#: The session's token in MATCH: FTS5 intersects the two posting lists.
+SEARCH_BY_TOKEN = SEARCH_SESSION.format(join="", filter="")
+#: The text alone in MATCH, the session checked on each match's row.
+SEARCH_BY_ROW = SEARCH_SESSION.format(join="JOIN messages s ON s.pk = f.rowid", filter="AND s.session_id = ?")
+#: A session holding at least this share of all messages is searched SEARCH_BY_ROW: its
+#: token's posting list is then most of the index, and walking it (and bm25 counting it)
+#: costs more than looking each match's row up; at most 1/share - 1 lookups are wasted
+#: per kept match.
+BY_ROW_SHARE = 0.25
+
+
 def search_messages(conn: Conn, expr: str, session_id: str | None, limit: int) -> list[SearchResult]:
     body = f"body : ({expr})"
     try:
         if session_id is not None:
-            both = f"sid : {sid_token(session_id)} AND {body}"
-            # The newest matches, by rowid: no ranking, so no cost per match.
-            window = conn.execute(
-                "SELECT rowid FROM messages_fts WHERE messages_fts MATCH ? ORDER BY rowid DESC LIMIT ?",
-                (both, SEARCH_WINDOW),
-            ).fetchall()
-            if not window:
-                return []
             size = conn.execute(
-                "SELECT messages FROM session_stats WHERE session_id = ?", (session_id,)
+                "SELECT messages, (SELECT MAX(pk) FROM messages) FROM session_stats WHERE session_id = ?",
+                (session_id,),
             ).fetchone()
-            # bm25 counts every row holding each phrase; the session token is in
-            # every row of the session, so only small sessions keep it in MATCH.
-            small = size is None or size[0] <= SMALL_SESSION
-            rows = conn.execute(
-                "SELECT m.id, m.role, f.body, m.session_id, m.created_at FROM messages_fts f "
-                "JOIN messages m ON m.pk = f.rowid "
-                "WHERE messages_fts MATCH ? AND f.rowid >= ? AND m.session_id = ? "
-                "ORDER BY f.rank LIMIT ?",
-                (both if small else body, window[-1][0], session_id, limit),
-            ).fetchall()
+            if size is None or not size[0]:
+                return []
+            # MAX(pk) stands for the number of messages (deletes leave gaps): one probe.
+            if size[0] >= BY_ROW_SHARE * size[1]:
+                rows = conn.execute(SEARCH_BY_ROW, (body, session_id, SEARCH_WINDOW, limit)).fetchall()
+            else:
+                # bm25 scores the token's column 0 (weights 0.0, 1.0): the same order.
+                both = f"sid : {sid_token(session_id)} AND {body}"
+                rows = conn.execute(SEARCH_BY_TOKEN, (both, SEARCH_WINDOW, limit)).fetchall()
+                # Two ids that hashed alike would share a token: the rows say whose.
+                rows = [r for r in rows if r[3] == session_id]
         else:
             edge = conn.execute(
                 "SELECT rowid FROM messages_fts WHERE messages_fts MATCH ? "
@@ -388,7 +440,7 @@ def search_messages(conn: Conn, expr: str, session_id: str | None, limit: int) -
                 (body, SEARCH_WINDOW - 1),
             ).fetchone()
             rows = conn.execute(
-                "SELECT m.id, m.role, f.body, m.session_id, m.created_at FROM messages_fts f "
+                "SELECT m.id, m.role, m.content, m.session_id, m.created_at FROM messages_fts f "
                 "JOIN messages m ON m.pk = f.rowid JOIN sessions s ON s.id = m.session_id "
                 "WHERE messages_fts MATCH ? AND f.rowid >= ? ORDER BY f.rank LIMIT ?",
                 (body, 0 if edge is None else edge[0], limit),
@@ -398,14 +450,16 @@ def search_messages(conn: Conn, expr: str, session_id: str | None, limit: int) -
         # say) is "no results", never an exception for the caller.
         log.debug("fts query %r matched nothing: %s", expr, exc)
         return []
+    # The index keeps no copy of the text: a hit's text is its stored message's.
     return [
-        SearchResult(id=r[0], role=r[1], content=r[2], session_id=r[3], created_at=ts(r[4])) for r in rows
+        SearchResult(id=r[0], role=r[1], content=text_of(r[2]), session_id=r[3], created_at=ts(r[4]))
+        for r in rows
     ]
 
 
 def delete_session(tx: SqliteTx, session_id: str, context_keys: Sequence[str]) -> None:
     info = tx.session_row(session_id)
-    clear(tx.conn, session_id)
+    clear(tx.conn, session_id, keep_log=False)
     tx.conn.executemany("DELETE FROM context_blocks WHERE key = ?", [(k,) for k in context_keys])
     tx.conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
     stream = session_stream(session_id)
@@ -451,9 +505,12 @@ def search_entries(conn: Conn, label: str, expr: str, limit: int) -> list[tuple[
 def read_events(conn: Conn, stream: str, after_seq: int, limit: int, epoch: str | None) -> list[Event]:
     pos = position(conn, stream)
     pos.check(after_seq, epoch)
+    # A referring event (ref set) reads its message's row: the message as appended, since
+    # an update or a delete gives the event its body back first (detach_events).
     rows = conn.execute(
-        "SELECT session_id, seq, type, data, created_at FROM events "
-        "WHERE stream = ? AND seq > ? ORDER BY seq LIMIT ?",
+        "SELECT e.session_id, e.seq, e.type, e.data, e.created_at, e.ref, m.content FROM events e "
+        "LEFT JOIN messages m ON m.pk = e.ref "
+        "WHERE e.stream = ? AND e.seq > ? ORDER BY e.seq LIMIT ?",
         (stream, after_seq, limit),
     ).fetchall()
     kind: Literal["session", "registry"] = "registry" if stream == REGISTRY else "session"
@@ -463,7 +520,7 @@ def read_events(conn: Conn, stream: str, after_seq: int, limit: int, epoch: str 
             seq=r[1],
             epoch=pos.epoch,
             type=r[2],
-            data=_decode(r[3]),
+            data=_decode(r[3] if r[5] is None else rehydrated(r[6] or "null", r[3])),
             created_at=ts(r[4]),
             stream=kind,
         )

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import sqlite3
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -32,6 +33,8 @@ from ..base import (
     AppendResult,
     LogEntry,
     ParentArg,
+    PruneResult,
+    SessionDump,
     Store,
     StreamPosition,
     check_limit,
@@ -50,8 +53,9 @@ from ..policy import (
     summarized_deleted,
     usage_event,
 )
+from ..prune import check_prune
 from ..rows import SESSION_COLS, decode_message, session_info, ts
-from . import checkpoint, sql
+from . import checkpoint, maintenance, sql
 from .checkpoint import CHECKPOINT_EVERY, WAL_LIMIT_BYTES, Checkpointer
 from .connection import Conn, Connection, configure, is_busy, patient, read_tx, write_tx
 from .schema import migrate
@@ -564,6 +568,38 @@ class SqliteStore(Store):
 
     async def stream_position(self, stream: str) -> StreamPosition:
         return await self._read(sql.position, stream)
+
+    # -- retention, export and import (.maintenance) -------------------------------------
+    async def prune_events(
+        self,
+        *,
+        older_than: datetime | None = None,
+        keep_per_session: int | None = None,
+        batch: int = 1000,
+    ) -> PruneResult:
+        args = check_prune(older_than, keep_per_session, batch)
+        result = PruneResult()
+        for stream in await self._read(maintenance.prune_candidates, args):
+            moved = False
+            while True:
+                # Each batch is its own transaction in the writer's thread: other writers
+                # wait for one batch at most, and the event loop not at all.
+                n = await self._write(maintenance.prune_batch, stream, args, inline=False)
+                result.events += n
+                moved = moved or n > 0
+                if n < args.batch:
+                    break
+            result.streams += moved
+        return result
+
+    async def count_events(self) -> int:
+        return await self._read(maintenance.count_events)
+
+    async def dump_session(self, session_id: str) -> SessionDump:
+        return await self._read(maintenance.dump_session, session_id)
+
+    async def import_session(self, dump: SessionDump, *, replace: bool = False) -> SessionInfo:
+        return await self._write(maintenance.import_session, dump, replace, inline=False)
 
     # -- settings ------------------------------------------------------------------------
     async def claim_setting(self, key: str, value: str, *, replace: bool = False) -> str:

@@ -15,7 +15,7 @@ from ..policy import registry_events, session_stream
 from ..rows import SESSION_COLS, new_epoch, session_info, ts
 from .connection import Conn
 
-__all__ = ["SqliteTx", "session_row"]
+__all__ = ["SqliteTx", "next_seq", "session_row"]
 
 _encode = msgspec.json.Encoder().encode
 
@@ -36,14 +36,23 @@ class SqliteTx(WriteTx[Conn]):
         else:
             seq = int(row[0])
         conn.execute(
-            "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO events (stream, seq, session_id, type, data, created_at) VALUES (?, ?, ?, ?, ?, ?)",
             (stream, seq, session_id, type_, _encode(data).decode(), self.now),
         )
         self.notes.append((stream, seq))
         return seq
 
-    def emit_many(self, stream: str, session_id: str, events: Sequence[tuple[str, str]]) -> int:
-        """Append pre-encoded ``(type, data_json)`` events with consecutive seqs; the last."""
+    def emit_many(
+        self,
+        stream: str,
+        session_id: str,
+        events: Sequence[tuple[str, str]],
+        refs: Sequence[int | None] | None = None,
+    ) -> int:
+        """Append pre-encoded ``(type, data_json)`` events with consecutive seqs; the last.
+        ``refs``: per event, the pk of the message whose body it reads back with (see
+        :func:`~.sql.read_events`), else None. The first seq is always the stream's
+        ``last_seq + 1`` as read inside this transaction (:func:`next_seq`)."""
         n = len(events)
         if n == 0:
             return 0
@@ -59,8 +68,12 @@ class SqliteTx(WriteTx[Conn]):
         first = last - n + 1
         now = self.now
         conn.executemany(
-            "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)",
-            [(stream, first + i, session_id, t, data, now) for i, (t, data) in enumerate(events)],
+            "INSERT INTO events (stream, seq, session_id, type, data, created_at, ref) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [
+                (stream, first + i, session_id, t, data, now, None if refs is None else refs[i])
+                for i, (t, data) in enumerate(events)
+            ],
         )
         self.notes.append((stream, last))
         return last
@@ -83,6 +96,12 @@ class SqliteTx(WriteTx[Conn]):
     def registry_change(self, info: SessionInfo, type_: str, **extra: Any) -> None:
         for stream, data in registry_events(info, type_, **extra):
             self.emit(stream, info.id, type_, data)
+
+
+def next_seq(conn: Conn, stream: str) -> int:
+    """The seq the stream's next event gets: inside ``BEGIN IMMEDIATE`` nobody else writes."""
+    row = conn.execute("SELECT last_seq FROM streams WHERE stream = ?", (stream,)).fetchone()
+    return 1 if row is None else int(row[0]) + 1
 
 
 def session_row(conn: Conn, session_id: str) -> SessionInfo:

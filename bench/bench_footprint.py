@@ -1,0 +1,221 @@
+"""On-disk bytes per message, against the message's own JSON, on both stores.
+
+Prints figures, asserts nothing. Run from the repository root:
+
+    .venv/bin/python bench/bench_footprint.py [--n 3000] [--sessions 1,20]
+                                              [--store sqlite|postgres|both] [--dsn DSN] [--json]
+
+For each layout (``--sessions``: N messages in 1 session, then spread over 20 sessions) it
+appends N messages of ~120 characters of text with one awaited ``append_message`` each (the
+write path of a chat turn: one event per message), then measures:
+
+- SQLite: the database file after ``PRAGMA wal_checkpoint(TRUNCATE)``, so the ``-wal`` file
+  is empty and everything is counted once, in the main file; also per table and index
+  (``dbstat``, page bytes).
+- Postgres: ``pg_total_relation_size`` (heap, TOAST and indexes) summed over the store's
+  tables, after ``VACUUM`` so that dead tuples left by the writes do not count; per table too.
+
+"JSON" is the bytes of each message as ``json.dumps`` of its UIMessage dict (no spaces),
+summed. The log is retained: every ``message.appended`` event is still there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sqlite3
+import string
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+SEED = 16
+TABLES = (
+    "sessions",
+    "messages",
+    "compactions",
+    "streams",
+    "events",
+    "context_blocks",
+    "search_entries",
+    "session_stats",
+    "settings",
+)
+
+
+def texts(n: int) -> list[str]:
+    """N texts of about 120 characters: words of 3-9 letters from a fixed vocabulary."""
+    rng = random.Random(SEED)
+    vocab = ["".join(rng.choices(string.ascii_lowercase, k=rng.randint(3, 9))) for _ in range(600)]
+    out = []
+    for _ in range(n):
+        words: list[str] = []
+        while sum(len(w) + 1 for w in words) < 120:
+            words.append(rng.choice(vocab))
+        out.append(" ".join(words))
+    return out
+
+
+def message(i: int, text: str) -> dict[str, Any]:
+    return {
+        "id": f"msg-{i:06d}",
+        "role": "assistant" if i % 2 else "user",
+        "parts": [{"type": "text", "text": text}],
+    }
+
+
+async def fill(store: Any, n: int, sessions: int) -> int:
+    """Append ``n`` messages round-robin over ``sessions`` sessions; the JSON bytes."""
+    from hub import SessionManager
+
+    manager = SessionManager(store)
+    infos = [await manager.create(f"footprint {k}") for k in range(sessions)]
+    handles = [manager.get_session(info.id) for info in infos]
+    json_bytes = 0
+    for i, text in enumerate(texts(n)):
+        m = message(i, text)
+        json_bytes += len(json.dumps(m, separators=(",", ":")).encode())
+        await handles[i % sessions].append_message(m)
+    return json_bytes
+
+
+async def sqlite_footprint(n: int, sessions: int) -> dict[str, Any]:
+    from hub import SqliteStore
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "footprint.db"
+        store = await SqliteStore.open(path)
+        try:
+            json_bytes = await fill(store, n, sessions)
+        finally:
+            await store.close()
+        conn = sqlite3.connect(path)
+        try:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            tables: dict[str, int] = {}
+            try:
+                for name, size in conn.execute(
+                    "SELECT name, SUM(pgsize) FROM dbstat GROUP BY name ORDER BY 2 DESC"
+                ):
+                    tables[name] = int(size)
+            except sqlite3.OperationalError:  # dbstat not compiled in
+                pass
+        finally:
+            conn.close()
+        wal = path.with_name(path.name + "-wal")
+        total = path.stat().st_size
+        return {
+            "store": "sqlite",
+            "messages": n,
+            "sessions": sessions,
+            "json_bytes": json_bytes,
+            "bytes": total,
+            "wal_bytes": wal.stat().st_size if wal.exists() else 0,
+            "ratio": round(total / json_bytes, 2),
+            "tables": tables,
+        }
+
+
+async def postgres_footprint(n: int, sessions: int, dsn: str) -> dict[str, Any]:
+    from urllib.parse import urlsplit, urlunsplit
+
+    import asyncpg
+
+    from hub import PostgresStore
+
+    name = f"sessionhub_footprint_{os.getpid()}"
+    admin = await asyncpg.connect(dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    target = urlunsplit(urlsplit(dsn)._replace(path=f"/{name}"))
+    try:
+        store = await PostgresStore.connect(target, notify=False)
+        try:
+            json_bytes = await fill(store, n, sessions)
+        finally:
+            await store.close()
+        conn = await asyncpg.connect(target)
+        try:
+            await conn.execute("VACUUM")
+            tables = {
+                t: int(await conn.fetchval("SELECT pg_total_relation_size($1::regclass)", t))
+                for t in TABLES
+                if await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", t)
+            }
+            detail = {
+                r[0]: int(r[1])
+                for r in await conn.fetch(
+                    "SELECT c.relname, pg_relation_size(c.oid) FROM pg_class c "
+                    "JOIN pg_namespace s ON s.oid = c.relnamespace "
+                    "WHERE s.nspname = 'public' AND c.relkind IN ('r', 'i', 't') "
+                    "AND pg_relation_size(c.oid) > 0 ORDER BY 2 DESC"
+                )
+            }
+        finally:
+            await conn.close()
+    finally:
+        admin = await asyncpg.connect(dsn)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+    total = sum(tables.values())
+    return {
+        "store": "postgres",
+        "messages": n,
+        "sessions": sessions,
+        "json_bytes": json_bytes,
+        "bytes": total,
+        "ratio": round(total / json_bytes, 2),
+        "tables": tables,
+        "relations": detail,
+    }
+
+
+def show(result: dict[str, Any]) -> None:
+    n = result["messages"]
+    print(
+        f"{result['store']:8} {n:,} messages in {result['sessions']} session(s): "
+        f"{result['bytes'] / 1e6:.2f} MB on disk for {result['json_bytes'] / 1e6:.2f} MB of JSON "
+        f"= {result['ratio']:.2f}x ({result['bytes'] / n:.0f} B/message)"
+    )
+    for name, size in result.get("relations", result["tables"]).items():
+        if size:
+            print(f"    {name:32} {size / 1e6:8.3f} MB  {size / n:7.1f} B/message")
+
+
+async def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=int, default=3000, help="messages (default 3000)")
+    p.add_argument("--sessions", default="1,20", help="comma-separated session counts (default 1,20)")
+    p.add_argument("--store", choices=("sqlite", "postgres", "both"), default="both")
+    p.add_argument(
+        "--dsn",
+        default=os.environ.get("SESSIONHUB_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres"),
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON line at the end")
+    args = p.parse_args(argv)
+    results = []
+    for sessions in (int(s) for s in args.sessions.split(",")):
+        if args.store in ("sqlite", "both"):
+            results.append(await sqlite_footprint(args.n, sessions))
+            show(results[-1])
+        if args.store in ("postgres", "both"):
+            results.append(await postgres_footprint(args.n, sessions, args.dsn))
+            show(results[-1])
+    if args.json:
+        print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

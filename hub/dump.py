@@ -1,0 +1,340 @@
+"""Export and import of sessions as JSON lines (``sessionhub export`` / ``import``).
+
+A dump is one JSON object per line. The first is the header, ``{"sessionhub_dump": 1,
+"sessions": N}``; then, per session, a ``session`` line (its registry row, context blocks
+and frozen prompt), its ``message`` lines in storage order (every branch; a parent always
+comes before its children), its ``compaction`` lines, and an ``end`` line. The event log
+is not exported: an import writes a fresh one (see :meth:`Store.import_session
+<hub.store.base.Store.import_session>` for its events). Export, import into an empty store
+and export again gives the same bytes, on either store. See docs/operations.md.
+
+Engine level: nothing here imports the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+
+from protocol import Compaction, InvalidInput, SessionInfo, SessionNotFound, coerce_message
+
+from .store.base import DumpedMessage, SessionDump, Store
+
+__all__ = [
+    "DUMP_VERSION",
+    "DumpError",
+    "ImportResult",
+    "dump_lines",
+    "export_lines",
+    "import_lines",
+    "open_store",
+    "parse_dump",
+    "session_lines",
+]
+
+#: The version of the format this sessionhub writes and reads.
+DUMP_VERSION: Final = 1
+
+_encode = msgspec.json.Encoder(order="deterministic").encode
+_decode = msgspec.json.Decoder().decode
+
+
+class DumpError(InvalidInput):
+    """A dump line that cannot be imported; ``line`` is its number (from 1)."""
+
+    def __init__(self, line: int, problem: str) -> None:
+        super().__init__(f"line {line}: {problem}; nothing of this session was written")
+        self.line = line
+        self.problem = problem
+
+
+class ImportResult(msgspec.Struct, kw_only=True):
+    sessions: list[str]
+    messages: int
+
+
+def _line(obj: dict[str, Any]) -> str:
+    return _encode(obj).decode()
+
+
+def session_lines(dump: SessionDump) -> Iterator[str]:
+    """The lines of one session (without the header)."""
+    sid = dump.info.id
+    yield _line(
+        {
+            "type": "session",
+            "session": msgspec.to_builtins(dump.info),
+            "context": dump.context,
+            "system_prompt": dump.system_prompt,
+        }
+    )
+    for m in dump.messages:
+        yield _line(
+            {
+                "type": "message",
+                "session_id": sid,
+                "parent_id": m.parent_id,
+                "created_at": m.created_at.isoformat(),
+                "message": m.message.to_dict(),
+            }
+        )
+    for c in dump.compactions:
+        yield _line({"type": "compaction", "session_id": sid, "compaction": msgspec.to_builtins(c)})
+    yield _line({"type": "end", "session_id": sid, "messages": len(dump.messages)})
+
+
+def header(count: int) -> str:
+    return _line({"sessionhub_dump": DUMP_VERSION, "sessions": count})
+
+
+def dump_lines(dumps: Sequence[SessionDump]) -> Iterator[str]:
+    yield header(len(dumps))
+    for d in dumps:
+        yield from session_lines(d)
+
+
+async def export_lines(store: Store, session_ids: Sequence[str] | None = None) -> AsyncIterator[str]:
+    """The dump of ``session_ids`` (default: every session, oldest first), line by line
+    (without newlines); one session is read at a time, each in one snapshot."""
+    if session_ids:
+        ids = list(dict.fromkeys(session_ids))
+        for sid in ids:
+            if await store.get_session(sid) is None:
+                raise SessionNotFound(sid)
+    else:
+        infos = await store.list_sessions()
+        ids = [i.id for i in sorted(infos, key=lambda i: (i.created_at, i.id))]
+    yield header(len(ids))
+    for sid in ids:
+        for line in session_lines(await store.dump_session(sid)):
+            yield line
+
+
+# -- reading -------------------------------------------------------------------------------
+
+
+def _field(obj: dict[str, Any], name: str, kind: type | tuple[type, ...], n: int) -> Any:
+    value = obj.get(name)
+    if not isinstance(value, kind):
+        raise DumpError(n, f"{name!r} is missing or not a {getattr(kind, '__name__', 'value')}")
+    return value
+
+
+class _Reader:
+    """Builds sessions line by line, checking each as it comes."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.header = False
+        self.current: SessionDump | None = None
+        self.ids: set[str] = set()
+        self.done: list[SessionDump] = []
+
+    def feed(self, raw: str | bytes) -> SessionDump | None:
+        """One line; returns a session once its ``end`` line is read."""
+        self.n += 1
+        n = self.n
+        text = raw.strip()
+        if not text:
+            raise DumpError(n, "empty line")
+        try:
+            obj = _decode(text)
+        except msgspec.DecodeError as exc:
+            raise DumpError(n, f"not JSON ({exc})") from None
+        if not isinstance(obj, dict):
+            raise DumpError(n, "not a JSON object")
+        if not self.header:
+            version = obj.get("sessionhub_dump")
+            if version is None:
+                raise DumpError(
+                    n, 'not a sessionhub dump (the first line must be {"sessionhub_dump": 1, ...})'
+                )
+            if version != DUMP_VERSION:
+                raise DumpError(n, f"dump version {version!r}; this sessionhub reads version {DUMP_VERSION}")
+            self.header = True
+            return None
+        kind = obj.get("type")
+        if kind == "session":
+            if self.current is not None:
+                raise DumpError(n, f"session {self.current.info.id!r} has no end line")
+            try:
+                info = msgspec.convert(obj.get("session"), SessionInfo)
+            except msgspec.ValidationError as exc:
+                raise DumpError(n, f"bad session: {exc}") from None
+            context = obj.get("context") or {}
+            if not isinstance(context, dict) or not all(isinstance(v, str) for v in context.values()):
+                raise DumpError(n, "'context' must map block labels to strings")
+            prompt = obj.get("system_prompt")
+            if prompt is not None and not isinstance(prompt, str):
+                raise DumpError(n, "'system_prompt' must be a string or null")
+            self.current = SessionDump(
+                info=info, messages=[], compactions=[], context=context, system_prompt=prompt
+            )
+            self.ids = set()
+            return None
+        current = self.current
+        if current is None:
+            raise DumpError(n, f"a {kind!r} line outside a session")
+        if obj.get("session_id") != current.info.id:
+            raise DumpError(n, f"session_id {obj.get('session_id')!r} inside session {current.info.id!r}")
+        if kind == "message":
+            raw_message = obj.get("message")
+            if not isinstance(raw_message, dict):
+                raise DumpError(n, "'message' is missing or not an object")
+            try:
+                message = coerce_message(raw_message)
+            except InvalidInput as exc:  # InvalidMessage names the field
+                raise DumpError(n, f"bad message: {exc}") from None
+            parent = obj.get("parent_id")
+            if parent is not None and (not isinstance(parent, str) or parent not in self.ids):
+                raise DumpError(n, f"parent {parent!r} of message {message.id!r} is not an earlier message")
+            if message.id in self.ids:
+                raise DumpError(n, f"message {message.id!r} appears twice")
+            try:
+                at = datetime.fromisoformat(_field(obj, "created_at", str, n))
+            except ValueError:
+                raise DumpError(n, "'created_at' is not an ISO 8601 time") from None
+            if at.tzinfo is None:
+                raise DumpError(n, "'created_at' has no time zone")
+            self.ids.add(message.id)
+            current.messages.append(DumpedMessage(message=message, parent_id=parent, created_at=at))
+            return None
+        if kind == "compaction":
+            try:
+                c = msgspec.convert(obj.get("compaction"), Compaction)
+            except msgspec.ValidationError as exc:
+                raise DumpError(n, f"bad compaction: {exc}") from None
+            current.compactions.append(c)
+            return None
+        if kind == "end":
+            count = obj.get("messages")
+            if count is not None and count != len(current.messages):
+                raise DumpError(
+                    n, f"the end line counts {count} messages, the session has {len(current.messages)}"
+                )
+            self.current = None
+            return current
+        raise DumpError(n, f"unknown line type {kind!r}")
+
+    def finish(self) -> None:
+        if not self.header:
+            raise DumpError(self.n + 1, "the dump is empty (no header line)")
+        if self.current is not None:
+            raise DumpError(self.n + 1, f"the dump ends inside session {self.current.info.id!r} (truncated?)")
+
+
+def parse_dump(lines: Iterable[str | bytes]) -> list[SessionDump]:
+    """Every session of a dump, checked whole before anything is written: a bad line raises
+    :class:`DumpError` with its number."""
+    reader = _Reader()
+    out = []
+    for raw in lines:
+        done = reader.feed(raw)
+        if done is not None:
+            out.append(done)
+    reader.finish()
+    return out
+
+
+async def import_lines(store: Store, lines: Iterable[str | bytes], *, replace: bool = False) -> ImportResult:
+    """Import a dump: the whole input is checked first (a bad line: :class:`DumpError`,
+    nothing written), then each session is written in one transaction. A session already
+    stored is :class:`~protocol.errors.Conflict` unless ``replace``, checked for every
+    session before the first is written."""
+    dumps = parse_dump(lines)
+    return await import_dumps(store, dumps, replace=replace)
+
+
+async def import_dumps(store: Store, dumps: Sequence[SessionDump], *, replace: bool = False) -> ImportResult:
+    from protocol import Conflict
+
+    if not replace:
+        for d in dumps:
+            if await store.get_session(d.info.id) is not None:
+                raise Conflict(
+                    f"session {d.info.id!r} already exists (import with --replace to overwrite it)"
+                )
+    written = []
+    count = 0
+    for d in dumps:
+        await store.import_session(d, replace=replace)
+        written.append(d.info.id)
+        count += len(d.messages)
+    return ImportResult(sessions=written, messages=count)
+
+
+@contextlib.asynccontextmanager
+async def open_store(db: str | Path) -> AsyncIterator[Store]:
+    """The store ``db`` names (as ``--db``), for a one-off command: no bus is recorded or
+    started. On Postgres the writes still send their doorbells, so hubs serving the
+    database see imported sessions live."""
+    from .backends import is_postgres, resolve_db
+
+    db = resolve_db(db)
+    store: Store
+    if is_postgres(db):
+        from .extras import load
+
+        postgres = load("hub.store.postgres", "postgres")
+        store = await postgres.PostgresStore.connect(str(db), max_size=2)
+    else:
+        from .store.sqlite import SqliteStore
+
+        folder = Path(db).parent
+        if str(db) != ":memory:" and not folder.is_dir():
+            raise InvalidInput(f"--db {str(db)!r}: the directory {str(folder)!r} does not exist")
+        store = await SqliteStore.open(db)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+# -- other formats -------------------------------------------------------------------------
+def _utc(text: object) -> datetime:
+    from datetime import UTC
+
+    if isinstance(text, str):
+        with contextlib.suppress(ValueError):
+            at = datetime.fromisoformat(text)
+            return at if at.tzinfo else at.replace(tzinfo=UTC)
+    return datetime.now(UTC)
+
+
+def from_ui_messages(data: bytes | str, session_id: str, name: str | None = None) -> SessionDump:
+    """One session holding a JSON array of AI SDK ``UIMessage`` objects, as one chain in
+    array order (each message's parent is the one before it)."""
+    from datetime import UTC
+
+    try:
+        items = _decode(data)
+    except msgspec.DecodeError as exc:
+        raise InvalidInput(f"not JSON ({exc})") from None
+    if not isinstance(items, list):
+        raise InvalidInput("expected a JSON array of UIMessage objects")
+    now = datetime.now(UTC)
+    messages: list[DumpedMessage] = []
+    seen: set[str] = set()
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise InvalidInput(f"message {i}: not an object")
+        try:
+            message = coerce_message(item)
+        except InvalidInput as exc:
+            raise InvalidInput(f"message {i}: {exc}") from None
+        if message.id in seen:
+            raise InvalidInput(f"message {i}: id {message.id!r} appears twice")
+        seen.add(message.id)
+        parent = messages[-1].message.id if messages else None
+        messages.append(
+            DumpedMessage(message=message, parent_id=parent, created_at=message.created_at or now)
+        )
+    info = SessionInfo(
+        id=session_id, name=name or session_id, source="ui-messages", created_at=now, updated_at=now
+    )
+    return SessionDump(info=info, messages=messages, compactions=[], context={})

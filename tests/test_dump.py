@@ -1,0 +1,236 @@
+"""Export and import (hub/dump.py): a lossless round trip on each store and between them,
+the refusals (an existing session, a bad line: its number, nothing written), the events an
+import logs, the command line, and the OpenAI Agents and UIMessage sources."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from hub import PostgresStore, SessionManager, SqliteStore, session_stream
+from hub.dump import DumpError, export_lines, from_ui_messages, import_lines
+from hub.store.base import Store, context_key
+from protocol import Conflict
+
+from .hubtest import text
+from .test_cli import one_line, run
+
+
+async def rich_session(store: Store) -> list[str]:
+    """Two sessions: one with branches, an overlay, usage, context rows and a frozen
+    prompt; its fork. Returns their ids."""
+    manager = SessionManager(store)
+    sid = (await manager.create("rich", model="m1", source="tests")).id
+    await manager.append_all(sid, [text(f"a{i}", f"first path {i}") for i in range(4)])
+    await manager.append(sid, text("b1", "a branch"), "a1")
+    await manager.append(
+        sid,
+        {
+            "id": "b2",
+            "role": "assistant",
+            "parts": [{"type": "reasoning", "text": "hm"}],
+            "metadata": {"k": [1, 2.5, None]},
+            "createdAt": "2026-01-02T03:04:05.678Z",
+        },
+    )
+    await manager.add_compaction(sid, "summary of a0..a2", "a0", "a2")
+    await manager.add_usage(sid, 10, 20, 0.5)
+    await store.set_context_value(context_key("memory", sid), "remembered")
+    await store.set_context_value(context_key("_system_prompt", sid), "You are frozen.")
+    fork = await manager.fork(sid, "a2", "the fork")
+    return [sid, fork.id]
+
+
+async def export_all(store: Store) -> list[str]:
+    return [line async for line in export_lines(store)]
+
+
+async def test_export_import_export_is_identical(store: Store, tmp_path: Path) -> None:
+    await rich_session(store)
+    first = await export_all(store)
+    header = json.loads(first[0])
+    assert header == {"sessionhub_dump": 1, "sessions": 2}
+    kinds = [json.loads(line)["type"] for line in first[1:]]
+    assert kinds.count("session") == 2 and kinds.count("end") == 2 and kinds.count("compaction") == 2
+    async with await SqliteStore.open(tmp_path / "copy.db") as copy:
+        result = await import_lines(copy, first)
+        assert len(result.sessions) == 2
+        assert await export_all(copy) == first
+        # What was imported reads as the original does.
+        for sid in result.sessions:
+            assert await copy.get_history(sid) == await store.get_history(sid)
+            assert await copy.get_session(sid) == await store.get_session(sid)
+        assert await copy.get_context_value(context_key("memory", result.sessions[0])) == "remembered"
+
+
+async def test_sqlite_to_postgres_and_back(tmp_path: Path, pg_dsn: str, pg_schema: str) -> None:
+    async with await SqliteStore.open(tmp_path / "a.db") as a:
+        await rich_session(a)
+        original = await export_all(a)
+    pg = await PostgresStore.connect(pg_dsn, server_settings={"search_path": pg_schema})
+    try:
+        await import_lines(pg, original)
+        via_pg = await export_all(pg)
+    finally:
+        await pg.close()
+    assert via_pg == original
+    async with await SqliteStore.open(tmp_path / "b.db") as b:
+        await import_lines(b, via_pg)
+        assert await export_all(b) == original
+
+
+async def test_a_session_exports_only_its_own_context_blocks(store: Store) -> None:
+    # Keys are `<label>_<session id>`: the key of label "x" in session "a_b" also ends in
+    # "_b". It belongs to "a_b" (the longest id it ends with that exists), not to "b".
+    for sid in ("b", "a_b"):
+        await store.create_session(sid, session_id=sid)
+    await store.set_context_value(context_key("x", "a_b"), "a_b's")
+    await store.set_context_value(context_key("memory", "b"), "b's")
+    await store.set_context_value(context_key("notes_c", "b"), "b's too")  # no session "c_b"
+    lines = [json.loads(line) for line in await export_all(store)]
+    dumps = {d["session"]["id"]: d for d in lines if d.get("type") == "session"}
+    assert dumps["b"]["context"] == {"memory": "b's", "notes_c": "b's too"}
+    assert dumps["a_b"]["context"] == {"x": "a_b's"}
+
+
+async def test_an_existing_session_is_refused_unless_replace(store: Store) -> None:
+    ids = await rich_session(store)
+    lines = await export_all(store)
+    manager = SessionManager(store)
+    await manager.append(ids[0], text("extra", "written after the export"))
+    with pytest.raises(Conflict, match="already exists"):
+        await import_lines(store, lines)
+    assert "extra" in [m.id for m in await manager.get_history(ids[0])]
+    await import_lines(store, lines, replace=True)
+    assert await export_all(store) == lines
+
+
+async def test_an_import_logs_what_a_subscriber_needs(store: Store) -> None:
+    await rich_session(store)
+    lines = await export_all(store)
+    async with await SqliteStore.open(":memory:") as copy:
+        result = await import_lines(copy, lines)
+        sid = result.sessions[0]
+        types = [e.type for e in await copy.read_events(session_stream(sid))]
+        assert types[0] == "session.created"
+        assert types.count("message.appended") == 6  # a0..a3, b1, b2: every branch
+        assert types[-1] == "compaction.added"
+        await import_lines(copy, lines, replace=True)
+        types = [e.type for e in await copy.read_events(session_stream(sid))]
+        assert types[-9:] == [
+            "messages.cleared",
+            "session.renamed",
+            *["message.appended"] * 6,
+            "compaction.added",
+        ]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "line", "says"),
+    [
+        (lambda ls: ['{"nope": 1}', *ls[1:]], 1, "not a sessionhub dump"),
+        (lambda ls: ['{"sessionhub_dump": 9}', *ls[1:]], 1, "dump version 9"),
+        (lambda ls: [*ls[:3], "{not json", *ls[3:]], 4, "not JSON"),
+        (lambda ls: [*ls[:3], ls[3].replace('"role":', '"rolex":'), *ls[4:]], 4, "bad message"),
+        (
+            lambda ls: [*ls[:3], ls[3].replace('"parent_id":"a0"', '"parent_id":"zz"'), *ls[4:]],
+            4,
+            "not an earlier",
+        ),
+        (lambda ls: ls[:-1], None, "truncated"),
+    ],
+)
+async def test_a_bad_line_stops_the_import_with_its_number_and_writes_nothing(
+    store: Store, mutate: object, line: int | None, says: str
+) -> None:
+    await rich_session(store)
+    lines = await export_all(store)
+    broken = mutate(lines)  # type: ignore[operator]
+    async with await SqliteStore.open(":memory:") as copy:
+        with pytest.raises(DumpError, match=says) as error:
+            await import_lines(copy, broken)
+        if line is not None:
+            assert error.value.line == line
+        assert await copy.list_sessions() == []
+
+
+# -- the command line --------------------------------------------------------------------------
+
+
+async def test_export_and_import_commands(tmp_path: Path) -> None:
+    src, dst = tmp_path / "src.db", tmp_path / "dst.db"
+    async with await SqliteStore.open(src) as s:
+        ids = await rich_session(s)
+    exported = await asyncio.to_thread(run, "export", "--db", str(src))
+    assert exported.returncode == 0, exported.stderr
+    dump = tmp_path / "dump.jsonl"
+    dump.write_text(exported.stdout)
+    done = await asyncio.to_thread(run, "import", str(dump), "--db", str(dst))
+    assert (done.returncode, done.stdout.strip()) == (0, "imported 2 sessions, 9 messages"), done.stderr
+    again = await asyncio.to_thread(run, "export", "--db", str(dst))
+    assert again.stdout == exported.stdout
+    one = await asyncio.to_thread(run, "export", ids[1], "--db", str(dst))
+    assert json.loads(one.stdout.splitlines()[0])["sessions"] == 1
+    refused = await asyncio.to_thread(run, "import", str(dump), "--db", str(dst))
+    assert refused.returncode == 7 and "already exists" in one_line(refused)
+    assert (await asyncio.to_thread(run, "import", str(dump), "--db", str(dst), "--replace")).returncode == 0
+    missing = await asyncio.to_thread(run, "export", "no-such-session", "--db", str(dst))
+    assert missing.returncode == 5 and "no-such-session" in one_line(missing)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(exported.stdout.replace('"type":"message"', '"type":"massage"', 1))
+    failed = await asyncio.to_thread(run, "import", str(bad), "--db", str(tmp_path / "empty.db"))
+    assert failed.returncode == 2 and "line 3: unknown line type 'massage'" in one_line(failed)
+
+
+def test_import_from_ui_messages(tmp_path: Path) -> None:
+    file = tmp_path / "chat.json"
+    file.write_text(json.dumps([text("u1", "hello"), {**text("a1", "hi there"), "role": "assistant"}]))
+    db = tmp_path / "hub.db"
+    assert run("import", str(file), "--from", "ui-messages", "--db", str(db)).returncode == 2
+    done = run("import", str(file), "--from", "ui-messages", "--session", "chat-1", "--db", str(db))
+    assert done.stdout.strip() == "imported 1 sessions, 2 messages", done.stderr
+
+    async def check() -> None:
+        async with await SqliteStore.open(db) as s:
+            history = await s.get_history("chat-1")
+            assert [m.id for m in history] == ["u1", "a1"]
+            assert (await s.get_session("chat-1")).source == "ui-messages"  # type: ignore[union-attr]
+
+    asyncio.run(check())
+    dump = from_ui_messages(file.read_text(), "x")
+    assert [m.parent_id for m in dump.messages] == [None, "u1"]
+
+
+async def test_import_from_an_openai_agents_sqlite_session(tmp_path: Path) -> None:
+    from agents import SQLiteSession
+
+    from clients.openai_agents import HubAgentSession
+
+    file = tmp_path / "agents.db"
+    items = [
+        {"role": "user", "content": "What is the weather?"},
+        {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "Sunny."}]},
+    ]
+    sdk = SQLiteSession("conv-1", str(file))
+    await sdk.add_items(items)  # type: ignore[arg-type]
+    sdk.close()
+    done = await asyncio.to_thread(
+        run, "import", str(file), "--from", "openai-agents", "--db", str(tmp_path / "h.db")
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "imported 1 sessions, 3 messages"
+    async with await SqliteStore.open(tmp_path / "h.db") as s:
+        back = await HubAgentSession("conv-1", sessions=SessionManager(s)).get_items()
+        assert back == items
+    not_agents = tmp_path / "other.db"
+    async with await SqliteStore.open(not_agents):
+        pass
+    refused = await asyncio.to_thread(
+        run, "import", str(not_agents), "--from", "openai-agents", "--db", str(tmp_path / "h.db")
+    )
+    assert refused.returncode == 2 and "not an OpenAI Agents SQLiteSession database" in one_line(refused)
