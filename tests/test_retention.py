@@ -70,6 +70,26 @@ async def test_prune_by_age(store: Store) -> None:
     assert len(await manager.get_history(sid)) == 8
 
 
+async def test_an_event_read_as_the_cutoff_is_kept(db_path: Path) -> None:
+    # SQLite stores epoch-seconds floats; an event reads back rounded to the microsecond.
+    # One stored just under what it reads as must not count as older than that time.
+    from hub import SqliteStore
+
+    stored = 1764620000.1234567  # reads back as ...123457, above what is stored
+    assert datetime.fromtimestamp(stored, UTC).timestamp() > stored
+    async with await SqliteStore.open(db_path) as store:
+        manager = SessionManager(store)
+        sid, _ = await session_with(manager, 3)
+        stream = session_stream(sid)
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("UPDATE events SET created_at = ? WHERE stream = ? AND seq >= 2", (stored, stream))
+        conn.execute("UPDATE events SET created_at = ? WHERE stream = ? AND seq = 1", (stored - 1, stream))
+    async with await SqliteStore.open(db_path) as store:
+        events = await store.read_events(stream, 0)
+        await store.prune_events(older_than=events[1].created_at)
+        assert (await store.stream_position(stream)).first_seq == 2
+
+
 async def test_prune_everything_in_small_batches_then_the_log_goes_on(store: Store) -> None:
     manager = SessionManager(store)
     sid, last = await session_with(manager, 9)

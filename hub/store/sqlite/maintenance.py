@@ -36,10 +36,17 @@ def prune_candidates(conn: Conn, args: PruneArgs) -> list[str]:
         rows = conn.execute(
             "SELECT s.stream FROM streams s JOIN events e ON e.stream = s.stream AND e.seq = s.first_seq "
             "WHERE e.created_at < ?",
-            (args.cutoff,),
+            (_stored_cutoff(args.cutoff),),
         ).fetchall()
         found.update(r[0] for r in rows)
     return sorted(found)
+
+
+def _stored_cutoff(cutoff: float) -> float:
+    """The cutoff against the stored epoch-seconds floats. An event reads back as
+    ``datetime.fromtimestamp(created_at)``, rounded to the microsecond, so the one read as
+    exactly the cutoff may be stored up to half a microsecond below it: it is kept."""
+    return cutoff - 5e-7
 
 
 def prune_batch(tx: SqliteTx, stream: str, args: PruneArgs) -> int:
@@ -54,7 +61,7 @@ def prune_batch(tx: SqliteTx, stream: str, args: PruneArgs) -> int:
     if args.cutoff is not None:
         found = conn.execute(
             "SELECT MIN(seq) FROM events WHERE stream = ? AND seq >= ? AND seq < ? AND created_at >= ?",
-            (stream, first, first + args.batch, args.cutoff),
+            (stream, first, first + args.batch, _stored_cutoff(args.cutoff)),
         ).fetchone()
         first_new = None if found[0] is None else int(found[0])
     end = batch_end(first, last, args, first_new)
