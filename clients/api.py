@@ -157,6 +157,10 @@ class RemoteSessions:
     async def rename(self, session_id: str, name: str) -> SessionInfo:
         return _convert(await self._call("rename", session_id=session_id, name=name), SessionInfo)
 
+    async def end(self, session_id: str, reason: str = "ended") -> SessionInfo:
+        """Mark the session ended (``end_reason``); ending it twice is ``Conflict``."""
+        return _convert(await self._call("end", session_id=session_id, reason=reason), SessionInfo)
+
     async def delete(self, session_id: str) -> None:
         await self._call("delete", session_id=session_id)
 

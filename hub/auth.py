@@ -6,8 +6,8 @@ levels, each including the ones before it:
 - ``read``: get, history, branches, search, subscribe, presence;
 - ``write``: every mutation inside a session (append, upsert, update, delete, clear,
   context writes, tool execution, compaction, usage);
-- ``admin``: what creates, renames, ends or deletes sessions (create, rename, delete,
-  fork, compact_and_split) and the registry stream.
+- ``admin``: what creates, renames, ends or deletes sessions (create, rename, end,
+  delete, fork, compact_and_split) and the registry stream.
 
 Operations not about one session (``list``, cross-session ``search``, the manager's tools)
 need the level on ``*``. Being sent a session's summary prompts (a ``hello`` with
@@ -90,6 +90,7 @@ OP_LEVELS: dict[str, Level] = {
     "create": "admin",
     "rename": "admin",
     "delete": "admin",
+    "end": "admin",
     "fork": "admin",
     "compact_and_split": "admin",
 }

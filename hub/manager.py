@@ -90,6 +90,14 @@ class SessionManager(SessionBuilder):
         check_session_id(session_id)
         return await self.store.rename_session(session_id, name)
 
+    async def end(self, session_id: str, reason: str = "ended") -> SessionInfo:
+        """Mark the session ended with ``reason`` (non-empty, at most 200 characters) and
+        log ``session.ended``, as a compaction's split does with ``"compaction"``; returns
+        the ended session. Its messages stay. Ending it twice is
+        :class:`~protocol.errors.Conflict`."""
+        check_session_id(session_id)
+        return await self.store.end_session(session_id, reason)
+
     async def delete(self, session_id: str) -> None:
         """Delete the session with its messages, overlays, event log and the context rows
         its store-backed blocks and cached prompt kept (departure: the original left them)."""

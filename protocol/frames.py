@@ -85,6 +85,13 @@ class Delete(_Req, tag="delete"):
     session_id: str
 
 
+class End(_Req, tag="end"):
+    """Mark the session ended (``end_reason``); the reply is the ended session."""
+
+    session_id: str
+    reason: str = "ended"
+
+
 class Append(_Req, tag="append"):
     session_id: str
     message: Msg
@@ -364,6 +371,7 @@ Request = (
     | List
     | Rename
     | Delete
+    | End
     | Append
     | Upsert
     | AppendAll

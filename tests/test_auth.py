@@ -95,6 +95,7 @@ def request_for(op: str, session_id: str) -> dict[str, Any]:
         "list": {},
         "rename": {"session_id": session_id, "name": "renamed"},
         "delete": {"session_id": session_id},
+        "end": {"session_id": session_id},
         "append": {"session_id": session_id, "message": text("x1", "hello")},
         "upsert": {"session_id": session_id, "message": text("x2", "hello")},
         "append_all": {"session_id": session_id, "messages": [text("x3", "hello")]},
@@ -173,7 +174,7 @@ SCOPE_CASES = {
 
 async def test_every_op_against_every_scope(tmp_path: Path) -> None:
     # Destructive ops last, so every other op still finds its session.
-    last = ["clear_messages", "compact_and_split", "delete"]
+    last = ["clear_messages", "compact_and_split", "end", "delete"]
     ops = sorted(set(REQUEST_TYPES) - {"unsubscribe"} - set(last)) + last
     assert set(ops) <= set(OP_LEVELS)
     async with await SqliteStore.open(tmp_path / "hub.db") as store:

@@ -149,6 +149,12 @@ async def test_sessions_mirror_the_manager(app: Starlette, client: HubClient) ->
     ended = await s.get(info.id)
     assert ended is not None and ended.end_reason == "compaction"
 
+    finished = await s.end(split.id, reason="the user is done")
+    assert type(finished) is SessionInfo and finished == await local.get(split.id)
+    assert finished.end_reason == "the user is done"
+    with pytest.raises(Conflict, match="already ended"):  # the engine's error, typed
+        await s.end(split.id)
+
     await s.clear_messages(fork.id)
     assert await local.get_history(fork.id) == []
     await s.delete(fork.id)

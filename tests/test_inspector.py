@@ -19,7 +19,7 @@ import pytest
 import pytest_asyncio
 from playwright.async_api import Browser, Page, async_playwright, expect
 
-from clients import HubClient
+from clients import HubClient, HubError
 from hub import SessionManager, SqliteStore
 from hub.auth import issue_token
 from hub.compaction import CompactResult
@@ -599,6 +599,26 @@ async def test_actions_with_the_scope(
             await expect(page.locator("#action-status")).to_contain_text("Forked at q1")
             fork = page.locator("#sessions li", has_text="acted-on-renamed (fork)")
             await expect(fork).to_contain_text("fork")
+            # End, after a confirmation (Cancel first: nothing happens), with a reason.
+            await page.get_by_role("button", name="End…").click()
+            await expect(page.locator("#end-confirm")).to_contain_text("acted-on-renamed")
+            await page.get_by_role("button", name="Cancel").click()
+            await expect(page.locator("#end-confirm")).to_be_hidden()
+            still = await hub.sessions.get(info.id)
+            assert still is not None and still.end_reason is None
+            await page.get_by_role("button", name="End…").click()
+            await page.get_by_label("Reason").fill("done with it")
+            await page.get_by_role("button", name="End session").click()
+            await expect(page.locator("#action-status")).to_have_text("Ended (done with it).")
+            row = page.locator(f'#sessions li[data-id="{info.id}"]')
+            await expect(row.locator(".badge.ended")).to_have_text("ended: done with it")
+            await expect(page.locator("#session-meta")).to_contain_text("done with it")
+            await expect(page.locator("#actions-note")).to_contain_text("This session ended (done with it).")
+            ended = await hub.sessions.get(info.id)
+            assert ended is not None and ended.end_reason == "done with it"
+            # Once ended, End is gone (ending again is a conflict); the other actions stay.
+            await expect(page.get_by_role("button", name="End…")).to_have_count(0)
+            await expect(page.get_by_role("button", name="Delete…")).to_be_visible()
             # Delete, after a confirmation (Cancel first: nothing happens).
             await page.get_by_role("button", name="Delete…").click()
             await page.get_by_role("button", name="Cancel").click()
@@ -629,7 +649,7 @@ async def test_actions_without_the_scope(
         await open_session(page, "read-only")
         await expect(page.locator("#actions")).to_have_attribute("data-level", "read")
         await expect(page.locator("#actions-note")).to_contain_text("reading this session only")
-        for name in ["Regenerate", "Compact now", "Fork here", "Rename…", "Delete…", "Send"]:
+        for name in ["Regenerate", "Compact now", "Fork here", "Rename…", "End…", "Delete…", "Send"]:
             await expect(page.get_by_role("button", name=name)).to_have_count(0)
         await expect(page.get_by_label("Message as user")).to_be_hidden()
         await page.screenshot(path=str(ARTIFACTS / "read-only.png"))
@@ -641,9 +661,30 @@ async def test_actions_without_the_scope(
         await expect(page.locator("#actions")).to_have_attribute("data-level", "write")
         await expect(page.get_by_role("button", name="Send")).to_be_visible()
         await expect(page.get_by_role("button", name="Compact now")).to_be_visible()
-        for name in ["Fork here", "Rename…", "Delete…"]:
+        for name in ["Fork here", "Rename…", "End…", "Delete…"]:
             await expect(page.get_by_role("button", name=name)).to_have_count(0)
-        await expect(page.locator("#actions-note")).to_contain_text("need admin")
+        await expect(page.locator("#actions-note")).to_contain_text("ending and deleting need admin")
+        # The hub decides anyway: the end op with this token is forbidden, and nothing ends.
+        async with HubClient(h.ws_url, token=writer) as as_writer:
+            with pytest.raises(HubError) as refused:
+                await as_writer.sessions.end(info.id)
+            assert refused.value.code == "forbidden"
+            still = await as_writer.sessions.get(info.id)
+            assert still is not None and still.end_reason is None
+        # Admin on this session only (no registry stream): End shows, and the session shows
+        # as ended from its own log.
+        owner = issue_token(SECRET, {"*": "read", info.id: "admin"})
+        await page.get_by_role("button", name="Change token").click()
+        await page.get_by_label("Access token").fill(owner)
+        await page.get_by_role("button", name="Use token").click()
+        await expect(page.locator("#actions")).to_have_attribute("data-level", "admin")
+        await page.get_by_role("button", name="End…").click()
+        await page.get_by_role("button", name="End session").click()
+        await expect(page.locator("#action-status")).to_have_text("Ended (ended).")
+        await expect(page.locator("#session-meta")).to_contain_text("ended")
+        row = page.locator(f'#sessions li[data-id="{info.id}"]')
+        await expect(row.locator(".badge.ended")).to_have_text("ended: ended")
+        await expect(page.get_by_role("button", name="End…")).to_have_count(0)
 
 
 async def test_a_refused_token_shows_in_the_badge(

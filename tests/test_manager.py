@@ -6,9 +6,19 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
 import pytest
 
-from hub import InvalidInput, InvalidMessage, Message, SessionManager, SessionNotFound, SqliteStore
+from hub import (
+    InvalidInput,
+    InvalidMessage,
+    Message,
+    SessionManager,
+    SessionNotFound,
+    SqliteStore,
+    session_stream,
+)
+from protocol import Conflict
 
 from .conftest import text_message as T
 
@@ -154,6 +164,83 @@ async def test_compact_and_split(manager: SessionManager) -> None:
     assert default.name == "A (continued)"
 
 
+async def test_end_marks_the_session_ended_and_logs_it_like_a_split(
+    manager: SessionManager, store: SqliteStore
+) -> None:
+    a = await manager.create("A", model="gpt-x")
+    other = await manager.create("B")
+    await manager.append(a.id, T("a-1", "user", "hi"))
+    before = await manager.get(a.id)
+    assert before is not None and before.end_reason is None
+    ended = await manager.end(a.id, "done by the user")
+    assert ended.end_reason == "done by the user" and ended.name == "A" and ended.model == "gpt-x"
+    assert ended.updated_at >= before.updated_at
+    assert await manager.get(a.id) == ended
+    # Ended sessions stay listed (first: ending touched it) and keep their messages.
+    assert [s.id for s in await manager.list()] == [a.id, other.id]
+    assert ids(await manager.get_history(a.id)) == ["a-1"]
+    registry = await manager.read_registry_events()
+    assert registry[-1].type == "session.ended" and registry[-1].session_id == a.id
+    assert registry[-1].data == {"session": msgspec.to_builtins(ended)}
+    own = await store.read_events(session_stream(a.id))
+    assert own[-1].type == "session.ended" and own[-1].data == registry[-1].data
+    # The other session is untouched; the default reason is "ended".
+    assert (await manager.end(other.id)).end_reason == "ended"
+
+
+async def test_ending_an_ended_session_is_a_conflict_and_writes_nothing(
+    manager: SessionManager, store: SqliteStore
+) -> None:
+    a = await manager.create("A")
+    await manager.end(a.id, "first")
+    split = await manager.create("S")
+    await manager.compact_and_split(split.id, "summary")
+    registry = await manager.read_registry_events()
+    for sid, reason in ((a.id, "first"), (split.id, "compaction")):
+        own = await store.read_events(session_stream(sid))
+        with pytest.raises(Conflict, match=f"already ended \\({reason}\\)") as info:
+            await manager.end(sid, "second")
+        assert info.value.code == "conflict"
+        again = await manager.get(sid)
+        assert again is not None and again.end_reason == reason
+        assert await store.read_events(session_stream(sid)) == own
+    assert await manager.read_registry_events() == registry
+
+
+async def test_concurrent_ends_end_it_once(manager: SessionManager, store: SqliteStore) -> None:
+    a = await manager.create("A")
+    results = await asyncio.gather(*(manager.end(a.id, f"r{i}") for i in range(6)), return_exceptions=True)
+    won = [r for r in results if not isinstance(r, BaseException)]
+    assert len(won) == 1 and all(isinstance(r, Conflict) for r in results if r not in won)
+    own = await store.read_events(session_stream(a.id))
+    assert [e.type for e in own].count("session.ended") == 1
+    assert own[-1].data["session"]["end_reason"] == won[0].end_reason
+
+
+@pytest.mark.parametrize(
+    ("reason", "problem"),
+    [
+        ("", "must not be empty"),
+        ("   ", "must not be empty"),
+        ("x" * 201, "at most 200 characters, got 201"),
+        (5, "must be a string, got int"),
+        (None, "must be a string, got NoneType"),
+    ],
+    ids=["empty", "blank", "too-long", "int", "none"],
+)
+async def test_a_bad_end_reason_is_invalid_and_the_session_stays_open(
+    manager: SessionManager, reason: Any, problem: str
+) -> None:
+    a = await manager.create("A")
+    events = await manager.read_registry_events()
+    with pytest.raises(InvalidInput, match=problem):
+        await manager.end(a.id, reason)
+    after = await manager.get(a.id)
+    assert after is not None and after.end_reason is None
+    assert await manager.read_registry_events() == events
+    assert (await manager.end(a.id, "y" * 200)).end_reason == "y" * 200
+
+
 async def test_add_usage_accumulates(manager: SessionManager) -> None:
     a = await manager.create("A")
     await manager.add_usage(a.id, 100, 50, 0.0123)
@@ -206,6 +293,7 @@ UNKNOWN = "no-such-session"
 OPS: list[tuple[str, Callable[[SessionManager], Awaitable[Any]]]] = [
     ("rename", lambda m: m.rename(UNKNOWN, "x")),
     ("delete", lambda m: m.delete(UNKNOWN)),
+    ("end", lambda m: m.end(UNKNOWN)),
     ("append", lambda m: m.append(UNKNOWN, T("m", "user", "x"))),
     ("upsert", lambda m: m.upsert(UNKNOWN, T("m", "user", "x"))),
     ("append_all", lambda m: m.append_all(UNKNOWN, [T("m", "user", "x")])),
@@ -327,6 +415,7 @@ async def test_a_non_string_session_id_is_invalid_on_every_store(manager: Sessio
         lambda: manager.get(5),  # type: ignore[arg-type]
         lambda: manager.rename(5, "x"),  # type: ignore[arg-type]
         lambda: manager.delete(b"id"),  # type: ignore[arg-type]
+        lambda: manager.end(5),  # type: ignore[arg-type]
         lambda: manager.add_usage(5, 1, 1, 0.0),  # type: ignore[arg-type]
         lambda: manager.add_compaction(5, "s", "a", "b"),  # type: ignore[arg-type]
         lambda: manager.delete_messages(5, ["a"]),  # type: ignore[arg-type]
@@ -372,6 +461,7 @@ async def test_a_lone_surrogate_in_any_text_argument_is_invalid(manager: Session
     for call in (
         lambda: manager.create("bad \udfff name"),
         lambda: manager.rename(a.id, "bad \udfff name"),
+        lambda: manager.end(a.id, "bad \udfff reason"),
         lambda: manager.get("\ud800"),
         lambda: manager.append("\ud800", T("m1", "user", "x")),
     ):

@@ -45,6 +45,7 @@ VALID: dict[str, dict[str, Any]] = {
     "list": {},
     "rename": {"session_id": "s1", "name": "new"},
     "delete": {"session_id": "s1"},
+    "end": {"session_id": "s1", "reason": "done"},
     "append": {"session_id": "s1", "message": MSG, "parent_id": None},
     "upsert": {"session_id": "s1", "message": MSG, "parent_id": "m0"},
     "append_all": {"session_id": "s1", "messages": [MSG, {**MSG, "id": "m2"}]},

@@ -5,19 +5,22 @@ uvicorn, real ``HubClient`` responders and raw sockets."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
 import httpx2
+import msgspec
 import pytest
 
-from clients import HubClient, HubError
+from clients import HubClient, HubError, Turn
 from hub.auth import issue_token
+from hub.bus import doorbell
 from hub.server import HubConfig
 from protocol import Conflict
 
 from .chatkit import responder, sse_chunks
-from .hubtest import Client, Served, served, text
+from .hubtest import Client, Served, eventually, served, text
 from .nodes import Node, scratch_database
 from .services import postgres_dsn, redis_url
 
@@ -183,12 +186,13 @@ async def test_no_responder_times_out_and_a_second_turn_waits_its_turn(tmp_path:
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("bus", ["redis"])
+@pytest.mark.parametrize("bus", ["postgres", "redis"])
 async def test_a_turn_posted_on_node_a_is_answered_by_a_worker_on_node_b(bus: str) -> None:
+    url = redis_url() if bus == "redis" else "postgres"
     async with (
         scratch_database(postgres_dsn()) as database,
-        Node(database, redis_url(), None, "--turn-timeout", "20") as a,
-        Node(database, redis_url(), None, "--turn-timeout", "20") as b,
+        Node(database, url, None, "--turn-timeout", "20") as a,
+        Node(database, url, None, "--turn-timeout", "20") as b,
     ):
         async with HubClient(a.ws_url) as user:
             info = await user.sessions.create("across nodes")
@@ -211,3 +215,50 @@ async def test_a_turn_posted_on_node_a_is_answered_by_a_worker_on_node_b(bus: st
         assert stored is not None and stored.text() == "Found 3."
         text_deltas = "".join(c["delta"] for c in chunks if isinstance(c, dict) and c["type"] == "text-delta")
         assert text_deltas == "Found 3."
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("bus", ["postgres", "redis"])
+async def test_a_turn_with_a_long_history_reaches_a_worker_on_another_node_whole(bus: str) -> None:
+    url = redis_url() if bus == "redis" else "postgres"
+    async with (
+        scratch_database(postgres_dsn()) as database,
+        Node(database, url, None, "--turn-timeout", "20") as a,
+        Node(database, url, None, "--turn-timeout", "20") as b,
+    ):
+        async with HubClient(a.ws_url) as user:
+            info = await user.sessions.create("long")
+            # Multi-byte text, so a piece boundary falls inside characters too.
+            chain = [
+                text(f"h{i}", f"{i} " + "é日🙂x" * 250, "assistant" if i % 2 else "user") for i in range(31)
+            ]
+            await user.sessions.append_all(info.id, chain, None)
+            history = [m.to_dict() for m in await user.session(info.id).get_history()]
+        # The offer is many NOTIFY payloads on Postgres (each under 8,000 bytes).
+        assert len(msgspec.json.encode(history)) > 10 * doorbell.MAX_PAYLOAD
+        given: list[Turn] = []
+        async with HubClient(b.ws_url, name="agent-on-b", role="worker") as agent:
+
+            async def serve() -> None:
+                async for turn in agent.turns():
+                    given.append(turn)
+                    async with turn.reply() as st:
+                        await st.text(f"read {len(turn.history)} messages")
+
+            task = asyncio.create_task(serve())
+            try:
+                async with HubClient(a.ws_url) as user:
+                    session = user.session(info.id)
+                    turn = await session.start_turn()
+
+                    async def replied() -> bool:
+                        reply = await session.get_message(turn["reply_id"])
+                        return reply is not None and reply.text() == "read 31 messages"
+
+                    await eventually(replied, timeout=30)
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        assert len(given) == 1 and given[0].message_id == "h30"
+        assert [m.to_dict() for m in given[0].history] == history

@@ -336,9 +336,40 @@ async def _endings(c: Client, store: SqliteStore) -> None:
     assert await c.call("get_history", session_id=successor["id"]) == dicts(
         await twin.get_history(successor["id"])
     )
+    ended = await c.call("end", session_id=successor["id"], reason="the user is done")
+    assert ended["end_reason"] == "the user is done" and ended == builtins(await twin.get(successor["id"]))
+    await same_error(c, lambda: twin.end(successor["id"]), "end", session_id=successor["id"])
     assert await c.call("delete", session_id=sid) is None
     assert await twin.get(sid) is None
     assert await c.call("get", session_id=sid) is None
+
+
+async def test_end_is_an_event_for_the_session_and_the_registry(store: SqliteStore) -> None:
+    async with served(manager=configured(store)) as h, h.client() as c, h.client() as watcher:
+        sid = (await c.call("create", name="to end"))["id"]
+        assert (await watcher.subscribe(sid))["frame"] == "reply"
+        assert (await watcher.subscribe(None))["frame"] == "reply"
+        await watcher.events(sid, 1)  # session.created
+        await watcher.events(None, 1)
+        ended = await c.call("end", session_id=sid)
+        assert ended["end_reason"] == "ended"
+        for stream in (sid, None):
+            (event,) = await watcher.events(stream, 1)
+            assert event["type"] == "session.ended" and event["data"] == {"session": ended}
+        # Ending it again, or with a bad reason, is refused with the engine's words; no event.
+        again = await c.request("end", session_id=sid, reason="again")
+        assert (again["frame"], again["code"]) == ("error", "conflict")
+        assert again["message"] == f"session {sid!r} has already ended (ended)"
+        other = (await c.call("create", name="other"))["id"]
+        bad = await c.request("end", session_id=other, reason="")
+        assert (bad["frame"], bad["code"], bad["message"]) == (
+            "error",
+            "invalid",
+            "end reason must not be empty",
+        )
+        info = await c.call("get", session_id=other)
+        assert info["end_reason"] is None
+        await watcher.quiet(lambda f: f["frame"] == "event" and f["type"] == "session.ended")
 
 
 async def test_errors_match_in_process(store: SqliteStore) -> None:
@@ -356,6 +387,7 @@ async def test_errors_match_in_process(store: SqliteStore) -> None:
             ),
             (lambda: twin.rename("nope", "n"), "rename", {"session_id": "nope", "name": "n"}),
             (lambda: twin.delete("nope"), "delete", {"session_id": "nope"}),
+            (lambda: twin.end("nope"), "end", {"session_id": "nope"}),
             (
                 lambda: twin.add_usage("nope", 1, 1, 0.0),
                 "add_usage",
@@ -403,6 +435,7 @@ async def test_errors_match_in_process(store: SqliteStore) -> None:
         ("get_message_count", {}),
         ("rename", {"name": "x"}),
         ("delete", {}),
+        ("end", {}),
         ("append", {"message": text("m", "x")}),
         ("clear_messages", {}),
         ("get_compactions", {}),

@@ -206,6 +206,7 @@ def operations(hub: Sessions, turns: Turns) -> dict[str, Op]:
         "list": lambda r: m.list(),
         "rename": lambda r: m.rename(r.session_id, r.name),
         "delete": lambda r: m.delete(r.session_id),
+        "end": lambda r: m.end(r.session_id, r.reason),
         "append": lambda r: m.append(r.session_id, r.message, parent_arg(r.parent_id)),
         "upsert": lambda r: m.upsert(r.session_id, r.message, parent_arg(r.parent_id)),
         "append_all": lambda r: m.append_all(r.session_id, r.messages, parent_arg(r.parent_id)),

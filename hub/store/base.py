@@ -33,6 +33,7 @@ from protocol.markers import LATEST, Parent, ParentArg
 from ..bus import Bus
 from .policy import (
     COST_MAX,
+    END_REASON,
     INT64_MAX,
     INT64_MIN,
     REGISTRY,
@@ -320,6 +321,14 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def rename_session(self, session_id: str, name: str) -> SessionInfo: ...
+
+    @abc.abstractmethod
+    async def end_session(self, session_id: str, reason: str = END_REASON) -> SessionInfo:
+        """Mark the session ended (``end_reason=reason``, a non-empty string of at most
+        :data:`~hub.store.policy.END_REASON_MAX` characters) and log ``session.ended`` to
+        its stream and the registry, like a compaction's split. Its messages stay and stay
+        writable: ending is what lists show, not a lock. An ended session is
+        :class:`~protocol.errors.Conflict`, nothing written."""
 
     @abc.abstractmethod
     async def delete_session(self, session_id: str, *, context_keys: Sequence[str] = ()) -> None:

@@ -17,12 +17,16 @@ from protocol import Compaction, Conflict, InvalidInput, Message, SessionInfo
 
 __all__ = [
     "COST_MAX",
+    "END_REASON",
+    "END_REASON_MAX",
     "INT64_MAX",
     "INT64_MIN",
     "REGISTRY",
     "SEARCH_WINDOW",
     "SPLIT_NAME",
+    "already_ended",
     "check_compaction_args",
+    "check_end_reason",
     "check_limit",
     "check_name",
     "check_query",
@@ -63,6 +67,12 @@ COST_MAX: Final = sys.float_info.max
 #: (docs/benchmarks.md).
 SEARCH_WINDOW: Final = 250
 
+#: ``end_session``'s reason when the caller gives none; a compaction's split ends with
+#: ``"compaction"``.
+END_REASON: Final = "ended"
+#: A reason is a label shown in session lists, not a log: bounded like a name would be.
+END_REASON_MAX: Final = 200
+
 #: The name of a split session's continuation when neither the caller nor the ended
 #: session gives one.
 SPLIT_NAME: Final = "Compacted"
@@ -81,6 +91,21 @@ def check_name(name: object) -> str:
     if not isinstance(name, str):
         raise InvalidInput("session name must be a string")
     return name
+
+
+def check_end_reason(reason: object) -> str:
+    if not isinstance(reason, str):
+        raise InvalidInput(f"end reason must be a string, got {type(reason).__name__}")
+    if not reason.strip():
+        raise InvalidInput("end reason must not be empty")
+    if len(reason) > END_REASON_MAX:
+        raise InvalidInput(f"end reason must be at most {END_REASON_MAX} characters, got {len(reason)}")
+    return reason
+
+
+def already_ended(info: SessionInfo) -> Conflict:
+    """``end_session`` refused: the session has ended already (its reason is kept)."""
+    return Conflict(f"session {info.id!r} has already ended ({info.end_reason})")
 
 
 def check_summary(summary: object) -> str:

@@ -99,7 +99,31 @@ export function initActions(getCursor) {
       failed("Compacting", err);
     }
   });
+  $("act-end").addEventListener("click", () => {
+    $("delete-confirm").hidden = true;
+    $("end-confirm").hidden = false;
+    $("end-name").textContent = state.sessions.get(state.current.id)?.name ?? state.current.id;
+    $("end-reason").value = "";
+    $("end-reason").focus();
+  });
+  $("end-no").addEventListener("click", () => {
+    $("end-confirm").hidden = true;
+    $("act-end").focus();
+  });
+  $("end-confirm").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    // Blank: the hub's default reason ("ended"); it refuses more than 200 characters.
+    const reason = $("end-reason").value.trim();
+    try {
+      const info = await state.client.request("end", { session_id: state.current.id, ...(reason ? { reason } : {}) });
+      $("end-confirm").hidden = true;
+      say(`Ended (${info.end_reason}).`);
+    } catch (err) {
+      failed("Ending", err); // e.g. conflict: another user ended it first
+    }
+  });
   $("act-delete").addEventListener("click", () => {
+    $("end-confirm").hidden = true;
     $("delete-confirm").hidden = false;
     $("delete-name").textContent = state.sessions.get(state.current.id)?.name ?? state.current.id;
     $("delete-yes").focus();
@@ -130,12 +154,15 @@ export function renderActions(model) {
   $("act-regenerate").hidden = !write;
   $("act-compact").hidden = !write;
   for (const id of ["act-rename", "act-fork", "act-delete"]) $(id).hidden = !admin;
+  // Ending an ended session is refused (conflict): the button goes once it has ended.
+  $("act-end").hidden = !admin || !!info?.end_reason;
   if (!admin) {
     $("rename-form").hidden = true;
     $("delete-confirm").hidden = true;
   }
+  if ($("act-end").hidden) $("end-confirm").hidden = true;
   $("actions").dataset.level = admin ? "admin" : write ? "write" : "read";
-  $("actions-note").textContent = !write ? "Your token allows reading this session only: no actions." : !admin ? "Renaming, forking and deleting need admin on this session." : "";
+  $("actions-note").textContent = !write ? "Your token allows reading this session only: no actions." : !admin ? "Renaming, forking, ending and deleting need admin on this session." : "";
   $("composer-sibling").disabled = !model.latest;
   if (info?.end_reason) $("actions-note").textContent += ` This session ended (${info.end_reason}).`;
 }

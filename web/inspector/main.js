@@ -112,6 +112,7 @@ function open(id, focusMessage = null) {
     $("action-status").textContent = "";
     $("rename-form").hidden = true;
     $("delete-confirm").hidden = true;
+    $("end-confirm").hidden = true;
   }
   setHash(id);
   $("empty").hidden = true;

@@ -332,6 +332,14 @@ export function openSession(id, focusMessage = null) {
           model.nodes.get(ev.data.message.id).msg = state.live.messages.get(ev.data.message.id);
         }
         if (changed === "context") refreshContext();
+        const info = ev.data?.session;
+        if (ev.type.startsWith("session.") && ev.type !== "session.deleted" && info?.id === id) {
+          // Registry changes are in the session's own log too: a token that cannot follow
+          // the registry still sees this session end or get renamed (never an older row).
+          const known = state.sessions.get(id);
+          if (!known || !(info.updated_at < known.updated_at)) state.sessions.set(id, info);
+          hooks.sessions();
+        }
         if (changed === "structure" && state.pinnedLeaf && ev.type === "message.appended") {
           // A pinned branch that grows keeps following its own tip.
           if (ev.data?.parent_id === state.pinnedLeaf) state.pinnedLeaf = ev.data.message.id;

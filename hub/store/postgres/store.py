@@ -42,8 +42,11 @@ from ..base import (
     session_stream,
 )
 from ..policy import (
+    END_REASON,
     SEARCH_WINDOW,
+    already_ended,
     check_compaction_args,
+    check_end_reason,
     check_name,
     check_query,
     check_summary,
@@ -427,6 +430,26 @@ class PostgresStore(Store):
                 raise SessionNotFound(session_id)
             info = session_info(row)
             await tx.registry_change(info, "session.renamed")
+            return info
+
+        return await self._write(fn)
+
+    async def end_session(self, session_id: str, reason: str = END_REASON) -> SessionInfo:
+        check_end_reason(reason)
+
+        async def fn(tx: PostgresTx) -> SessionInfo:
+            # One conditional UPDATE: of two concurrent enders, only one finds it open.
+            row = await tx.conn.fetchrow(
+                "UPDATE sessions SET end_reason = $2, updated_at = $3 "
+                f"WHERE id = $1 AND end_reason IS NULL RETURNING {SESSION_COLS}",
+                session_id,
+                reason,
+                tx.when,
+            )
+            if row is None:
+                raise already_ended(await tx.session_row(session_id))  # or SessionNotFound
+            info = session_info(row)
+            await tx.registry_change(info, "session.ended")
             return info
 
         return await self._write(fn)

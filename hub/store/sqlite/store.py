@@ -42,7 +42,10 @@ from ..base import (
     usage_totals,
 )
 from ..policy import (
+    END_REASON,
+    already_ended,
     check_compaction_args,
+    check_end_reason,
     check_name,
     check_query,
     check_summary,
@@ -437,6 +440,24 @@ class SqliteStore(Store):
             )
             info = tx.session_row(session_id)
             tx.registry_change(info, "session.renamed")
+            return info
+
+        return await self._write(fn)
+
+    async def end_session(self, session_id: str, reason: str = END_REASON) -> SessionInfo:
+        check_end_reason(reason)
+
+        def fn(tx: SqliteTx) -> SessionInfo:
+            # Checked and written inside BEGIN IMMEDIATE: two enders cannot both succeed.
+            before = tx.session_row(session_id)
+            if before.end_reason is not None:
+                raise already_ended(before)
+            tx.conn.execute(
+                "UPDATE sessions SET end_reason = ?, updated_at = ? WHERE id = ?",
+                (reason, tx.now, session_id),
+            )
+            info = tx.session_row(session_id)
+            tx.registry_change(info, "session.ended")
             return info
 
         return await self._write(fn)
