@@ -134,9 +134,10 @@ async def test_a_peer_that_never_reads_is_held_to_its_outbox_bytes_then_evicted(
             # Outbox, plus one event waiting per subscription, plus a replay batch.
             assert peak_unsent <= config.outbox_bytes + 4 * 260 * KiB + config.replay_bytes
             assert rounds > 10, "evicted before its buffers could even fill"
-            # The other client never waited on the slow one.
-            assert statistics.median(times) < 0.05, times
-            assert max(times) < 0.5, times
+            # The other client never waited on the slow one: a ping queued behind it would
+            # take the slow peer's send_timeout (1 s). Not a speed bound (pings take ~1 ms,
+            # ~0.3 s at worst on a loaded 2-core machine), the line between the two cases.
+            assert max(times) < config.send_timeout, times
             # Once evicted, nothing is held for it any more.
             await eventually(lambda: conn not in h.hub.connections, 5)
             assert conn.unsent == 0
@@ -267,7 +268,9 @@ async def test_a_ping_flood_is_read_only_as_fast_as_it_is_answered(tmp_path: Pat
             assert peak_in_flight <= config.max_in_flight
             # The outbox, plus at most max_in_flight replies waiting for room.
             assert peak_unsent <= config.outbox_bytes + config.max_in_flight * 65 * KiB
-            assert statistics.median(times) < 0.05, times
+            # Before the in-flight bound another client's ping took 2.2 s (p50) during a flood;
+            # now ~1 ms (~0.1 s on a loaded machine). The bound sits between the two.
+            assert statistics.median(times) < 0.5, times
             # Evicted once for its unread replies, though several were waiting.
             assert sample(h.hub, "sessionhub_evictions_total") == 1
             _, code, _reason = await read_until_closed(flood)
