@@ -92,6 +92,8 @@ OP_LEVELS: dict[str, Level] = {
     "delete": "admin",
     "fork": "admin",
     "compact_and_split": "admin",
+    "export": "admin",  # every session (or those named): judged on "*"
+    "import": "admin",
 }
 
 
