@@ -116,6 +116,11 @@ def _fill_sqlite(path: Path, stream: str, session_id: str, events: int) -> None:
         conn.close()
 
 
+def _wal_mb(path: Path) -> float:
+    wal = Path(str(path) + "-wal")
+    return round(wal.stat().st_size / 2**20, 1) if wal.exists() else 0.0
+
+
 async def sqlite_retention(events: int, seconds: float) -> dict[str, Any]:
     from hub import SessionManager, SqliteStore, session_stream
 
@@ -128,6 +133,7 @@ async def sqlite_retention(events: int, seconds: float) -> dict[str, Any]:
         filled = time.perf_counter() - t0
         async with await SqliteStore.open(path) as store:
             out = await _measure(SessionManager(store), events, seconds)
+            out["wal_mb_after"] = _wal_mb(path)
     return {"store": "sqlite", "fill_s": round(filled, 1)} | out
 
 
@@ -198,6 +204,8 @@ def show(r: dict[str, Any]) -> None:
             f"  writer {label:>12}: {w['appends_per_s']:>7} appends/s  p50 {w['p50_ms']} ms  "
             f"p99 {w['p99_ms']} ms  max {w['max_ms']} ms  ({w['appends']} appends)"
         )
+    if "wal_mb_after" in r:
+        print(f"  the -wal file after the prune: {r['wal_mb_after']} MB")
     a, d = r["alone"], r["during_prune"]
     print(f"  p99 during the prune / alone: {d['p99_ms'] / a['p99_ms']:.2f}")
 
