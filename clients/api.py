@@ -8,9 +8,10 @@ request leaves ``parent_id`` out), ``None`` (a new root; sent as ``null``) or a 
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 import msgspec
@@ -19,9 +20,18 @@ from protocol import Compaction, ContextBlock, Event, Message, SearchResult, Ses
 from protocol.markers import LATEST as _LATEST
 from protocol.markers import ParentArg
 
+from .errors import ConnectionLost
 from .streaming import MessageStream
 
-__all__ = ["LATEST", "MessageInput", "RemoteSession", "RemoteSessions", "RemoteTool", "Requester"]
+__all__ = [
+    "IMPORT_CHUNK_BYTES",
+    "LATEST",
+    "MessageInput",
+    "RemoteSession",
+    "RemoteSessions",
+    "RemoteTool",
+    "Requester",
+]
 
 # The engine's marker: ``hub.LATEST is clients.LATEST``.
 LATEST = _LATEST
@@ -29,6 +39,26 @@ LATEST = _LATEST
 MessageInput = Message | Mapping[str, Any]
 
 _T = TypeVar("_T")
+
+#: Bytes of dump lines one ``import`` request carries (well under the hub's frame limit).
+IMPORT_CHUNK_BYTES = 256 << 10
+
+
+async def _aiter(lines: Iterable[_T] | AsyncIterable[_T]) -> AsyncIterator[_T]:
+    if isinstance(lines, AsyncIterable):
+        async for line in lines:
+            yield line
+    else:
+        for line in lines:
+            yield line
+
+
+def _dropped() -> Exception:
+    # The hub's import state went with the old socket: what it held was not written (a
+    # drop after the final chunk may have written it: replace=True imports it again).
+    return ConnectionLost(
+        "the connection dropped during the import: import again (replace=True if it may have been written)"
+    )
 
 
 class Requester(Protocol):
@@ -45,6 +75,8 @@ class Requester(Protocol):
         epoch: str | None = None,
         reload: bool = False,
     ) -> AsyncGenerator[Event, None]: ...
+
+    def streamed(self, op: str, **fields: Any) -> AsyncGenerator[list[str], None]: ...
 
 
 # -- conversions ---------------------------------------------------------------------------
@@ -129,6 +161,7 @@ class RemoteSessions:
 
     def __init__(self, client: Requester) -> None:
         self._client = client
+        self._importing = asyncio.Lock()
 
     async def _call(self, op: str, **fields: Any) -> Any:
         return await self._client.request(op, **fields)
@@ -249,6 +282,45 @@ class RemoteSessions:
     async def tools(self) -> builtins.list[RemoteTool]:
         """The manager's tools (``session_search``), run in the hub."""
         return _tools(self._client, None, await self._call("tools", session_id=None))
+
+    # -- export and import (admin on "*"; docs/operations.md) ------------------------------
+    async def export(self, session_ids: Sequence[str] | None = None) -> AsyncIterator[str]:
+        """The dump of ``session_ids`` (default: every session) line by line, without
+        newlines: what ``sessionhub export`` writes, streamed in batches."""
+        ids = builtins.list(session_ids) if session_ids is not None else None
+        async for batch in self._client.streamed("export", session_ids=ids):
+            for line in batch:
+                yield line
+
+    async def import_(
+        self, lines: Iterable[str | bytes] | AsyncIterable[str | bytes], replace: bool = False
+    ) -> dict[str, Any]:
+        """Import a dump (lines, with or without their newlines), sent in chunks of at most
+        :data:`IMPORT_CHUNK_BYTES`: ``{"sessions": [ids], "messages": n}``. Like
+        ``sessionhub import``: a session already stored is :class:`~protocol.errors.Conflict`
+        unless ``replace``; a bad line raises :class:`~protocol.errors.InvalidInput` naming
+        its number, and nothing is written."""
+        async with self._importing:  # one import at a time on a socket
+            reconnects = getattr(self._client, "reconnects", 0)
+            chunk: builtins.list[str] = []
+            size = 0
+            try:
+                async for raw in _aiter(lines):
+                    line = (raw.decode() if isinstance(raw, bytes) else raw).rstrip("\r\n")
+                    cost = len(line.encode()) + 3
+                    if chunk and size + cost > IMPORT_CHUNK_BYTES:
+                        await self._call("import", lines=chunk)
+                        chunk, size = [], 0
+                    chunk.append(line)
+                    size += cost
+                result = await self._call("import", lines=chunk, final=True, replace=replace)
+            except Exception:
+                if getattr(self._client, "reconnects", 0) != reconnects:
+                    raise _dropped() from None
+                raise
+            if getattr(self._client, "reconnects", 0) != reconnects:
+                raise _dropped()
+            return dict(result)
 
     # -- events --------------------------------------------------------------------------
     def registry_events(

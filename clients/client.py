@@ -40,6 +40,7 @@ from protocol.connection import (
     ClientConnection,
     ClientEffect,
     Delivered,
+    Dumped,
     Failed,
     Ignored,
     PresenceChanged,
@@ -167,6 +168,8 @@ class HubClient:
         self._socket: Socket | None = None
         self._connected = asyncio.Event()
         self._futures: dict[str | int, asyncio.Future[Any]] = {}
+        #: Streamed requests (``export``): their frames' lines, then _END after the reply.
+        self._batches: dict[str | int, asyncio.Queue[list[str] | _End]] = {}
         self._subscriptions: dict[StreamKey, _Subscription] = {}
         self._supervisor: asyncio.Task[None] | None = None
         self._closed = False
@@ -244,6 +247,28 @@ class HubClient:
                 raise ConnectionLost() from None
             return await future
         finally:
+            self._forget(rid, future)
+
+    async def streamed(self, op: str, **fields: Any) -> AsyncGenerator[list[str], None]:
+        """A request answered by batches of lines (``dump`` frames) before its reply: the
+        batches, as they come; the reply's error is raised at the end. The lines wait in
+        this client until they are read."""
+        socket = await self._ready()
+        rid, data = self._protocol.request(op, **fields)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        queue: asyncio.Queue[list[str] | _End] = asyncio.Queue()
+        self._futures[rid] = future
+        self._batches[rid] = queue
+        try:
+            try:
+                await socket.send(data, text=True)
+            except ConnectionClosed:
+                raise ConnectionLost() from None
+            while not isinstance(batch := await queue.get(), _End):
+                yield batch
+            await future
+        finally:
+            self._batches.pop(rid, None)
             self._forget(rid, future)
 
     async def renew(self, token: str) -> dict[str, Any]:
@@ -461,6 +486,8 @@ class HubClient:
         for future in futures.values():
             if not future.done():
                 future.set_exception(ConnectionLost(message))
+        for queue in self._batches.values():
+            queue.put_nowait(_END)
 
     async def _run(self, socket: Socket) -> None:
         try:
@@ -556,6 +583,11 @@ class HubClient:
             future = self._futures.get(effect.id)
             if future is not None and not future.done():
                 future.set_result(effect.result)
+            self._batches_end(effect.id)
+        elif isinstance(effect, Dumped):
+            batches = self._batches.get(effect.id)
+            if batches is not None:
+                batches.put_nowait(effect.lines)
         elif isinstance(effect, Failed):
             if effect.id is None:
                 log.warning("the hub could not read a frame: %s", effect.message)
@@ -566,6 +598,7 @@ class HubClient:
             future = self._futures.get(effect.id)
             if future is not None and not future.done():
                 future.set_exception(error_from(effect.code, effect.message, effect.detail))
+            self._batches_end(effect.id)
         elif isinstance(effect, SubscribeFailed):
             # The server ended the subscription (unknown session...): so does the client.
             subscription = self._subscriptions.get(effect.key)
@@ -595,6 +628,11 @@ class HubClient:
             pass  # the epoch is in the position already; the events follow
         elif isinstance(effect, Ignored):
             log.debug("ignored frame: %s", effect.reason)
+
+    def _batches_end(self, rid: str | int) -> None:
+        batches = self._batches.get(rid)
+        if batches is not None:
+            batches.put_nowait(_END)
 
     async def _write_summary(self, socket: Socket, frame: SummarizeFrame) -> None:
         """Answer the hub's ``summarize`` frame with this worker's summary (or its error)."""

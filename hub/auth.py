@@ -93,6 +93,8 @@ OP_LEVELS: dict[str, Level] = {
     "end": "admin",
     "fork": "admin",
     "compact_and_split": "admin",
+    "export": "admin",  # every session (or those named): judged on "*"
+    "import": "admin",
 }
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from .codec import FrameError, decode_frame, decode_request, encode
 from .frames import (
+    DumpFrame,
     ErrorFrame,
     EventFrame,
     PresenceFrame,
@@ -35,6 +36,7 @@ from .frames import (
 __all__ = [
     "ClientConnection",
     "Delivered",
+    "Dumped",
     "Failed",
     "Ignored",
     "PresenceChanged",
@@ -151,6 +153,14 @@ class Reset:
 
 
 @dataclass(frozen=True)
+class Dumped:
+    """Lines of the dump the ``export`` request ``id`` is waiting for (its reply follows)."""
+
+    id: str | int
+    lines: list[str]
+
+
+@dataclass(frozen=True)
 class Ignored:
     """A duplicate event (already delivered before a reconnect) or an unmatched reply."""
 
@@ -188,6 +198,7 @@ ClientEffect = (
     | SummaryWanted
     | Streamed
     | TurnGiven
+    | Dumped
     | Ignored
 )
 
@@ -335,6 +346,10 @@ class ClientConnection:
             return Streamed(frame)
         if isinstance(frame, TurnFrame):
             return TurnGiven(frame)
+        if isinstance(frame, DumpFrame):
+            if frame.id not in self.pending:
+                return Ignored("dump lines for an unknown request")
+            return Dumped(frame.id, frame.lines)
         return self._reset(frame)
 
     def _subscribed(self, key: StreamKey, result: Any) -> Subscribed:

@@ -21,6 +21,7 @@ from msgspec import UNSET, UnsetType
 __all__ = [
     "ERROR_CODES",
     "REQUEST_TYPES",
+    "DumpFrame",
     "ErrorFrame",
     "EventFrame",
     "PresenceFrame",
@@ -365,6 +366,27 @@ class TurnFailed(_Req, tag="turn_failed"):
     error: str
 
 
+# -- export and import (admin on ``*``; docs/protocol.md) -----------------------------------
+
+
+class Export(_Req, tag="export"):
+    """The dump of ``session_ids`` (default: every session), as ``dump`` frames of lines
+    (each well under the frame limit), then the reply ``{sessions, lines}``."""
+
+    session_ids: list[str] | None = None
+
+
+class Import(_Req, tag="import"):
+    """One chunk of a dump, in order: the hub checks each line as it comes and holds the
+    sessions read so far; ``final`` writes them (``replace``: over sessions already
+    stored) and replies ``{sessions, messages}``; a chunk before it replies ``{lines}``, the
+    lines read so far. A refusal (a bad line, too large) ends the import: nothing written."""
+
+    lines: list[str]
+    final: bool = False
+    replace: bool = False
+
+
 Request = (
     Create
     | Get
@@ -414,6 +436,8 @@ Request = (
     | StartTurn
     | GetTurn
     | TurnFailed
+    | Export
+    | Import
 )
 
 REQUEST_TYPES: dict[str, type[_Req]] = {str(t.__struct_config__.tag): t for t in Request.__args__}
@@ -528,6 +552,14 @@ class TurnFrame(_Frame, tag="turn"):
     regenerates: str | None = None
 
 
+class DumpFrame(_Frame, tag="dump"):
+    """Lines of the dump an ``export`` request (``id``) asked for, in order, before its
+    reply; a batch is bounded in bytes, well under the frame limit."""
+
+    id: str | int
+    lines: list[str]
+
+
 ServerFrame = (
     ReplyFrame
     | ErrorFrame
@@ -537,4 +569,5 @@ ServerFrame = (
     | SummarizeFrame
     | StreamFrame
     | TurnFrame
+    | DumpFrame
 )

@@ -142,12 +142,14 @@ def request_for(op: str, session_id: str) -> dict[str, Any]:
         "start_turn": {"session_id": session_id},
         "get_turn": {"session_id": session_id},
         "turn_failed": {"turn_id": "nothing-was-given", "error": "x"},
+        "export": {"session_ids": [session_id]},
+        "import": {"lines": ['{"sessionhub_dump": 1, "sessions": 0}'], "final": True},
     }
     return fields[op]
 
 
 RANK = {"read": 0, "write": 1, "admin": 2}
-GLOBAL_OPS = {"create", "list", "search"}  # not about one session: judged on "*"
+GLOBAL_OPS = {"create", "list", "search", "export", "import"}  # not about one session: judged on "*"
 
 
 def expected_allowed(op: str, scopes: dict[str, str], target: str) -> bool:

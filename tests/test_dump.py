@@ -10,12 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from clients import HubClient, HubError
 from hub import PostgresStore, SessionManager, SqliteStore, session_stream
+from hub.auth import issue_token
 from hub.dump import DumpError, export_lines, from_ui_messages, import_lines
+from hub.server import HubConfig, create_app, ops
+from hub.server.ops import DUMP_BATCH_BYTES
 from hub.store.base import Store, context_key
-from protocol import Conflict
+from protocol import Conflict, InvalidInput, SessionNotFound
 
-from .hubtest import text
+from .hubtest import served, text
 from .test_cli import one_line, run
 
 
@@ -234,3 +238,119 @@ async def test_import_from_an_openai_agents_sqlite_session(tmp_path: Path) -> No
         run, "import", str(not_agents), "--from", "openai-agents", "--db", str(tmp_path / "h.db")
     )
     assert refused.returncode == 2 and "not an OpenAI Agents SQLiteSession database" in one_line(refused)
+
+
+# -- over the socket (admin tokens; hub/server/ops.py) -----------------------------------------
+
+SECRET = "a-test-secret-that-is-long-enough-for-hs256"
+
+
+async def test_export_and_import_over_the_socket(store: Store, tmp_path: Path) -> None:
+    await rich_session(store)
+    expected = await export_all(store)
+    async with served(manager=SessionManager(store)) as h, HubClient(h.ws_url, open_timeout=5) as client:
+        assert [line async for line in client.sessions.export()] == expected
+        one = json.loads(expected[1])["session"]["id"]
+        assert [line async for line in client.sessions.export([one])] == [
+            line async for line in export_lines(store, [one])
+        ]
+        with pytest.raises(SessionNotFound):
+            [line async for line in client.sessions.export(["nobody"])]
+    async with await SqliteStore.open(tmp_path / "empty.db") as empty:
+        async with served(manager=SessionManager(empty)) as h, HubClient(h.ws_url, open_timeout=5) as client:
+            result = await client.sessions.import_(line + "\n" for line in expected)
+            assert len(result["sessions"]) == 2 and result["messages"] > 0
+            assert [line async for line in client.sessions.export()] == expected
+            # Like the CLI: over existing sessions only with replace.
+            with pytest.raises(Conflict):
+                await client.sessions.import_(expected)
+            assert (await client.sessions.import_(expected, replace=True))["sessions"] == result["sessions"]
+        assert await export_all(empty) == expected
+
+
+async def test_export_and_import_need_admin_on_every_session(store: Store) -> None:
+    await rich_session(store)
+    lines = await export_all(store)
+    app = create_app(manager=SessionManager(store), config=HubConfig(auth_secret=SECRET))
+    async with served(app=app) as h:
+        for scopes in ({"*": "write"}, {json.loads(lines[1])["session"]["id"]: "admin"}):
+            token = issue_token(SECRET, scopes)
+            async with HubClient(h.ws_url, token=token, open_timeout=5) as client:
+                with pytest.raises(HubError) as refused:
+                    [line async for line in client.sessions.export()]
+                assert refused.value.code == "forbidden"
+                with pytest.raises(HubError) as refused:
+                    await client.sessions.import_(lines, replace=True)
+                assert refused.value.code == "forbidden"
+        async with HubClient(h.ws_url, token=issue_token(SECRET, {"*": "admin"}), open_timeout=5) as client:
+            assert [line async for line in client.sessions.export()] == lines
+
+
+async def big_store(path: Path) -> SqliteStore:
+    """About 3 MB of dump: many ``dump`` frames and ``import`` chunks."""
+    store = await SqliteStore.open(path)
+    manager = SessionManager(store)
+    for s in range(3):
+        sid = (await manager.create(f"big {s}")).id
+        for batch in range(10):
+            await manager.append_all(
+                sid, [text(f"m{batch}-{i}", f"{s} {i} " + "x" * 3500) for i in range(32)]
+            )
+    return store
+
+
+async def test_a_dump_larger_than_one_frame_goes_through_in_many(tmp_path: Path) -> None:
+    async with await big_store(tmp_path / "big.db") as store:
+        expected = await export_all(store)
+        async with served(manager=SessionManager(store)) as h:
+            async with h.client() as raw:  # the frames themselves
+                rid = await raw.send("export")
+                reply = await raw.answer(rid)
+            frames = [fr for fr in raw.received if fr["frame"] == "dump"]
+            assert reply["result"] == {"sessions": 3, "lines": len(expected)}
+            assert len(frames) >= 10 and all(fr["id"] == rid for fr in frames)
+            assert [line for fr in frames for line in fr["lines"]] == expected
+            assert all(len(json.dumps(fr)) < DUMP_BATCH_BYTES + 4096 for fr in frames)
+        # Three times the frame limit: one frame could not hold it; the client sends chunks.
+        assert sum(len(line) for line in expected) > 3 * HubConfig().max_frame_bytes
+        async with (
+            await SqliteStore.open(tmp_path / "copy.db") as copy,
+            served(manager=SessionManager(copy)) as h,
+            HubClient(h.ws_url, open_timeout=5) as client,
+        ):
+            assert (await client.sessions.import_(expected))["messages"] == 3 * 320
+            assert [line async for line in client.sessions.export()] == expected
+
+
+async def test_a_bad_line_over_the_socket_names_it_and_writes_nothing(tmp_path: Path) -> None:
+    async with await big_store(tmp_path / "big.db") as store:
+        lines = await export_all(store)
+    # A line well past the first chunk (the sessions before it are complete, still unwritten).
+    bad = len(lines) - 5
+    broken = [*lines[: bad - 1], '{"type": "message", "nonsense": 1', *lines[bad:]]
+    async with (
+        await SqliteStore.open(tmp_path / "copy.db") as copy,
+        served(manager=SessionManager(copy)) as h,
+        HubClient(h.ws_url, open_timeout=5) as client,
+    ):
+        with pytest.raises(InvalidInput, match=f"line {bad}: not JSON"):
+            await client.sessions.import_(broken)
+        assert await copy.list_sessions() == []
+        # The connection goes on: a good import after it starts afresh.
+        assert len((await client.sessions.import_(lines))["sessions"]) == 3
+
+
+async def test_an_import_past_the_per_connection_bound_is_too_large(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await rich_session(store)
+    lines = await export_all(store)
+    monkeypatch.setattr(ops, "IMPORT_MAX_BYTES", sum(len(line) for line in lines) // 2)
+    async with (
+        await SqliteStore.open(":memory:") as empty,
+        served(manager=SessionManager(empty)) as h,
+        h.client() as raw,
+    ):
+        refused = await raw.request("import", lines=lines, final=True)
+        assert refused["code"] == "too_large" and "nothing was written" in refused["message"]
+        assert await empty.list_sessions() == []

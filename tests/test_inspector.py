@@ -20,7 +20,7 @@ import pytest_asyncio
 from playwright.async_api import Browser, Page, async_playwright, expect
 
 from clients import HubClient, HubError
-from hub import SessionManager, SqliteStore
+from hub import SessionManager, SqliteStore, session_stream
 from hub.auth import issue_token
 from hub.compaction import CompactResult
 from hub.server import HubConfig
@@ -288,6 +288,36 @@ async def test_a_dropped_connection_recovers_and_catches_up(
             # No event was applied twice.
             seqs = await page.locator("#log li").evaluate_all("els => els.map(e => Number(e.dataset.seq))")
             assert seqs == sorted(set(seqs))
+
+
+async def test_a_pruned_log_says_so_and_shows_every_message(scene: Scene) -> None:
+    h, page, hub = scene.served, scene.page, scene.hub
+    info = await hub.sessions.create("pruned")
+    s = hub.session(info.id)
+    await s.append_message(text("root", "the question"), None)
+    for i in range(6):
+        await s.append_message(text(f"a{i}", f"answer {i}", "assistant"))
+    await s.append_message(text("b1", "another branch", "assistant"), "a2")
+    await s.append_message(text("b2", "and its tip"), "b1")
+    await hub.sessions.add_compaction(info.id, "summary of the start", "root", "a1")
+    await h.hub.manager.prune_events(keep_per_session=2)
+    first = (await h.hub.manager.store.stream_position(session_stream(info.id))).first_seq
+    assert first > 2  # the appends' events are gone: only the log's end is left
+    await page.goto(h.url + "/")
+    await open_session(page, "pruned")
+    await expect(page.locator("#session-status")).to_have_text(
+        f"Events before seq {first} were pruned (retention); the messages are all here."
+    )
+    # Every branch and the overlay, rebuilt from the messages (the log no longer has them).
+    await expect(page.locator("#leaves li")).to_have_count(2)
+    await expect(page.locator("section.overlay")).to_contain_text("summary of the start")
+    await page.locator('#leaves li[data-id="a5"]').click()
+    assert await message_ids(page) == ["a2", "a3", "a4", "a5"]
+    await page.locator('#leaves li[data-id="b2"]').click()
+    assert await message_ids(page) == ["a2", "b1", "b2"]
+    # Live again from the log's end.
+    await s.append_message(text("b3", "written after the prune"), "b2")
+    await expect(page.locator('article[data-id="b3"]')).to_be_visible()
 
 
 async def test_a_search_hit_navigates_to_its_message(scene: Scene) -> None:

@@ -339,6 +339,18 @@ async def _endings(c: Client, store: SqliteStore) -> None:
     ended = await c.call("end", session_id=successor["id"], reason="the user is done")
     assert ended["end_reason"] == "the user is done" and ended == builtins(await twin.get(successor["id"]))
     await same_error(c, lambda: twin.end(successor["id"]), "end", session_id=successor["id"])
+    # Export and import (tests/test_dump.py has the rest): the dump comes in dump frames
+    # before the reply; importing it back over itself is refused without replace.
+    rid = await c.send("export", session_ids=[successor["id"]])
+    reply = await c.answer(rid)
+    lines = [line for fr in c.received if fr["frame"] == "dump" and fr["id"] == rid for line in fr["lines"]]
+    assert reply["result"] == {"sessions": 1, "lines": len(lines)} and len(lines) >= 3
+    refused = await c.request("import", lines=lines, final=True)
+    assert (refused["frame"], refused["code"]) == ("error", "conflict")
+    assert await c.call("import", lines=lines, final=True, replace=True) == {
+        "sessions": [successor["id"]],
+        "messages": await twin.get_message_count(successor["id"]),
+    }
     assert await c.call("delete", session_id=sid) is None
     assert await twin.get(sid) is None
     assert await c.call("get", session_id=sid) is None

@@ -89,6 +89,7 @@ class Connection:
         "closing_output",
         "connection_id",
         "drainer",
+        "dump_import",
         "expiry",
         "grant",
         "hub",
@@ -138,6 +139,8 @@ class Connection:
         self.room: asyncio.Future[None] | None = None
         #: Sends the close frame (or cuts the peer off); the app must not end before it.
         self.closer: asyncio.Task[None] | None = None
+        #: An ``import`` in progress on this socket (hub/server/ops.py), gone with it.
+        self.dump_import: Any = None
 
     def entry(self) -> dict[str, Any]:
         return {"connection_id": self.connection_id, "name": self.name, "role": self.role}

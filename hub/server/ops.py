@@ -12,7 +12,10 @@ frames came. Three kinds of entry:
   ``take_turns`` and ``turn_failed`` (:mod:`.turns`);
 - connection ops that change the connection's state at once, so that the frames read
   after them see it: ``subscribe``, ``unsubscribe`` (:mod:`.subscriptions`), ``auth``
-  (:mod:`.access`), ``summary``.
+  (:mod:`.access`), ``summary``, and each ``import`` chunk (checked in the order read).
+
+``export`` streams ``dump`` frames through the connection's outbox (a slow reader holds
+the export back, as it does any reply) before its reply.
 
 Adding an op: docs/architecture.md, "Where to add an op".
 """
@@ -24,10 +27,15 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+import msgspec
+
 from protocol import Forbidden, SessionHubError
 from protocol import frames as f
 
+from .. import dump
+from ..manager import SessionManager
 from ..session import Session
+from ..store.base import SessionDump, Store
 from ..tools import Tool, dispatch
 from .access import allowed, auth
 from .connection import Connection
@@ -36,7 +44,7 @@ from .subscriptions import subscribe, unsubscribe
 from .turns import Turns
 from .wire import error_frame, parent_arg, wire
 
-__all__ = ["Op", "engine", "local", "operations", "receive"]
+__all__ = ["DUMP_BATCH_BYTES", "IMPORT_MAX_BYTES", "Op", "engine", "local", "operations", "receive"]
 
 log = logging.getLogger("sessionhub.server")
 
@@ -173,6 +181,117 @@ def summary(connection: Connection, request: f.Summary) -> None:
         connection.spawn(connection.send(f.ErrorFrame(id=request.id, code="not_found", message=message)))
 
 
+# -- export and import (admin on ``*``) -----------------------------------------------------
+
+#: Bytes of dump lines in one ``dump`` frame (at most, and at most a quarter of the frame
+#: limit): a line longer than that goes alone.
+DUMP_BATCH_BYTES = 256 << 10
+#: Bytes of dump lines one connection may hold for an import in progress; past it the
+#: import is refused ``too_large`` (a bigger dump goes through ``sessionhub import``).
+IMPORT_MAX_BYTES = 64 << 20
+
+
+async def export(connection: Connection, request: f.Export, store: Store) -> None:
+    started = time.perf_counter()
+    budget = min(DUMP_BATCH_BYTES, connection.hub.config.max_frame_bytes // 4)
+    batch: list[str] = []
+    size = lines = 0
+    sessions = 0
+    try:
+        async for line in dump.export_lines(store, request.session_ids):
+            cost = len(line.encode()) + 3  # quotes and a comma
+            if batch and size + cost > budget:
+                # send() waits for room in the outbox: a slow reader slows the export down.
+                await connection.send(f.DumpFrame(id=request.id, lines=batch))
+                batch, size = [], 0
+            batch.append(line)
+            size += cost
+            lines += 1
+            if lines == 1:  # the header: {"sessionhub_dump": 1, "sessions": N}
+                sessions = msgspec.json.decode(line)["sessions"]
+        if batch:
+            await connection.send(f.DumpFrame(id=request.id, lines=batch))
+        frame: Any = f.ReplyFrame(id=request.id, result={"sessions": sessions, "lines": lines})
+    except SessionHubError as exc:
+        frame = error_frame(request.id, exc)
+    except Exception:
+        log.exception("op export failed")
+        frame = f.ErrorFrame(id=request.id, code="internal", message="internal error; the export stopped")
+    finally:
+        connection.hub.metrics.op_seconds.labels("export").observe(time.perf_counter() - started)
+    await connection.send(frame)
+
+
+class _Import:
+    """An import in progress on one connection: the sessions read so far, checked."""
+
+    def __init__(self) -> None:
+        self.reader = dump._Reader()
+        self.dumps: list[SessionDump] = []
+        self.bytes = 0
+        self.writing = False
+
+
+def import_chunk(connection: Connection, request: f.Import, manager: SessionManager) -> None:
+    """One chunk, read in the reader so that chunks are checked in the order they came."""
+
+    def refuse(frame: f.ErrorFrame) -> None:
+        connection.dump_import = None  # a refusal ends the import: nothing was written
+        connection.spawn(connection.send(frame))
+
+    state = connection.dump_import
+    if isinstance(state, _Import) and state.writing:
+        message = "an import is being written on this connection; wait for its reply"
+        connection.spawn(connection.send(f.ErrorFrame(id=request.id, code="conflict", message=message)))
+        return
+    if not isinstance(state, _Import):
+        state = connection.dump_import = _Import()
+    state.bytes += sum(len(line.encode()) for line in request.lines)
+    if state.bytes > IMPORT_MAX_BYTES:
+        message = (
+            f"the import holds over {IMPORT_MAX_BYTES} bytes of lines; nothing was written "
+            "(import a dump this large with sessionhub import)"
+        )
+        refuse(f.ErrorFrame(id=request.id, code="too_large", message=message))
+        return
+    try:
+        for line in request.lines:
+            done = state.reader.feed(line)
+            if done is not None:
+                state.dumps.append(done)
+        if request.final:
+            state.reader.finish()
+    except dump.DumpError as exc:
+        refuse(error_frame(request.id, exc))
+        return
+    if not request.final:
+        connection.spawn(connection.send(f.ReplyFrame(id=request.id, result={"lines": state.reader.n})))
+        return
+    state.writing = True
+    connection.spawn(_write_import(connection, request, manager, state))
+
+
+async def _write_import(
+    connection: Connection, request: f.Import, manager: SessionManager, state: _Import
+) -> None:
+    started = time.perf_counter()
+    try:
+        done = await dump.import_dumps(manager.store, state.dumps, replace=request.replace)
+        for sid in done.sessions:  # a replaced session's cached context is stale
+            manager._sessions.pop(sid, None)
+        frame: Any = f.ReplyFrame(id=request.id, result=msgspec.to_builtins(done))
+    except SessionHubError as exc:
+        frame = error_frame(request.id, exc)
+    except Exception:
+        log.exception("op import failed")
+        frame = f.ErrorFrame(id=request.id, code="internal", message="internal error; the import stopped")
+    finally:
+        if connection.dump_import is state:
+            connection.dump_import = None
+        connection.hub.metrics.op_seconds.labels("import").observe(time.perf_counter() - started)
+    await connection.send(frame)
+
+
 # -- the table -------------------------------------------------------------------------------
 
 
@@ -259,6 +378,8 @@ def operations(hub: Sessions, turns: Turns) -> dict[str, Op]:
         "stream_end": local(stream_end),
         "take_turns": local(take_turns),
         "turn_failed": local(turn_failed),
+        "export": lambda c, r: c.spawn(export(c, r, m.store)),
+        "import": lambda c, r: import_chunk(c, r, m),
     }
     missing = set(f.REQUEST_TYPES) - set(ops)
     assert not missing, f"ops without a handler: {missing}"

@@ -362,19 +362,51 @@ export function openSession(id, focusMessage = null) {
   hooks.render();
 }
 
-/** The log cannot serve the position (pruned): rebuild from the hub's snapshot of the latest branch. */
+/**
+ * The log cannot serve the position (its start was pruned by retention, or the log restarted):
+ * rebuild the tree from the hub's messages, which are never pruned. The latest branch comes
+ * with overlays collapsed, so the walk starts from the raw root (the first overlay's first
+ * message when the branch starts with a summary) and asks each message's children level by
+ * level (get_branches): every branch under that root, with the overlays drawn as the log
+ * would have.
+ */
 async function snapshot(model, frame) {
   model.reset();
   model.readySeq = frame.last_seq;
   model.lastSeq = frame.last_seq;
-  model.note = "The event log was pruned: showing the latest branch as the hub returns it (overlays applied); other branches are not known.";
+  const pruned = frame.first_seq > 1;
+  model.note = pruned ? `Events before seq ${frame.first_seq} were pruned (retention); loading the messages…` : "The event log restarted: reloading the messages…";
+  hooks.render();
+  const sessionId = model.id;
+  const ask = (op, fields = {}) => state.client.request(op, { session_id: sessionId, ...fields });
   try {
-    const history = await state.client.request("get_history", { session_id: model.id });
-    let parent = null;
-    for (const m of history) {
-      model.add(m, parent);
-      parent = m.id;
+    const [history, compactions] = await Promise.all([ask("get_history"), ask("get_compactions")]);
+    if (state.current !== model) return;
+    model.compactions = compactions;
+    let root = history[0] ?? null;
+    if (root && compactions.some((c) => `compaction_${c.id}` === root.id)) {
+      const first = compactions.find((c) => `compaction_${c.id}` === root.id);
+      root = await ask("get_message", { message_id: first.from_message_id });
     }
+    if (root) model.add(root, null);
+    let level = root ? [root.id] : [];
+    while (level.length) {
+      const children = await Promise.all(level.map((id) => ask("get_branches", { message_id: id })));
+      if (state.current !== model) return;
+      const next = [];
+      level.forEach((parent, i) => {
+        for (const child of children[i]) {
+          if (model.nodes.has(child.id)) continue;
+          model.add(child, parent);
+          next.push(child.id);
+        }
+      });
+      level = next;
+    }
+    model.structureVersion++;
+    model.note = pruned
+      ? `Events before seq ${frame.first_seq} were pruned (retention); the messages are all here.`
+      : "The event log restarted: the messages are reloaded from the hub.";
   } catch (err) {
     model.note = `Cannot reload the session: ${err.message}`;
   }
