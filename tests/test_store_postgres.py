@@ -282,7 +282,8 @@ async def test_migration_3_keeps_a_version_2_database_reading_the_same(
     assert [r[0] for r in rows] == list(range(1, len(MIGRATIONS) + 1))
     assert (
         await raw.fetchval(
-            "SELECT count(*) FROM information_schema.columns WHERE table_schema = $1 AND column_name = 'body'",
+            "SELECT count(*) FROM information_schema.columns "
+            "WHERE table_schema = $1 AND column_name = 'body'",
             pg_schema,
         )
         == 0
