@@ -514,3 +514,21 @@ async def test_a_poisoned_usage_row_reads_back_sanitized(pg: PostgresStore, raw:
     with pytest.raises(InvalidInput, match="nothing was added"):
         await manager.add_usage(a.id, 0, 0, 1e308)
     assert (await manager.add_usage(b.id, 1, 1, 0.5)).estimated_cost == 0.5
+
+
+async def test_footprint_per_message_is_bounded(pg: PostgresStore, raw: asyncpg.Connection) -> None:
+    """1,000 messages of ~120 characters, one event each: the messages and events tables
+    with their indexes and TOAST, against the messages' JSON. 8.5x here (the tables' first
+    pages weigh more at 1,000 messages: 6.2x at 3,000, bench/bench_footprint.py); migration
+    3 took ~360 B a message off (the indexed copy of the text, events copying their
+    message), ~1.9x of this JSON, so the old layout is over the bound."""
+    json_bytes = 0
+    for i in range(1000):
+        text = " ".join(f"w{(i * 7 + k) % 613:03d}x" for k in range(20))[:120]
+        m = {"id": f"msg-{i:06d}", "role": "user", "parts": [{"type": "text", "text": text}]}
+        json_bytes += len(msgspec.json.encode(m))
+        await pg.append_messages("fp-session-0000-0000-000000000000", [Message.from_dict(m)])
+    await raw.execute("VACUUM messages, events")
+    size = await raw.fetchval("SELECT pg_total_relation_size('messages') + pg_total_relation_size('events')")
+    ratio = size / json_bytes
+    assert ratio < 9.5, ratio
