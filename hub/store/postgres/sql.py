@@ -327,6 +327,8 @@ async def append_one(
 async def insert_messages(
     tx: PostgresTx, session_id: str, messages: Sequence[Message], parent: ParentArg
 ) -> AppendResult:
+    if len(messages) == 1:  # one statement (the doorbell then goes with COMMIT)
+        return await append_one(tx, session_id, messages[0], parent, managed=False, notify=False)
     conn = tx.conn
     parent_pk: int | None
     parent_id: str | None
@@ -345,21 +347,15 @@ async def insert_messages(
     stream = session_stream(session_id)
     # Which ids are stored already (first content wins; they still continue the chain),
     # and pks for the rest: taken from the identity's sequence, so they are newer than
-    # every row of the session (its writers are serialized by the session lock). One
-    # message skips the array round trips.
-    known: dict[str, int]
-    if len(messages) == 1:
-        pk = await pk_of(conn, session_id, messages[0].id)
-        known = {} if pk is None else {messages[0].id: pk}
-    else:
-        known = {
-            r[0]: int(r[1])
-            for r in await conn.fetch(
-                "SELECT id, pk FROM messages WHERE session_id = $1 AND id = ANY($2::text[])",
-                session_id,
-                [m.id for m in messages],
-            )
-        }
+    # every row of the session (its writers are serialized by the session lock).
+    known: dict[str, int] = {
+        r[0]: int(r[1])
+        for r in await conn.fetch(
+            "SELECT id, pk FROM messages WHERE session_id = $1 AND id = ANY($2::text[])",
+            session_id,
+            [m.id for m in messages],
+        )
+    }
     fresh = len({m.id for m in messages} - known.keys())
     if not fresh:
         return AppendResult(inserted=[], last_id=messages[-1].id, last_seq=0)
