@@ -56,6 +56,9 @@ if TYPE_CHECKING:
     from hub import Store
 
 HERE = Path(__file__).resolve().parent
+# This checkout's code, not whatever `hub` the venv has installed (an editable install of
+# another checkout would otherwise be measured).
+sys.path.insert(0, str(HERE.parent))
 PEER_VENV = HERE / ".venv-peer"
 PEER_PYTHON = PEER_VENV / "bin" / "python"
 PEER_SETUP = (

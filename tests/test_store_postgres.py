@@ -10,6 +10,7 @@ import asyncio
 import sys
 import time
 from collections.abc import AsyncIterator
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -223,6 +224,100 @@ async def test_a_role_that_may_not_create_runs_on_the_shipped_schema(pg_dsn: str
         await conn.close()
 
 
+# The messages and events tables as migration 2 left them: the indexed copy of the text in
+# messages.body, every message.appended event a full copy of its message.
+VERSION_2 = """
+ALTER TABLE messages ADD COLUMN body text;
+ALTER TABLE messages DROP COLUMN event_seq;
+ALTER TABLE events DROP COLUMN ref;
+DELETE FROM schema_migrations WHERE version > 2;
+"""
+
+
+async def test_migration_3_keeps_a_version_2_database_reading_the_same(
+    pg_dsn: str, pg_schema: str, raw: asyncpg.Connection
+) -> None:
+    async with raw.transaction():
+        await raw.execute(SCHEMA_SQL)
+        await raw.execute(VERSION_2)
+        now = "2026-01-01T00:00:00Z"
+        await raw.execute(
+            f"INSERT INTO sessions (id, name, created_at, updated_at) VALUES ('old', 'old', '{now}', '{now}')"
+        )
+        await raw.execute("INSERT INTO streams VALUES ('s:old', 'e1', 1, 2)")
+        parent: int | None = None
+        for i, text in enumerate(["alpha beta gamma", "delta epsilon"]):
+            content = msgspec.json.encode(T(f"m{i}", "user", text)).decode()
+            parent = await raw.fetchval(
+                "INSERT INTO messages (session_id, id, parent_pk, role, content, body, tsv, created_at) "
+                "VALUES ('old', $1, $2, 'user', $3, $4, to_tsvector('sessionhub', $5), $6) RETURNING pk",
+                f"m{i}",
+                parent,
+                content,
+                text,
+                fts_text(text),
+                datetime.fromisoformat(now),
+            )
+            parent_id = "null" if i == 0 else '"m0"'
+            await raw.execute(
+                "INSERT INTO events VALUES ('s:old', $1, 'old', 'message.appended', $2, $3)",
+                i + 1,
+                f'{{"message":{content},"parent_id":{parent_id}}}',
+                datetime.fromisoformat(now),
+            )
+    async with await open_store(pg_dsn, pg_schema) as store:
+        assert [m.text() for m in await store.get_history("old")] == ["alpha beta gamma", "delta epsilon"]
+        hits = await store.search_messages("epsilon", session_id="old")
+        assert [(h.id, h.content) for h in hits] == [("m1", "delta epsilon")]
+        events = await store.read_events("s:old")
+        assert [e.data["message"]["id"] for e in events] == ["m0", "m1"]
+        assert events[1].data["parent_id"] == "m0"
+        await store.update_message("old", msg("m1", "zeta only"))
+        assert await store.search_messages("epsilon", session_id="old") == []
+        assert [h.id for h in await store.search_messages("zeta", session_id="old")] == ["m1"]
+        assert (await store.read_events("s:old"))[1].data["message"]["parts"][0]["text"] == "delta epsilon"
+        await store.append_messages("old", [msg("m2", "new words")])
+        assert (await store.read_events("s:old", 3))[0].data["parent_id"] == "m1"
+    rows = await raw.fetch("SELECT version FROM schema_migrations ORDER BY version")
+    assert [r[0] for r in rows] == list(range(1, len(MIGRATIONS) + 1))
+    assert (
+        await raw.fetchval(
+            "SELECT count(*) FROM information_schema.columns "
+            "WHERE table_schema = $1 AND column_name = 'body'",
+            pg_schema,
+        )
+        == 0
+    )
+
+
+async def test_appended_events_keep_the_body_they_were_appended_with(
+    pg: PostgresStore, raw: asyncpg.Connection
+) -> None:
+    await pg.append_messages("s", [msg("a", "first words"), msg("b", "second words"), msg("c", "third")])
+    await pg.append_messages("s", [msg("d", "fourth")])
+    await Session(pg, session_id="s").append_message(T("e", "user", "fifth words"))
+    before = [e.data for e in await pg.read_events("s:s")]
+    assert [d["message"]["id"] for d in before] == ["a", "b", "c", "d", "e"]
+    assert [d["parent_id"] for d in before] == [None, "a", "b", "c", "d"]
+    # The log refers to the rows: no copy of the message in the event.
+    refs = await raw.fetch("SELECT data FROM events WHERE stream = 's:s' AND ref IS NOT NULL ORDER BY seq")
+    assert [r[0] for r in refs] == ["null", '"a"', '"b"', '"c"', '"d"']
+    await pg.update_message("s", msg("a", "rewritten"))
+    await pg.delete_messages("s", ["b"])
+    after = [e.data for e in await pg.read_events("s:s")]
+    assert after[:5] == before
+    assert [h.id for h in await pg.search_messages("words", session_id="s")] == ["e"]
+    await pg.clear_messages("s")
+    assert [e.data for e in await pg.read_events("s:s")][:5] == before
+    assert await raw.fetchval("SELECT count(*) FROM events WHERE ref IS NOT NULL") == 0
+    # An append that finds its id stored writes nothing, not even a seq.
+    await pg.append_messages("s", [msg("x", "one")])
+    position = await pg.stream_position("s:s")
+    await pg.append_messages("s", [msg("x", "two")])
+    await pg.append_messages("s", [msg("x", "three"), msg("x", "four")])
+    assert await pg.stream_position("s:s") == position
+
+
 # -- full text ------------------------------------------------------------------------------
 
 HOSTILE = [
@@ -419,3 +514,21 @@ async def test_a_poisoned_usage_row_reads_back_sanitized(pg: PostgresStore, raw:
     with pytest.raises(InvalidInput, match="nothing was added"):
         await manager.add_usage(a.id, 0, 0, 1e308)
     assert (await manager.add_usage(b.id, 1, 1, 0.5)).estimated_cost == 0.5
+
+
+async def test_footprint_per_message_is_bounded(pg: PostgresStore, raw: asyncpg.Connection) -> None:
+    """1,000 messages of ~120 characters, one event each: the messages and events tables
+    with their indexes and TOAST, against the messages' JSON. 8.5x here (the tables' first
+    pages weigh more at 1,000 messages: 6.2x at 3,000, bench/bench_footprint.py); migration
+    3 took ~360 B a message off (the indexed copy of the text, events copying their
+    message), ~1.9x of this JSON, so the old layout is over the bound."""
+    json_bytes = 0
+    for i in range(1000):
+        text = " ".join(f"w{(i * 7 + k) % 613:03d}x" for k in range(20))[:120]
+        m = {"id": f"msg-{i:06d}", "role": "user", "parts": [{"type": "text", "text": text}]}
+        json_bytes += len(msgspec.json.encode(m))
+        await pg.append_messages("fp-session-0000-0000-000000000000", [Message.from_dict(m)])
+    await raw.execute("VACUUM messages, events")
+    size = await raw.fetchval("SELECT pg_total_relation_size('messages') + pg_total_relation_size('events')")
+    ratio = size / json_bytes
+    assert ratio < 9.5, ratio

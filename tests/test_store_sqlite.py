@@ -531,3 +531,48 @@ async def test_footprint_per_message_is_bounded(tmp_path: Path) -> None:
     ratio = path.stat().st_size / json_bytes
     # 4.25 here (1,000 messages: the fixed pages of the empty tables weigh more); 6.2 before.
     assert ratio < 4.5, ratio
+
+
+@pytest.mark.sqlite_only
+async def test_a_session_search_runs_inline_and_answers_as_the_reader_does(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session's search on a small index skips the reader's thread (the hop is most of a
+    rare word's time); on a big index, or while a write holds the writer's connection, it
+    goes to the thread. Every way gives the same hits."""
+    await store.append_messages(
+        "a", [_m(f"a{i}", f"shared words {i} {'rare' * (i % 5 == 0)}") for i in range(40)]
+    )
+    await store.append_messages("b", [_m(f"b{i}", f"shared words {i}") for i in range(40)])
+    trips = 0
+    real_call = store._reader.call
+
+    async def counted(fn: object, *args: object) -> object:
+        nonlocal trips
+        trips += 1
+        return await real_call(fn, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store._reader, "call", counted)
+    queries = [("shared words", "phrase"), ("rare", "words"), ("words 7", "phrase"), ("nothing", "phrase")]
+
+    async def answers() -> list[list[tuple[str, str]]]:
+        out = []
+        for q, match in queries:
+            hits = await store.search_messages(q, session_id="a", match=match)  # type: ignore[arg-type]
+            out.append([(h.id, h.content) for h in hits])
+        return out
+
+    inline = await answers()
+    assert trips == 0
+    assert inline[1] == [(f"a{i}", f"shared words {i} rare") for i in range(0, 40, 5)][: len(inline[1])]
+    assert inline[3] == []
+    monkeypatch.setattr(sqlite_store.sql, "INLINE_SEARCH_ROWS", 50)  # 80 rows: too big
+    assert await answers() == inline
+    assert trips == len(queries)
+    monkeypatch.setattr(sqlite_store.sql, "INLINE_SEARCH_ROWS", 20_000)
+    async with store._write_lock:  # a write in flight owns the writer's connection
+        assert await answers() == inline
+    assert trips == 2 * len(queries)
+    # The whole-hub search always goes to the thread.
+    await store.search_messages("rare", session_id=None)
+    assert trips == 2 * len(queries) + 1

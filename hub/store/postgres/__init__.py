@@ -19,8 +19,11 @@ Design (docs/postgres.md):
   SqliteStore does.
 - Messages are keyed ``(session_id, id)``; ``pk`` (an identity) is insertion order and
   ``parent_pk`` the parent's pk, with the same invariants as SqliteStore's rowids.
-- Full text: ``tsvector`` generated columns with GIN indexes, under the ``sessionhub`` text
-  search configuration (Porter stemming, no stop words).
+- Full text: ``tsvector`` columns computed at insert (from :func:`~hub.fts.fts_text`'s
+  words) with GIN indexes, under the ``sessionhub`` text search configuration (Porter
+  stemming, no stop words); a hit's text is read from the stored message, no copy kept.
+- A ``message.appended`` event refers to its message (``events.ref``) until the message
+  changes or goes, when it gets its body back (docs/postgres.md, "Storage").
 
 The package, by concern: :mod:`.schema` (the shipped ``postgres_schema.sql`` and the
 migrations), :mod:`.sql` (the statements and the functions running them), :mod:`.tx` (the

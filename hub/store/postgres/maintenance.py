@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from protocol import Conflict, SessionInfo
 
 from ..base import PROMPT_LABEL, DumpedMessage, SessionDump, context_key
-from ..policy import context_owners, owned_context
+from ..policy import context_owners, owned_context, session_stream
 from ..prune import PruneArgs, batch_end
 from ..rows import SESSION_COLS, decode_message, session_info, ts
 from . import sql
@@ -139,7 +139,7 @@ async def import_session(tx: PostgresTx, dump: SessionDump, replace: bool) -> Se
     if exists and not replace:
         raise Conflict(f"session {sid!r} already exists (import with replace to overwrite it)")
     if exists:
-        await conn.execute(sql.CLEAR, sid)
+        await conn.execute(sql.CLEAR, sid, session_stream(sid))
         keys = [context_key(label, sid) for label, _ in await _context_rows(conn, sid)]
         await conn.execute("DELETE FROM context_blocks WHERE key = ANY($1::text[])", keys)
         row = await conn.fetchrow(

@@ -1,8 +1,9 @@
--- sessionhub's Postgres schema, version 2.
+-- sessionhub's Postgres schema, version 3.
 --
 -- PostgresStore.connect() runs this file as migration 1 when the schema is missing, inside a
 -- transaction holding an advisory lock; it also holds what later migrations add to older
--- databases (migration 2: settings), and stamps their versions. If the database role
+-- databases (migration 2: settings; migration 3: events that refer to their message, no
+-- indexed copy of the text), and stamps their versions. If the database role
 -- sessionhub runs as may not create objects, have an administrator run this file once (in
 -- the schema on that role's search_path, e.g. `psql -1 -f postgres_schema.sql`); connect()
 -- then finds the newest version stamped in schema_migrations and creates nothing.
@@ -48,9 +49,13 @@ CREATE TABLE messages (
     parent_pk bigint,
     role text NOT NULL,
     content text NOT NULL,
-    body text,
     created_at timestamptz NOT NULL,
+    -- The words of Message.text() as fts_text() splits them, computed at insert (the
+    -- splitting is Python's, so no generated column); a hit's text is read from content.
     tsv tsvector,
+    -- The seq of this message's message.appended event while that event refers to it
+    -- (events.ref); NULL once the event holds its own body again.
+    event_seq bigint,
     UNIQUE (session_id, id)
 );
 CREATE INDEX messages_session ON messages (session_id, pk);
@@ -87,6 +92,10 @@ CREATE TABLE events (
     type text NOT NULL,
     data text NOT NULL,
     created_at timestamptz NOT NULL,
+    -- A message.appended event that refers to its message: the message's pk, and data holds
+    -- only the parent id; read_events rebuilds the body from the row. Before the message is
+    -- updated or deleted the event gets its body back (ref NULL), so it reads the same.
+    ref bigint,
     PRIMARY KEY (stream, seq)
 );
 
@@ -121,4 +130,4 @@ CREATE TABLE settings (
     updated_at timestamptz NOT NULL DEFAULT now()
 );
 
-INSERT INTO schema_migrations (version) VALUES (1), (2) ON CONFLICT (version) DO NOTHING;
+INSERT INTO schema_migrations (version) VALUES (1), (2), (3) ON CONFLICT (version) DO NOTHING;

@@ -21,10 +21,23 @@ SCHEMA_SQL: str = resources.files("hub.store.postgres").joinpath("postgres_schem
 # the shipped file itself, so the file and what connect() creates cannot drift apart.
 #: Migration 2 adds the settings table (already in the file, hence IF NOT EXISTS) to
 #: databases created at version 1.
+#: Migration 3, the footprint (docs/operations.md, "Sizes"): a ``message.appended`` event
+#: refers to its message (``events.ref``, ``messages.event_seq``) instead of copying it, and
+#: the indexed copy of the text (``messages.body``) goes: the search vector was always
+#: computed at insert, and a hit's text is read from ``content``. Existing events keep their
+#: full bodies (``ref`` NULL), so they read back the same. Idempotent: a database created
+#: from the file (which has all of it) runs it too.
+MIGRATION_3 = """
+ALTER TABLE messages DROP COLUMN IF EXISTS body;
+ALTER TABLE messages ADD COLUMN IF NOT EXISTS event_seq bigint;
+ALTER TABLE events ADD COLUMN IF NOT EXISTS ref bigint;
+"""
+
 MIGRATIONS: list[str] = [
     SCHEMA_SQL,
     "CREATE TABLE IF NOT EXISTS settings ("
     "key text PRIMARY KEY, value text NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())",
+    MIGRATION_3,
 ]
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
-from protocol import Compaction, Event, InvalidInput, Message, SessionInfo, SessionNotFound
+from protocol import Compaction, Conflict, Event, InvalidInput, Message, SessionInfo, SessionNotFound
 
 from ...bus.doorbell import CHANNEL, stream_key
 from ...fts import fts_text
@@ -28,11 +28,12 @@ from ..policy import (
 )
 from ..rows import (
     SESSION_COLS,
-    appended_json,
+    appended_ref,
     compaction,
     decode_message,
     message_json,
     new_epoch,
+    rehydrated,
     session_info,
     updated_json,
 )
@@ -44,10 +45,19 @@ if TYPE_CHECKING:
 _decode = msgspec.json.Decoder().decode
 
 
-def indexed_body(message: Message) -> str | None:
-    # Postgres text cannot hold NUL; the indexed copy drops it (the JSON escapes it).
-    text = message.text()
-    return text.replace("\x00", " ") if text else None
+def indexed_words(message: Message) -> str | None:
+    """What ``to_tsvector`` gets for a message (:func:`fts_text` of its text; NUL, which
+    Postgres text cannot hold, separates words as any other non-letter); None when there is
+    none, and ``to_tsvector(NULL)`` is a NULL vector: the row is not indexed."""
+    return fts_text(message.text()) or None
+
+
+# Before rows ``x(pk, content, event_seq)`` change or go: their message.appended events stop
+# referring to them and get the body they were appended with (what rehydrated() builds).
+DETACH = """
+UPDATE events e SET data = '{{"message":' || x.content || ',"parent_id":' || e.data || '}}', ref = NULL
+FROM {rows} x WHERE e.stream = {stream} AND e.seq = x.event_seq AND e.ref = x.pk
+"""
 
 
 PATH_CTE = """
@@ -108,20 +118,20 @@ TSQUERY = {
 }
 SEARCH_SESSION = """
 WITH hits AS (
-    SELECT m.pk, m.id, m.role, m.body, m.session_id, m.created_at, m.tsv
+    SELECT m.pk, m.id, m.role, m.content, m.session_id, m.created_at, m.tsv
     FROM messages m WHERE m.session_id = $1 AND m.tsv @@ {q}
     ORDER BY m.pk DESC LIMIT {window}
 )
-SELECT h.id, h.role, h.body, h.session_id, h.created_at FROM hits h
+SELECT h.id, h.role, h.content, h.session_id, h.created_at FROM hits h
 ORDER BY ts_rank(h.tsv, {q}, 1) DESC, h.pk LIMIT $2
 """
 SEARCH_ALL = """
 WITH hits AS (
-    SELECT m.pk, m.id, m.role, m.body, m.session_id, m.created_at, m.tsv
+    SELECT m.pk, m.id, m.role, m.content, m.session_id, m.created_at, m.tsv
     FROM messages m JOIN sessions s ON s.id = m.session_id WHERE m.tsv @@ {q}
     ORDER BY m.pk DESC LIMIT {window}
 )
-SELECT h.id, h.role, h.body, h.session_id, h.created_at FROM hits h
+SELECT h.id, h.role, h.content, h.session_id, h.created_at FROM hits h
 ORDER BY ts_rank(h.tsv, {q}, 1) DESC, h.pk LIMIT $1
 """
 
@@ -137,66 +147,56 @@ WHERE e.label = $2 AND e.tsv @@ q.q
 ORDER BY ts_rank(e.tsv, q.q, 1) DESC, e.pk LIMIT $3
 """
 
+# The messages of a batch whose pks and event seqs were taken before (insert_messages).
 INSERT_MESSAGES = """
-INSERT INTO messages (pk, session_id, id, parent_pk, role, content, body, tsv, created_at)
-SELECT u.pk, $1, u.id, u.parent_pk, u.role, u.content, u.body,
-       CASE WHEN u.body IS NOT NULL THEN to_tsvector('sessionhub', u.fts) END, $2
-FROM unnest($3::bigint[], $4::text[], $5::bigint[], $6::text[], $7::text[], $8::text[], $9::text[])
-    AS u(pk, id, parent_pk, role, content, body, fts)
+INSERT INTO messages (pk, session_id, id, parent_pk, role, content, tsv, event_seq, created_at)
+SELECT u.pk, $1, u.id, u.parent_pk, u.role, u.content, to_tsvector('sessionhub', u.fts), u.seq, $2
+FROM unnest($3::bigint[], $4::text[], $5::bigint[], $6::text[], $7::text[], $8::text[], $9::bigint[])
+    AS u(pk, id, parent_pk, role, content, fts, seq)
 """
 
-INSERT_ONE = """
-WITH ins AS (
-    INSERT INTO messages (session_id, id, parent_pk, role, content, body, tsv, created_at)
-    VALUES ($1, $2, $3, $4, $5, $6,
-            CASE WHEN $6::text IS NOT NULL THEN to_tsvector('sessionhub', $8::text) END, $7)
-    ON CONFLICT (session_id, id) DO NOTHING RETURNING pk
-), st AS (
-    INSERT INTO session_stats AS st (session_id, messages) SELECT $1, 1 FROM ins
-    ON CONFLICT (session_id) DO UPDATE SET messages = st.messages + 1
-)
-SELECT pk FROM ins
-"""
-
-# One message, one round trip: touch the session (``$10``: managed), find the parent
-# (``{parent}``), insert, count it, take its seq and log ``message.appended`` (its body
-# built as ``appended_json`` builds it) and ring the doorbell (``$11``: the channel, or NULL
-# for none). Every part sees the statement's one snapshot, so the parent is the latest
-# message *before* this one; the session lock taken with BEGIN keeps that true. Each part
-# reads the one before it, which makes Postgres run them in that order: the session row is
-# locked before the stream's counter row, as every other writer locks them (else two
-# writers could deadlock).
+# One message, one round trip: touch the session (``$9``: managed), find the parent
+# (``{parent}``), see that the id is new, take its seq, insert it (its event's seq beside it),
+# count it, log ``message.appended`` referring to it (``ref``; data is the parent id, as
+# ``appended_ref`` writes it) and ring the doorbell (``$10``: the channel, or NULL for none).
+# Every part sees the statement's one snapshot, so the parent is the latest message *before*
+# this one; the session lock taken with BEGIN keeps that true, and keeps the id new between
+# the check and the insert (were it not, the seq would be taken with no event: append_one
+# rolls that back). Each part reads the one before it, which makes Postgres run them in that
+# order: the session row is locked before the stream's counter row, as every other writer
+# locks them (else two writers could deadlock).
 APPEND_ONE = """
 WITH p AS ({parent}),
 t AS (
-    UPDATE sessions SET updated_at = $6 WHERE id = $1 AND $10::bool RETURNING 1
+    UPDATE sessions SET updated_at = $6 WHERE id = $1 AND $9::bool RETURNING 1
+), new AS (
+    SELECT 1 FROM (SELECT count(*) FROM t) AS touched
+    WHERE NOT EXISTS (SELECT 1 FROM messages WHERE session_id = $1 AND id = $2)
+), s AS (
+    INSERT INTO streams AS s (stream, epoch, first_seq, last_seq) SELECT $7, $8, 1, 1 FROM new
+    ON CONFLICT (stream) DO UPDATE SET last_seq = s.last_seq + 1
+    RETURNING last_seq
 ), ins AS (
-    INSERT INTO messages (session_id, id, parent_pk, role, content, body, tsv, created_at)
-    SELECT $1, $2, (SELECT pk FROM p), $3, $4, $5,
-           CASE WHEN $5::text IS NOT NULL THEN to_tsvector('sessionhub', $7::text) END, $6
-    FROM (SELECT count(*) FROM t) AS touched
+    INSERT INTO messages (session_id, id, parent_pk, role, content, tsv, event_seq, created_at)
+    SELECT $1, $2, (SELECT pk FROM p), $3, $4, to_tsvector('sessionhub', $5::text), s.last_seq, $6
+    FROM s
     ON CONFLICT (session_id, id) DO NOTHING RETURNING pk
 ), st AS (
     INSERT INTO session_stats AS st (session_id, messages) SELECT $1, 1 FROM ins
     ON CONFLICT (session_id) DO UPDATE SET messages = st.messages + 1
-), s AS (
-    INSERT INTO streams AS s (stream, epoch, first_seq, last_seq) SELECT $8, $9, 1, 1 FROM ins
-    ON CONFLICT (stream) DO UPDATE SET last_seq = s.last_seq + 1
-    RETURNING last_seq
 ), e AS (
-    INSERT INTO events (stream, seq, session_id, type, data, created_at)
-    SELECT $8, s.last_seq, $1, 'message.appended',
-           '{{"message":' || $4::text || ',"parent_id":'
-           || COALESCE(to_json((SELECT id FROM p))::text, 'null') || '}}', $6
-    FROM s
+    INSERT INTO events (stream, seq, session_id, type, data, created_at, ref)
+    SELECT $7, s.last_seq, $1, 'message.appended',
+           COALESCE(to_json((SELECT id FROM p))::text, 'null'), $6, ins.pk
+    FROM s, ins
 )
 SELECT (SELECT pk FROM ins), (SELECT id FROM p), (SELECT last_seq FROM s), (SELECT count(*) FROM t),
-       (SELECT pg_notify($11, s.last_seq::text || ' ' || $12) FROM s WHERE $11::text IS NOT NULL)
+       (SELECT pg_notify($10, s.last_seq::text || ' ' || $11) FROM s WHERE $10::text IS NOT NULL)
 """
 APPEND_AFTER_LATEST = APPEND_ONE.format(
     parent="SELECT pk, id FROM messages WHERE session_id = $1 ORDER BY pk DESC LIMIT 1"
 )
-APPEND_AFTER = APPEND_ONE.format(parent="SELECT pk, id FROM messages WHERE session_id = $1 AND id = $13")
+APPEND_AFTER = APPEND_ONE.format(parent="SELECT pk, id FROM messages WHERE session_id = $1 AND id = $12")
 APPEND_ROOT = APPEND_ONE.format(parent="SELECT NULL::bigint AS pk, NULL::text AS id WHERE false")
 
 COUNT = (
@@ -204,12 +204,12 @@ COUNT = (
     "ON CONFLICT (session_id) DO UPDATE SET messages = st.messages + excluded.messages"
 )
 
-DELETE_ONE = """
+DELETE_ONE = f"""
 WITH t AS (
-    SELECT m.pk, m.parent_pk, p.id AS parent_id FROM messages m
+    SELECT m.pk, m.parent_pk, p.id AS parent_id, m.content, m.event_seq FROM messages m
     LEFT JOIN messages p ON p.pk = m.parent_pk
     WHERE m.session_id = $1 AND m.id = $2
-), ch AS (
+), dx AS ({DETACH.format(rows="t", stream="$3")}), ch AS (
     UPDATE messages c SET parent_pk = t.parent_pk FROM t WHERE c.parent_pk = t.pk
     RETURNING c.pk, c.id
 ), d AS (
@@ -218,10 +218,26 @@ WITH t AS (
 SELECT t.parent_id, ARRAY(SELECT id FROM ch ORDER BY pk) FROM t
 """
 
-CLEAR = """
+#: A session's messages, overlays and count go (delete_session: the log goes too).
+CLEAR_ALL = """
 WITH a AS (DELETE FROM messages WHERE session_id = $1),
      b AS (DELETE FROM compactions WHERE session_id = $1)
 DELETE FROM session_stats WHERE session_id = $1
+"""
+#: As CLEAR_ALL, the log staying readable: the message.appended events get their bodies.
+CLEAR = f"""
+WITH x AS (SELECT pk, content, event_seq FROM messages WHERE session_id = $1 AND event_seq IS NOT NULL),
+     dx AS ({DETACH.format(rows="x", stream="$2")}),
+     a AS (DELETE FROM messages WHERE session_id = $1),
+     b AS (DELETE FROM compactions WHERE session_id = $1)
+DELETE FROM session_stats WHERE session_id = $1
+"""
+
+UPDATE_MESSAGE = f"""
+WITH x AS (SELECT pk, content, event_seq FROM messages WHERE session_id = $1 AND id = $2),
+     dx AS ({DETACH.format(rows="x", stream="$6")})
+UPDATE messages m SET content = $3, role = $4, tsv = to_tsvector('sessionhub', $5::text), event_seq = NULL
+FROM x WHERE m.pk = x.pk RETURNING m.pk
 """
 
 IS_ANCESTOR = """
@@ -234,13 +250,17 @@ WITH RECURSIVE up(pk, parent_pk) AS (
 SELECT 1 FROM up WHERE pk = $2 LIMIT 1
 """
 
+# A referring event (ref set) reads its message's row: the message as appended, since an
+# update or a delete gives the event its body back first (DETACH).
 READ_EVENTS = """
-SELECT s.epoch, s.first_seq, s.last_seq, e.session_id, e.seq, e.type, e.data, e.created_at
+SELECT s.epoch, s.first_seq, s.last_seq, e.session_id, e.seq, e.type, e.data, e.created_at,
+       e.ref, e.content
 FROM (SELECT 1) AS one
 LEFT JOIN streams s ON s.stream = $1
 LEFT JOIN LATERAL (
-    SELECT session_id, seq, type, data, created_at FROM events
-    WHERE stream = $1 AND seq > $2 ORDER BY seq LIMIT $3
+    SELECT ev.session_id, ev.seq, ev.type, ev.data, ev.created_at, ev.ref, m.content FROM events ev
+    LEFT JOIN messages m ON m.pk = ev.ref
+    WHERE ev.stream = $1 AND ev.seq > $2 ORDER BY ev.seq LIMIT $3
 ) e ON true
 ORDER BY e.seq
 """
@@ -270,15 +290,13 @@ async def append_one(
 ) -> AppendResult:
     """:func:`insert_messages` of one message in one statement (:data:`APPEND_ONE`)."""
     stream = session_stream(session_id)
-    body = indexed_body(message)
     args: list[Any] = [
         session_id,
         message.id,
         message.role,
         message_json(message),
-        body,
+        indexed_words(message),
         tx.when,
-        fts_text(body),
         stream,
         new_epoch(),
         managed,
@@ -296,6 +314,8 @@ async def append_one(
     pk, _parent_id, seq, touched, _ = row
     if managed and not touched:
         raise SessionNotFound(session_id)  # the transaction rolls back what was written
+    if pk is None and seq is not None:  # the id came in between check and insert (no lock)
+        raise Conflict(f"message {message.id!r} was appended concurrently; nothing was written")
     if pk is None:  # already stored: first content wins, nothing is written
         return AppendResult(inserted=[], last_id=message.id, last_seq=0)
     tx.notes.append((stream, int(seq)))
@@ -307,6 +327,8 @@ async def append_one(
 async def insert_messages(
     tx: PostgresTx, session_id: str, messages: Sequence[Message], parent: ParentArg
 ) -> AppendResult:
+    if len(messages) == 1:  # one statement (the doorbell then goes with COMMIT)
+        return await append_one(tx, session_id, messages[0], parent, managed=False, notify=False)
     conn = tx.conn
     parent_pk: int | None
     parent_id: str | None
@@ -323,27 +345,6 @@ async def insert_messages(
     if not messages:
         return AppendResult(inserted=[], last_id=parent_id, last_seq=0)
     stream = session_stream(session_id)
-    if len(messages) == 1:
-        message = messages[0]
-        content = message_json(message)
-        body = indexed_body(message)
-        pk = await conn.fetchval(
-            INSERT_ONE,
-            session_id,
-            message.id,
-            parent_pk,
-            message.role,
-            content,
-            body,
-            tx.when,
-            fts_text(body),
-        )
-        if pk is None:  # already stored: first content wins, nothing is written
-            return AppendResult(inserted=[], last_id=message.id, last_seq=0)
-        seq = await tx.emit_many(
-            stream, session_id, [("message.appended", appended_json(content, parent_id))]
-        )
-        return AppendResult(inserted=[message.id], last_id=message.id, last_seq=seq)
     # Which ids are stored already (first content wins; they still continue the chain),
     # and pks for the rest: taken from the identity's sequence, so they are newer than
     # every row of the session (its writers are serialized by the session lock).
@@ -356,6 +357,8 @@ async def insert_messages(
         )
     }
     fresh = len({m.id for m in messages} - known.keys())
+    if not fresh:
+        return AppendResult(inserted=[], last_id=messages[-1].id, last_seq=0)
     pks: list[int] = sorted(
         int(r[0])
         for r in await conn.fetch(
@@ -364,49 +367,39 @@ async def insert_messages(
         )
     )
     pk_iter = iter(pks)
-    cols: tuple[list[Any], ...] = ([], [], [], [], [], [], [])
+    cols: tuple[list[Any], ...] = ([], [], [], [], [], [])
     events: list[tuple[str, str]] = []
+    refs: list[int | None] = []
     inserted: list[str] = []
     for message in messages:
         pk = known.get(message.id)
         if pk is None:
             pk = known[message.id] = next(pk_iter)
-            content = message_json(message)
-            body = indexed_body(message)
-            for col, value in zip(
-                cols, (pk, message.id, parent_pk, message.role, content, body, fts_text(body)), strict=True
-            ):
+            values = (pk, message.id, parent_pk, message.role, message_json(message), indexed_words(message))
+            for col, value in zip(cols, values, strict=True):
                 col.append(value)
-            events.append(("message.appended", appended_json(content, parent_id)))
+            events.append(("message.appended", appended_ref(parent_id)))
+            refs.append(pk)
             inserted.append(message.id)
         parent_pk, parent_id = pk, message.id
-    if inserted:
-        await conn.execute(INSERT_MESSAGES, session_id, tx.when, *cols)
-        await conn.execute(COUNT, session_id, len(inserted))
-    last_seq = await tx.emit_many(stream, session_id, events)
+    # The events first: each message row keeps its event's seq (consecutive, ending at last).
+    last_seq = await tx.emit_many(stream, session_id, events, refs)
+    seqs = list(range(last_seq - len(inserted) + 1, last_seq + 1))
+    await conn.execute(INSERT_MESSAGES, session_id, tx.when, *cols, seqs)
+    await conn.execute(COUNT, session_id, len(inserted))
     return AppendResult(inserted=inserted, last_id=parent_id, last_seq=last_seq)
 
 
 async def update_message(tx: PostgresTx, session_id: str, message: Message, *, emit: bool = True) -> bool:
-    body = indexed_body(message)
     content = message_json(message)
-    status = await tx.conn.execute(
-        "UPDATE messages SET content = $3, role = $4, body = $5, "
-        "tsv = CASE WHEN $5::text IS NOT NULL THEN to_tsvector('sessionhub', $6::text) END "
-        "WHERE session_id = $1 AND id = $2",
-        session_id,
-        message.id,
-        content,
-        message.role,
-        body,
-        fts_text(body),
+    stream = session_stream(session_id)
+    pk = await tx.conn.fetchval(
+        UPDATE_MESSAGE, session_id, message.id, content, message.role, indexed_words(message), stream
     )
-    if status == "UPDATE 0":
+    if pk is None:
         return False
     if emit:
-        await tx.emit_many(
-            session_stream(session_id), session_id, [("message.updated", updated_json(content))]
-        )
+        await tx.emit_many(stream, session_id, [("message.updated", updated_json(content))])
     return True
 
 
@@ -460,7 +453,7 @@ async def delete_messages(tx: PostgresTx, session_id: str, ids: Sequence[str], m
     deleted: list[str] = []
     reparented: list[list[str | None]] = []
     for mid in dict.fromkeys(ids):
-        row = await tx.conn.fetchrow(DELETE_ONE, session_id, mid)
+        row = await tx.conn.fetchrow(DELETE_ONE, session_id, mid, session_stream(session_id))
         if row is None:
             continue
         parent_id, children = row
@@ -527,7 +520,7 @@ async def add_compaction(
 async def delete_session(tx: PostgresTx, session_id: str, stream: str, context_keys: Sequence[str]) -> None:
     conn = tx.conn
     info = await tx.session_row(session_id)
-    await conn.execute(CLEAR, session_id)
+    await conn.execute(CLEAR_ALL, session_id)
     if context_keys:
         await conn.execute("DELETE FROM context_blocks WHERE key = ANY($1::text[])", list(context_keys))
     await conn.execute("DELETE FROM sessions WHERE id = $1", session_id)
@@ -605,7 +598,7 @@ async def read_events(conn: Conn, stream: str, after_seq: int, limit: int, epoch
             seq=r[4],
             epoch=pos.epoch,
             type=r[5],
-            data=_decode(r[6]),
+            data=_decode(r[6] if r[8] is None else rehydrated(r[9] or "null", r[6])),
             created_at=r[7],
             stream=kind,
         )

@@ -52,7 +52,7 @@ from ..policy import (
     check_summary,
 )
 from ..prune import check_prune
-from ..rows import SESSION_COLS, decode_message, session_info
+from ..rows import SESSION_COLS, decode_message, session_info, text_of
 from . import maintenance, sql
 from .schema import lock_key, migrate
 from .tx import PostgresTx
@@ -268,7 +268,7 @@ class PostgresStore(Store):
         async def fn(tx: PostgresTx) -> None:
             if managed:
                 await tx.touch(session_id)
-            await tx.conn.execute(sql.CLEAR, session_id)
+            await tx.conn.execute(sql.CLEAR, session_id, session_stream(session_id))
             await tx.emit_session(session_id, "messages.cleared", {})
 
         await self._write(fn, lock=session_stream(session_id))
@@ -343,8 +343,10 @@ class PostgresStore(Store):
                 )
             else:
                 rows = await conn.fetch(sql.SEARCH_ALL.format(q=q, window=SEARCH_WINDOW), limit)
+            # The row keeps no copy of the text: a hit's text is its stored message's.
             return [
-                SearchResult(id=r[0], role=r[1], content=r[2], session_id=r[3], created_at=r[4]) for r in rows
+                SearchResult(id=r[0], role=r[1], content=text_of(r[2]), session_id=r[3], created_at=r[4])
+                for r in rows
             ]
 
         return await self._read(fn)

@@ -29,9 +29,9 @@ WITH s AS (
     ON CONFLICT (stream) DO UPDATE SET last_seq = s.last_seq + excluded.last_seq
     RETURNING last_seq
 ), e AS (
-    INSERT INTO events (stream, seq, session_id, type, data, created_at)
-    SELECT $1, s.last_seq - $3 + u.ord, $4, u.type, u.data, $7
-    FROM s, unnest($5::text[], $6::text[]) WITH ORDINALITY AS u(type, data, ord)
+    INSERT INTO events (stream, seq, session_id, type, data, created_at, ref)
+    SELECT $1, s.last_seq - $3 + u.ord, $4, u.type, u.data, $7, u.ref
+    FROM s, unnest($5::text[], $6::text[], $8::bigint[]) WITH ORDINALITY AS u(type, data, ref, ord)
 )
 SELECT last_seq FROM s
 """
@@ -49,8 +49,16 @@ class PostgresTx(WriteTx["Conn"]):
         #: Streams whose doorbell a statement already sent (:data:`~.sql.APPEND_ONE`).
         self.notified: set[str] = set()
 
-    async def emit_many(self, stream: str, session_id: str, events: Sequence[tuple[str, str]]) -> int:
-        """Append pre-encoded ``(type, data_json)`` events with consecutive seqs; the last."""
+    async def emit_many(
+        self,
+        stream: str,
+        session_id: str,
+        events: Sequence[tuple[str, str]],
+        refs: Sequence[int | None] | None = None,
+    ) -> int:
+        """Append pre-encoded ``(type, data_json)`` events with consecutive seqs; the last.
+        ``refs``: per event, the pk of the message whose body it reads back with (see
+        :func:`~.sql.read_events`), else None."""
         n = len(events)
         if n == 0:
             return 0
@@ -63,6 +71,7 @@ class PostgresTx(WriteTx["Conn"]):
             [t for t, _ in events],
             [d for _, d in events],
             self.when,
+            [None] * n if refs is None else list(refs),
         )
         self.notes.append((stream, int(last)))
         return int(last)

@@ -414,47 +414,88 @@ SEARCH_BY_ROW = SEARCH_SESSION.format(join="JOIN messages s ON s.pk = f.rowid", 
 BY_ROW_SHARE = 0.25
 
 
-def search_messages(conn: Conn, expr: str, session_id: str | None, limit: int) -> list[SearchResult]:
+#: A session's search runs inline on the event loop (SqliteStore.search_messages) while the
+#: index holds at most this many rows: its cost is then bounded (~1 ms for a phrase in 14 %
+#: of them, docs/benchmarks.md), below which the trip to the reader's thread is a large
+#: part of a rare word's search.
+INLINE_SEARCH_ROWS = 20_000
+
+
+def search_session_inline(
+    conn: Conn, expr: str, session_id: str, limit: int, max_rows: int
+) -> list[SearchResult] | None:
+    """:func:`search_messages` of one session, or None (nothing run) when the index holds
+    more than ``max_rows`` rows: a search there may take longer than a thread hop saves."""
+    size = _session_size(conn, session_id)
+    if size is not None and size[1] > max_rows:
+        return None
+    return _search_session(conn, expr, session_id, limit, size)
+
+
+def _session_size(conn: Conn, session_id: str) -> tuple[int, int] | None:
+    # MAX(pk) stands for the number of messages (deletes leave gaps): one probe.
+    row = conn.execute(
+        "SELECT messages, (SELECT MAX(pk) FROM messages) FROM session_stats WHERE session_id = ?",
+        (session_id,),
+    ).fetchone()
+    return None if row is None else (int(row[0]), int(row[1] or 0))
+
+
+def _search_session(
+    conn: Conn, expr: str, session_id: str, limit: int, size: tuple[int, int] | None
+) -> list[SearchResult]:
+    if size is None or not size[0]:
+        return []
     body = f"body : ({expr})"
     try:
-        if session_id is not None:
-            size = conn.execute(
-                "SELECT messages, (SELECT MAX(pk) FROM messages) FROM session_stats WHERE session_id = ?",
-                (session_id,),
-            ).fetchone()
-            if size is None or not size[0]:
-                return []
-            # MAX(pk) stands for the number of messages (deletes leave gaps): one probe.
-            if size[0] >= BY_ROW_SHARE * size[1]:
-                rows = conn.execute(SEARCH_BY_ROW, (body, session_id, SEARCH_WINDOW, limit)).fetchall()
-            else:
-                # bm25 scores the token's column 0 (weights 0.0, 1.0): the same order.
-                both = f"sid : {sid_token(session_id)} AND {body}"
-                rows = conn.execute(SEARCH_BY_TOKEN, (both, SEARCH_WINDOW, limit)).fetchall()
-                # Two ids that hashed alike would share a token: the rows say whose.
-                rows = [r for r in rows if r[3] == session_id]
+        if size[0] >= BY_ROW_SHARE * size[1]:
+            rows = conn.execute(SEARCH_BY_ROW, (body, session_id, SEARCH_WINDOW, limit)).fetchall()
         else:
-            edge = conn.execute(
-                "SELECT rowid FROM messages_fts WHERE messages_fts MATCH ? "
-                "ORDER BY rowid DESC LIMIT 1 OFFSET ?",
-                (body, SEARCH_WINDOW - 1),
-            ).fetchone()
-            rows = conn.execute(
-                "SELECT m.id, m.role, m.content, m.session_id, m.created_at FROM messages_fts f "
-                "JOIN messages m ON m.pk = f.rowid JOIN sessions s ON s.id = m.session_id "
-                "WHERE messages_fts MATCH ? AND f.rowid >= ? ORDER BY f.rank LIMIT ?",
-                (body, 0 if edge is None else edge[0], limit),
-            ).fetchall()
+            # bm25 scores the token's column 0 (weights 0.0, 1.0): the same order.
+            both = f"sid : {sid_token(session_id)} AND {body}"
+            rows = conn.execute(SEARCH_BY_TOKEN, (both, SEARCH_WINDOW, limit)).fetchall()
+            # Two ids that hashed alike would share a token: the rows say whose.
+            rows = [r for r in rows if r[3] == session_id]
     except sqlite3.OperationalError as exc:
-        # Quoting keeps FTS syntax out; what remains (a phrase of only separators,
-        # say) is "no results", never an exception for the caller.
-        log.debug("fts query %r matched nothing: %s", expr, exc)
-        return []
+        return _no_match(expr, exc)
+    return _results(rows)
+
+
+def _no_match(expr: str, exc: sqlite3.OperationalError) -> list[SearchResult]:
+    # Quoting keeps FTS syntax out; what remains (a phrase of only separators, say) is "no
+    # results", never an exception for the caller. A busy database is no such thing.
+    if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+        raise exc
+    log.debug("fts query %r matched nothing: %s", expr, exc)
+    return []
+
+
+def _results(rows: Sequence[Any]) -> list[SearchResult]:
     # The index keeps no copy of the text: a hit's text is its stored message's.
     return [
         SearchResult(id=r[0], role=r[1], content=text_of(r[2]), session_id=r[3], created_at=ts(r[4]))
         for r in rows
     ]
+
+
+def search_messages(conn: Conn, expr: str, session_id: str | None, limit: int) -> list[SearchResult]:
+    if session_id is not None:
+        return _search_session(conn, expr, session_id, limit, _session_size(conn, session_id))
+    body = f"body : ({expr})"
+    try:
+        edge = conn.execute(
+            "SELECT rowid FROM messages_fts WHERE messages_fts MATCH ? ORDER BY rowid DESC LIMIT 1 OFFSET ?",
+            (body, SEARCH_WINDOW - 1),
+        ).fetchone()
+        rows = conn.execute(
+            "SELECT m.id, m.role, m.content, m.session_id, m.created_at FROM messages_fts f "
+            "JOIN messages m ON m.pk = f.rowid JOIN sessions s ON s.id = m.session_id "
+            "WHERE messages_fts MATCH ? AND f.rowid >= ? ORDER BY f.rank LIMIT ?",
+            (body, 0 if edge is None else edge[0], limit),
+        ).fetchall()
+    except sqlite3.OperationalError as exc:
+        return _no_match(expr, exc)
+    return _results(rows)
 
 
 def delete_session(tx: SqliteTx, session_id: str, context_keys: Sequence[str]) -> None:

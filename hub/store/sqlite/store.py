@@ -223,6 +223,27 @@ class SqliteStore(Store):
         except UnicodeEncodeError as exc:
             raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
 
+    def _read_inline(self, fn: Callable[..., T | None], *args: Any) -> T | None:
+        """Run the read ``fn(conn, *args)`` right here on the event loop, on the writer's
+        connection, in a read transaction of its own; None when it cannot (a write holds the
+        connection, an in-memory store shares one connection, the database is busy) or when
+        ``fn`` declines. Only for reads whose cost ``fn`` bounds: a trip to the reader's
+        thread costs two cross-thread wake-ups (docs/benchmarks.md)."""
+        if self._closed:
+            raise StoreClosed("store is closed")
+        if self._reader is self._writer or self._write_lock.locked():
+            return None
+        try:
+            return read_tx(fn)(self._writer.raw, *args)
+        except sqlite3.OperationalError as exc:
+            if is_busy(exc):
+                return None
+            raise StoreError(f"sqlite: {exc}") from exc
+        except sqlite3.Error as exc:
+            raise StoreError(f"sqlite: {exc}") from exc
+        except UnicodeEncodeError as exc:
+            raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
+
     # -- messages ------------------------------------------------------------------------
     async def append_messages(
         self,
@@ -352,6 +373,12 @@ class SqliteStore(Store):
         if expr is None or check_limit(limit) <= 0:
             return []
 
+        if session_id is not None:
+            found = self._read_inline(
+                sql.search_session_inline, expr, session_id, limit, sql.INLINE_SEARCH_ROWS
+            )
+            if found is not None:
+                return found
         return await self._read(sql.search_messages, expr, session_id, limit)
 
     # -- compaction overlays -------------------------------------------------------------
