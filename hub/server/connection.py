@@ -41,6 +41,10 @@ CLOSE_UNSUPPORTED = 1003
 
 #: Where the ASGI server's transport is kept in a WebSocket's scope (see ``KeepTransport``).
 TRANSPORT = "sessionhub.transport"
+#: Where the ASGI server's own ``send`` is kept (``KeepTransport``): frames go straight to
+#: it, not through starlette's WebSocket and exception middleware, two coroutine layers
+#: that do nothing for a text frame (docs/benchmarks.md).
+RAW_SEND = "sessionhub.send"
 
 
 class ConnectionHost(Protocol):
@@ -237,6 +241,7 @@ class Connection:
             self.drainer = start_eagerly(self._drain())
 
     async def _drain(self) -> None:
+        raw = self.websocket.scope.get(RAW_SEND)
         while True:
             try:
                 data = self.queue.get_nowait()
@@ -248,7 +253,10 @@ class Connection:
             if self.closing_output:
                 continue
             try:
-                await self.websocket.send_text(data)
+                if raw is not None:
+                    await raw({"type": "websocket.send", "text": data})
+                else:
+                    await self.websocket.send_text(data)
             except Exception:
                 # The socket went away (uvicorn's ClientDisconnected, starlette's state
                 # errors): the serve loop receives the disconnect and cleans up. Not
