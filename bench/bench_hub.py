@@ -5,9 +5,10 @@ Prints figures, never asserts timings. Run from the repository root:
     .venv/bin/python bench/bench_hub.py [--subscribers 100] [--rate 100] [--seconds 10]
                                         [--procs 4] [--burst-subscribers 1000]
                                         [--burst-appends 200] [--replay 50000]
-                                        [--idle 1000] [--json] [--quick]
+                                        [--idle 1000] [--runs 5] [--sections live,burst,...]
+                                        [--profile-hub FILE] [--json] [--quick]
 
-Everything runs on 127.0.0.1. The hub is ``sessionhub serve`` in a subprocess on a fresh
+Everything runs on 127.0.0.1. The hub is ``python -m hub.cli serve`` (this checkout's) in a subprocess on a fresh
 SQLite file (WAL, the defaults) in a temporary directory. The baseline is this script in
 ``--worker baseline`` mode: ``websockets.asyncio.server.serve`` plus ``broadcast()``, no
 storage, speaking just enough of the protocol (``create``, ``subscribe``, ``append``,
@@ -36,6 +37,9 @@ Sections, in order:
    shows what the hub itself sends.
 4. RSS per idle subscriber: server VmRSS before and after ``--idle`` connections with one
    idle subscription each, divided by ``--idle``; on a freshly started hub (and baseline).
+
+Sections 1 and 2 run ``--runs`` times (default 5), each run on a fresh hub and baseline;
+the p50, p99 and fan-out ratios are printed as the median [min-max] of the runs.
 
 Every process it starts is stopped, and the temporary directory deleted, at the end.
 """
