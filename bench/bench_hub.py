@@ -8,8 +8,8 @@ Prints figures, never asserts timings. Run from the repository root:
                                         [--idle 1000] [--runs 5] [--sections live,burst,...]
                                         [--profile-hub FILE] [--json] [--quick]
 
-Everything runs on 127.0.0.1. The hub is ``python -m hub.cli serve`` (this checkout's) in a subprocess on a fresh
-SQLite file (WAL, the defaults) in a temporary directory. The baseline is this script in
+Everything runs on 127.0.0.1. The hub is ``python -m hub.cli serve`` (this checkout's) in a
+subprocess on a fresh SQLite file (WAL, the defaults) in a temporary directory. The baseline is this script in
 ``--worker baseline`` mode: ``websockets.asyncio.server.serve`` plus ``broadcast()``, no
 storage, speaking just enough of the protocol (``create``, ``subscribe``, ``append``,
 ``ping``) that the same writer and the same subscribers drive both. Subscribers run in
