@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.websockets import WebSocket
@@ -41,6 +41,10 @@ CLOSE_UNSUPPORTED = 1003
 
 #: Where the ASGI server's transport is kept in a WebSocket's scope (see ``KeepTransport``).
 TRANSPORT = "sessionhub.transport"
+#: Where the ASGI server's own ``send`` is kept (``KeepTransport``): frames go straight to
+#: it, not through starlette's WebSocket and exception middleware, two coroutine layers
+#: that do nothing for a text frame (docs/benchmarks.md).
+RAW_SEND = "sessionhub.send"
 
 
 class ConnectionHost(Protocol):
@@ -230,11 +234,17 @@ class Connection:
 
     def kick(self) -> None:
         """Make sure a drainer runs. It exists only while frames wait, so an idle
-        connection keeps no writer task (measured: a task and its frame per idle subscriber)."""
+        connection keeps no writer task (measured: a task and its frame per idle subscriber).
+
+        It starts eagerly: it writes what it can right here, and becomes a task only if
+        the socket makes it wait (write flow control). A live push to a subscriber whose
+        socket has room is then one call, not a task created, scheduled and run a loop
+        iteration later for every subscriber and every event (docs/benchmarks.md)."""
         if self.drainer is None or self.drainer.done():
-            self.drainer = asyncio.get_running_loop().create_task(self._drain())
+            self.drainer = start_eagerly(self._drain())
 
     async def _drain(self) -> None:
+        raw = self.websocket.scope.get(RAW_SEND)
         while True:
             try:
                 data = self.queue.get_nowait()
@@ -245,7 +255,17 @@ class Connection:
                 return
             if self.closing_output:
                 continue
-            await self.websocket.send_text(data)
+            try:
+                if raw is not None:
+                    await raw({"type": "websocket.send", "text": data})
+                else:
+                    await self.websocket.send_text(data)
+            except Exception:
+                # The socket went away (uvicorn's ClientDisconnected, starlette's state
+                # errors): the serve loop receives the disconnect and cleans up. Not
+                # raised, since an eager drain runs inside a tail's push to everyone.
+                log.debug("connection %s: send failed", self.connection_id, exc_info=True)
+                return
 
     def evict(self, reason: str) -> None:
         """Close with 4008 now, dropping every frame not yet sent: the peer resumes from
@@ -383,6 +403,45 @@ class Connection:
                 self.presence_watch = self.presence_watch - {key}
             if key is not None and key not in self.announced:
                 self.hub.presence.leave(self, key)
+
+
+def start_eagerly(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
+    """Run ``coro`` now, up to its first wait; the rest, if it waits at all, in a task
+    (what Python 3.12's eager task factory does, on 3.11). Returns that task, or None
+    when ``coro`` finished without waiting."""
+    try:
+        first = coro.send(None)
+    except StopIteration:
+        return None
+    except BaseException:
+        coro.close()
+        raise
+    return asyncio.get_running_loop().create_task(_carry_on(coro, first))
+
+
+async def _carry_on(coro: Coroutine[Any, Any, None], waiting: Any) -> None:
+    """Drive ``coro`` on from a suspension, as a task would: wait for the future it
+    yielded, then resume it (it takes the result itself), or throw the future's error or
+    this task's cancellation into it."""
+    while True:
+        try:
+            if waiting is None:  # a bare yield (asyncio.sleep(0)): one loop iteration
+                await asyncio.sleep(0)
+            else:
+                # What a task does with a future its coroutine yielded: take it over
+                # (clear the flag the yield set, or awaiting it here would be refused).
+                waiting._asyncio_future_blocking = False
+                await waiting
+        except BaseException as exc:
+            try:
+                waiting = coro.throw(exc)
+            except StopIteration:
+                return
+        else:
+            try:
+                waiting = coro.send(None)
+            except StopIteration:
+                return
 
 
 def _abort_if_stuck(transport: asyncio.WriteTransport) -> None:

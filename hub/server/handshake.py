@@ -15,7 +15,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from .config import HubConfig
-from .connection import TRANSPORT
+from .connection import RAW_SEND, TRANSPORT
 
 log = logging.getLogger("sessionhub.server")
 
@@ -31,6 +31,7 @@ class KeepTransport:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
+            scope[RAW_SEND] = send
             transport = getattr(getattr(send, "__self__", None), "transport", None)
             if isinstance(transport, asyncio.WriteTransport):
                 scope[TRANSPORT] = transport
