@@ -36,6 +36,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from tests.nodes import scratch_database  # noqa: E402 - after the checkout is on sys.path
+
 SEED = 16
 TABLES = (
     "sessions",
@@ -124,20 +126,11 @@ async def sqlite_footprint(n: int, sessions: int) -> dict[str, Any]:
 
 
 async def postgres_footprint(n: int, sessions: int, dsn: str) -> dict[str, Any]:
-    from urllib.parse import urlsplit, urlunsplit
-
     import asyncpg
 
     from hub import PostgresStore
 
-    name = f"sessionhub_footprint_{os.getpid()}"
-    admin = await asyncpg.connect(dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    target = urlunsplit(urlsplit(dsn)._replace(path=f"/{name}"))
-    try:
+    async with scratch_database(dsn, "sessionhub_footprint") as target:
         store = await PostgresStore.connect(target, notify=False)
         try:
             json_bytes = await fill(store, n, sessions)
@@ -162,12 +155,6 @@ async def postgres_footprint(n: int, sessions: int, dsn: str) -> dict[str, Any]:
             }
         finally:
             await conn.close()
-    finally:
-        admin = await asyncpg.connect(dsn)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
     total = sum(tables.values())
     return {
         "store": "postgres",

@@ -31,6 +31,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from tests.nodes import scratch_database  # noqa: E402 - after the checkout is on sys.path
+
 KEEP = 1000
 
 
@@ -138,20 +140,11 @@ async def sqlite_retention(events: int, seconds: float) -> dict[str, Any]:
 
 
 async def postgres_retention(events: int, seconds: float, dsn: str) -> dict[str, Any]:
-    from urllib.parse import urlsplit, urlunsplit
-
     import asyncpg
 
     from hub import PostgresStore, SessionManager, session_stream
 
-    name = f"sessionhub_retention_{os.getpid()}"
-    admin = await asyncpg.connect(dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    target = urlunsplit(urlsplit(dsn)._replace(path=f"/{name}"))
-    try:
+    async with scratch_database(dsn, "sessionhub_retention") as target:
         store = await PostgresStore.connect(target, notify=False)
         try:
             big = (await SessionManager(store).create("big log")).id
@@ -184,12 +177,6 @@ async def postgres_retention(events: int, seconds: float, dsn: str) -> dict[str,
             out = await _measure(SessionManager(store), events, seconds)
         finally:
             await store.close()
-    finally:
-        admin = await asyncpg.connect(dsn)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
     return {"store": "postgres", "fill_s": round(filled, 1)} | out
 
 
