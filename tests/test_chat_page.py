@@ -13,7 +13,7 @@ import pytest
 from playwright.async_api import Browser, async_playwright, expect
 
 from .chatkit import responder
-from .hubtest import WAIT, served
+from .hubtest import WAIT, eventually, served
 from .services import chromium
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
@@ -61,8 +61,15 @@ async def test_a_reply_keeps_streaming_across_a_reload(
             await expect(reply).to_contain_text("w39", timeout=10_000)
             words = (await reply.locator("p").first.inner_text()).split()[1:]  # after "Assistant:"
             assert words == [f"w{i}" for i in range(40)], "nothing doubled or lost"
-            stored = (await h.hub.manager.get_session(info.id).get_history())[-1]
-            assert stored.text().split() == words
+            # The page shows the last delta as soon as it is streamed; the store holds it
+            # once the reply ends (stream_end), a moment later.
+            await eventually(lambda: h.hub.turns.in_flight(info.id) is None)
+
+            async def stored_whole() -> bool:
+                stored = (await h.hub.manager.get_session(info.id).get_history())[-1]
+                return stored.text().split() == words
+
+            await eventually(stored_whole)
             # Regenerate: a sibling; the page shows the new branch, and ‹ 1/2 › switches back.
             async with asyncio.timeout(5):
                 while h.hub.turns.in_flight(info.id) is not None:
