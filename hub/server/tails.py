@@ -101,7 +101,9 @@ class Tail:
             await bus.wait(self.stream, self.last_seq, since=generation)
             generation = bus.generation
             try:
-                events = await self.store.read_events(self.stream, self.last_seq, 1000)
+                events = self.store.read_events_nowait(self.stream, self.last_seq, 1000)
+                if events is None:
+                    events = await self.store.read_events(self.stream, self.last_seq, 1000)
             except PositionLost as exc:
                 # Pruned or re-epoched under us: start over at the log's end; subscribers
                 # notice the gap or the epoch and get a reset.

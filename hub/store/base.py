@@ -385,6 +385,14 @@ class Store(abc.ABC):
         Raises :class:`~protocol.errors.PositionLost` when the log cannot serve that
         position (pruned, another epoch, or beyond its end)."""
 
+    def read_events_nowait(self, stream: str, after_seq: int, limit: int) -> list[Event] | None:
+        """:meth:`read_events` answered at once, without awaiting, or None when this store
+        cannot (the default). A store whose reads cross a thread may answer a short read
+        of a log's newest events on the calling thread: what a stream's tail asks right
+        after each commit. It may return fewer than ``limit`` events before the log's end;
+        the caller reads on."""
+        return None
+
     @abc.abstractmethod
     async def stream_position(self, stream: str) -> StreamPosition: ...
 

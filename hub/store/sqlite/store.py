@@ -75,6 +75,9 @@ _decode = msgspec.json.Decoder().decode
 
 #: Appends of more messages than this run in the writer's thread, not inline.
 INLINE_BATCH = 16
+#: At most this many events are read inline by :meth:`SqliteStore.read_events_nowait`: the
+#: newest few after a commit, bounded so that a tail far behind reads in the reader's thread.
+INLINE_EVENTS = 32
 
 
 class SqliteStore(Store):
@@ -613,6 +616,13 @@ class SqliteStore(Store):
         check_limit(limit)
 
         return await self._read(sql.read_events, stream, after_seq, limit, epoch)
+
+    def read_events_nowait(self, stream: str, after_seq: int, limit: int) -> list[Event] | None:
+        # The tail's read right after a commit: a few small rows, cheaper here than the two
+        # cross-thread wake-ups of the reader's thread (docs/benchmarks.md, issue 18).
+        check_limit(after_seq, "after_seq")
+        check_limit(limit)
+        return self._read_inline(sql.read_events, stream, after_seq, min(limit, INLINE_EVENTS), None)
 
     async def stream_position(self, stream: str) -> StreamPosition:
         return await self._read(sql.position, stream)
