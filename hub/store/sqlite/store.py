@@ -100,7 +100,8 @@ class SqliteStore(Store):
         self._write_lock = asyncio.Lock()
         self._commits = 0
         self._checkpointer: Checkpointer | None = None
-        self._catching_up = False
+        #: Set while one writer runs a catch-up; the others may wait on it (``_write``).
+        self._caught_up: asyncio.Event | None = None
         self._wal_limit = wal_limit
         if path != ":memory:":
             self._checkpointer = Checkpointer(path, synchronous)
@@ -197,11 +198,13 @@ class SqliteStore(Store):
         if checkpointer is not None:
             if self._commits % CHECKPOINT_EVERY == 0:
                 checkpointer.wake(self._commit_count)
-            if not self._catching_up and checkpointer.wal_file_size() > self._wal_limit:
+            wal = checkpointer.wal_file_size()
+            caught_up = self._caught_up
+            if caught_up is None and wal > self._wal_limit:
                 # The bound on the WAL. This writer (committed already) runs the catch-up
                 # inline rather than in a task, so the bound holds even for a caller that
                 # never yields to the event loop; other writers go on until it takes the lock.
-                self._catching_up = True
+                self._caught_up = caught_up = asyncio.Event()
                 try:
                     await checkpointer.settle()
                     async with self._write_lock:
@@ -210,7 +213,15 @@ class SqliteStore(Store):
                 except Exception as exc:  # committed already; the next catch-up retries
                     log.warning("WAL checkpoint failed: %s", exc)
                 finally:
-                    self._catching_up = False
+                    self._caught_up = None
+                    caught_up.set()
+            elif caught_up is not None and wal > 2 * self._wal_limit:
+                # A catch-up waits for a pass that copies what the WAL held when it began, and
+                # writers that went on meanwhile grew it: a pass costs disk writes and syncs, an
+                # append only the page cache, so without this the WAL outran every pass (a
+                # 9 GB WAL behind a prune, docs/benchmarks.md). Past twice the limit, writers
+                # wait for the catch-up too: the WAL grows no faster than it is checkpointed.
+                await caught_up.wait()
         return result
 
     def _commit_count(self) -> int:
