@@ -134,8 +134,21 @@ async def sqlite_retention(events: int, seconds: float) -> dict[str, Any]:
         await asyncio.to_thread(_fill_sqlite, path, session_stream(big), big, events)
         filled = time.perf_counter() - t0
         async with await SqliteStore.open(path) as store:
-            out = await _measure(SessionManager(store), events, seconds)
+            peak = 0.0
+
+            async def sample() -> None:
+                nonlocal peak
+                while True:
+                    peak = max(peak, _wal_mb(path))
+                    await asyncio.sleep(0.05)
+
+            sampler = asyncio.create_task(sample())
+            try:
+                out = await _measure(SessionManager(store), events, seconds)
+            finally:
+                sampler.cancel()
             out["wal_mb_after"] = _wal_mb(path)
+            out["wal_mb_peak"] = peak
     return {"store": "sqlite", "fill_s": round(filled, 1)} | out
 
 
@@ -192,7 +205,10 @@ def show(r: dict[str, Any]) -> None:
             f"p99 {w['p99_ms']} ms  max {w['max_ms']} ms  ({w['appends']} appends)"
         )
     if "wal_mb_after" in r:
-        print(f"  the -wal file after the prune: {r['wal_mb_after']} MB")
+        print(
+            f"  the -wal file after the prune: {r['wal_mb_after']} MB, "
+            f"its peak (sampled every 50 ms): {r['wal_mb_peak']} MB"
+        )
     a, d = r["alone"], r["during_prune"]
     print(f"  p99 during the prune / alone: {d['p99_ms'] / a['p99_ms']:.2f}")
 
