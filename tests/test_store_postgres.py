@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -224,6 +225,10 @@ async def test_a_role_that_may_not_create_runs_on_the_shipped_schema(pg_dsn: str
         await conn.close()
 
 
+# The schema file as sessionhub shipped it at version 3 (before messages and events were
+# keyed by their stream's integer key).
+SCHEMA_V3 = (Path(__file__).parent / "fixtures" / "postgres_schema_v3.sql").read_text("utf-8")
+
 # The messages and events tables as migration 2 left them: the indexed copy of the text in
 # messages.body, every message.appended event a full copy of its message.
 VERSION_2 = """
@@ -238,7 +243,7 @@ async def test_migration_3_keeps_a_version_2_database_reading_the_same(
     pg_dsn: str, pg_schema: str, raw: asyncpg.Connection
 ) -> None:
     async with raw.transaction():
-        await raw.execute(SCHEMA_SQL)
+        await raw.execute(SCHEMA_V3)
         await raw.execute(VERSION_2)
         now = "2026-01-01T00:00:00Z"
         await raw.execute(
@@ -300,7 +305,10 @@ async def test_appended_events_keep_the_body_they_were_appended_with(
     assert [d["message"]["id"] for d in before] == ["a", "b", "c", "d", "e"]
     assert [d["parent_id"] for d in before] == [None, "a", "b", "c", "d"]
     # The log refers to the rows: no copy of the message in the event.
-    refs = await raw.fetch("SELECT data FROM events WHERE stream = 's:s' AND ref IS NOT NULL ORDER BY seq")
+    refs = await raw.fetch(
+        "SELECT data FROM events WHERE stream_key = (SELECT key FROM streams WHERE stream = 's:s') "
+        "AND ref IS NOT NULL ORDER BY seq"
+    )
     assert [r[0] for r in refs] == ["null", '"a"', '"b"', '"c"', '"d"']
     await pg.update_message("s", msg("a", "rewritten"))
     await pg.delete_messages("s", ["b"])
