@@ -168,20 +168,22 @@ async def postgres_retention(events: int, seconds: float, dsn: str) -> dict[str,
                 now = datetime.now(UTC)
                 data = json.dumps({"label": "memory", "content": "x" * 40})
                 async with conn.transaction():
-                    await conn.execute("DELETE FROM events WHERE stream = $1", stream)
+                    key = await conn.fetchval(
+                        "INSERT INTO streams (stream, epoch, first_seq, last_seq) "
+                        "VALUES ($1, 'bench', 1, $2) "
+                        "ON CONFLICT (stream) DO UPDATE SET first_seq = 1, last_seq = excluded.last_seq "
+                        "RETURNING key",
+                        stream,
+                        events,
+                    )
+                    await conn.execute("DELETE FROM events WHERE stream_key = $1", key)
+                    # session_id NULL: the session whose stream it is (the store's own form).
                     await conn.copy_records_to_table(
                         "events",
                         records=(
-                            (stream, seq, big, "context.replaced", data, now) for seq in range(1, events + 1)
+                            (key, seq, None, "context.replaced", data, now) for seq in range(1, events + 1)
                         ),
-                        columns=["stream", "seq", "session_id", "type", "data", "created_at"],
-                    )
-                    await conn.execute(
-                        "INSERT INTO streams (stream, epoch, first_seq, last_seq) "
-                        "VALUES ($1, 'bench', 1, $2) "
-                        "ON CONFLICT (stream) DO UPDATE SET first_seq = 1, last_seq = excluded.last_seq",
-                        stream,
-                        events,
+                        columns=["stream_key", "seq", "session_id", "type", "data", "created_at"],
                     )
                 await conn.execute("VACUUM ANALYZE events")
             finally:

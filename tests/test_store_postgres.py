@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -224,6 +225,10 @@ async def test_a_role_that_may_not_create_runs_on_the_shipped_schema(pg_dsn: str
         await conn.close()
 
 
+# The schema file as sessionhub shipped it at version 3 (before messages and events were
+# keyed by their stream's integer key).
+SCHEMA_V3 = (Path(__file__).parent / "fixtures" / "postgres_schema_v3.sql").read_text("utf-8")
+
 # The messages and events tables as migration 2 left them: the indexed copy of the text in
 # messages.body, every message.appended event a full copy of its message.
 VERSION_2 = """
@@ -238,7 +243,7 @@ async def test_migration_3_keeps_a_version_2_database_reading_the_same(
     pg_dsn: str, pg_schema: str, raw: asyncpg.Connection
 ) -> None:
     async with raw.transaction():
-        await raw.execute(SCHEMA_SQL)
+        await raw.execute(SCHEMA_V3)
         await raw.execute(VERSION_2)
         now = "2026-01-01T00:00:00Z"
         await raw.execute(
@@ -290,6 +295,99 @@ async def test_migration_3_keeps_a_version_2_database_reading_the_same(
     )
 
 
+async def test_migration_4_keeps_a_version_3_database_reading_the_same(
+    pg_dsn: str, pg_schema: str, raw: asyncpg.Connection
+) -> None:
+    """Rows written as version 3 wrote them (text session ids and streams, every column
+    filled) read back the same once migration 4 has keyed them by their stream."""
+    now = datetime.fromisoformat("2026-01-01T00:00:00Z")
+    texts = ["alpha beta gamma", "delta epsilon", "zeta branch"]
+    contents = [msgspec.json.encode(T(f"m{i}", "user", t)).decode() for i, t in enumerate(texts)]
+    info = '{"session":{"id":"old"}}'
+    async with raw.transaction():
+        await raw.execute(SCHEMA_V3)
+        await raw.execute("DELETE FROM schema_migrations WHERE version > 3")
+        await raw.execute(
+            "INSERT INTO sessions (id, name, created_at, updated_at) VALUES ('old', 'old', $1, $1)", now
+        )
+        await raw.execute("INSERT INTO streams VALUES ('s:old', 'e1', 1, 5), ('registry', 'e2', 1, 1)")
+        await raw.execute(
+            "INSERT INTO events VALUES ('registry', 1, 'old', 'session.created', $1, $2, NULL)", info, now
+        )
+        await raw.execute(
+            "INSERT INTO events VALUES ('s:old', 1, 'old', 'session.created', $1, $2, NULL)", info, now
+        )
+        pks: list[int] = []
+        for i, (content, text) in enumerate(zip(contents, texts, strict=True)):
+            parent = None if i == 0 else pks[0]  # m1 and m2: two branches under m0
+            pks.append(
+                await raw.fetchval(
+                    "INSERT INTO messages "
+                    "(session_id, id, parent_pk, role, content, tsv, created_at, event_seq) "
+                    "VALUES ('old', $1, $2, 'user', $3, to_tsvector('sessionhub', $4), $5, $6) RETURNING pk",
+                    f"m{i}",
+                    parent,
+                    content,
+                    fts_text(text),
+                    now,
+                    None if i == 0 else i + 2,
+                )
+            )
+        # m0's event holds its own body (as after an update); m1's and m2's refer to their rows.
+        await raw.execute(
+            "INSERT INTO events VALUES ('s:old', 2, 'old', 'message.appended', $1, $2, NULL), "
+            "('s:old', 3, 'old', 'message.appended', '\"m0\"', $2, $3), "
+            "('s:old', 4, 'old', 'message.appended', '\"m0\"', $2, $4), "
+            "('s:old', 5, 'old', 'context.replaced', '{}', $2, NULL)",
+            f'{{"message":{contents[0]},"parent_id":null}}',
+            now,
+            pks[1],
+            pks[2],
+        )
+    async with await open_store(pg_dsn, pg_schema) as store:
+        assert [m.text() for m in await store.get_history("old", "m1")] == texts[:2]
+        assert [m.text() for m in await store.get_history("old")] == [texts[0], texts[2]]
+        assert [m.id for m in await store.get_branches("old", "m0")] == ["m1", "m2"]
+        assert [(h.id, h.session_id) for h in await store.search_messages("epsilon", session_id="old")] == [
+            ("m1", "old")
+        ]
+        assert [h.id for h in await store.search_messages("zeta branch", session_id=None)] == ["m2"]
+        events = await store.read_events("s:old")
+        assert [(e.seq, e.type, e.session_id) for e in events] == [
+            (1, "session.created", "old"),
+            (2, "message.appended", "old"),
+            (3, "message.appended", "old"),
+            (4, "message.appended", "old"),
+            (5, "context.replaced", "old"),
+        ]
+        assert [e.data["message"]["id"] for e in events[1:4]] == ["m0", "m1", "m2"]
+        assert [e.data["parent_id"] for e in events[1:4]] == [None, "m0", "m0"]
+        assert [(e.type, e.session_id) for e in await store.read_events("registry")] == [
+            ("session.created", "old")
+        ]
+        dump = await store.dump_session("old")
+        assert [(d.message.id, d.parent_id, d.created_at) for d in dump.messages] == [
+            ("m0", None, now),
+            ("m1", "m0", now),
+            ("m2", "m0", now),
+        ]
+        # Writes go on where version 3 left off: the next pk and the next seq.
+        await store.append_messages("old", [msg("m3", "new words")])
+        assert (await store.read_events("s:old", 5))[0].data["parent_id"] == "m2"
+        assert await raw.fetchval("SELECT pk FROM messages WHERE id = 'm3'") > pks[-1]
+        await store.update_message("old", msg("m1", "rewritten"))
+        assert (await store.read_events("s:old"))[2].data["message"]["parts"][0]["text"] == texts[1]
+    rows = await raw.fetch("SELECT version FROM schema_migrations ORDER BY version")
+    assert [r[0] for r in rows] == list(range(1, len(MIGRATIONS) + 1))
+    columns = await raw.fetch(
+        "SELECT table_name, column_name FROM information_schema.columns "
+        "WHERE table_schema = $1 AND table_name IN ('messages', 'events') "
+        "AND column_name IN ('session_id', 'stream')",
+        pg_schema,
+    )
+    assert sorted(tuple(r) for r in columns) == [("events", "session_id")]
+
+
 async def test_appended_events_keep_the_body_they_were_appended_with(
     pg: PostgresStore, raw: asyncpg.Connection
 ) -> None:
@@ -300,7 +398,10 @@ async def test_appended_events_keep_the_body_they_were_appended_with(
     assert [d["message"]["id"] for d in before] == ["a", "b", "c", "d", "e"]
     assert [d["parent_id"] for d in before] == [None, "a", "b", "c", "d"]
     # The log refers to the rows: no copy of the message in the event.
-    refs = await raw.fetch("SELECT data FROM events WHERE stream = 's:s' AND ref IS NOT NULL ORDER BY seq")
+    refs = await raw.fetch(
+        "SELECT data FROM events WHERE stream_key = (SELECT key FROM streams WHERE stream = 's:s') "
+        "AND ref IS NOT NULL ORDER BY seq"
+    )
     assert [r[0] for r in refs] == ["null", '"a"', '"b"', '"c"', '"d"']
     await pg.update_message("s", msg("a", "rewritten"))
     await pg.delete_messages("s", ["b"])

@@ -13,6 +13,7 @@ from ..policy import context_owners, owned_context, session_stream
 from ..prune import PruneArgs, batch_end
 from ..rows import SESSION_COLS, decode_message, session_info, ts
 from . import sql
+from .keys import SESSION_KEY
 from .tx import PostgresTx, session_row
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ async def prune_candidates(conn: Conn, args: PruneArgs) -> list[str]:
         found.update(r[0] for r in rows)
     if args.cutoff is not None:
         rows = await conn.fetch(
-            "SELECT s.stream FROM streams s JOIN events e ON e.stream = s.stream AND e.seq = s.first_seq "
+            "SELECT s.stream FROM streams s JOIN events e ON e.stream_key = s.key AND e.seq = s.first_seq "
             "WHERE e.created_at < $1",
             ts(args.cutoff),
         )
@@ -49,15 +50,18 @@ async def prune_batch(tx: PostgresTx, stream: str, args: PruneArgs) -> int:
     short transaction, and a second node pruning the same stream re-reads ``first_seq``
     after this one's commit, so it deletes nothing twice."""
     conn = tx.conn
-    row = await conn.fetchrow("SELECT first_seq, last_seq FROM streams WHERE stream = $1 FOR UPDATE", stream)
+    row = await conn.fetchrow(
+        "SELECT first_seq, last_seq, key FROM streams WHERE stream = $1 FOR UPDATE", stream
+    )
     if row is None:
         return 0
-    first, last = int(row[0]), int(row[1])
+    first, last, key = int(row[0]), int(row[1]), int(row[2])
     first_new: int | None = None
     if args.cutoff is not None:
         found = await conn.fetchval(
-            "SELECT MIN(seq) FROM events WHERE stream = $1 AND seq >= $2 AND seq < $3 AND created_at >= $4",
-            stream,
+            "SELECT MIN(seq) FROM events "
+            "WHERE stream_key = $1 AND seq >= $2 AND seq < $3 AND created_at >= $4",
+            key,
             first,
             first + args.batch,
             ts(args.cutoff),
@@ -67,10 +71,11 @@ async def prune_batch(tx: PostgresTx, stream: str, args: PruneArgs) -> int:
     if end <= first:
         return 0
     await conn.execute(
-        "WITH d AS (DELETE FROM events WHERE stream = $1 AND seq < $2) "
+        "WITH d AS (DELETE FROM events WHERE stream_key = $3 AND seq < $2) "
         "UPDATE streams SET first_seq = $2 WHERE stream = $1",
         stream,
         end,
+        key,
     )
     return end - first
 
@@ -103,7 +108,7 @@ async def dump_session(conn: Conn, session_id: str) -> SessionDump:
         info = await session_row(conn, session_id)
         rows = await conn.fetch(
             "SELECT m.content, p.id, m.created_at FROM messages m LEFT JOIN messages p ON p.pk = m.parent_pk "
-            "WHERE m.session_id = $1 ORDER BY m.pk",
+            f"WHERE m.session_key = {SESSION_KEY} ORDER BY m.pk",
             session_id,
         )
         messages = [
@@ -166,7 +171,7 @@ async def import_session(tx: PostgresTx, dump: SessionDump, replace: bool) -> Se
     for m in dump.messages:
         await sql.insert_messages(tx, sid, [m.message], m.parent_id)
         await conn.execute(
-            "UPDATE messages SET created_at = $3 WHERE session_id = $1 AND id = $2",
+            f"UPDATE messages SET created_at = $3 WHERE session_key = {SESSION_KEY} AND id = $2",
             sid,
             m.message.id,
             m.created_at,

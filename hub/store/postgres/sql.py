@@ -37,6 +37,7 @@ from ..rows import (
     session_info,
     updated_json,
 )
+from .keys import SESSION_KEY, SESSION_PREFIX, bump_stream, stream_key_of
 from .tx import PostgresTx
 
 if TYPE_CHECKING:
@@ -56,7 +57,8 @@ def indexed_words(message: Message) -> str | None:
 # referring to them and get the body they were appended with (what rehydrated() builds).
 DETACH = """
 UPDATE events e SET data = '{{"message":' || x.content || ',"parent_id":' || e.data || '}}', ref = NULL
-FROM {rows} x WHERE e.stream = {stream} AND e.seq = x.event_seq AND e.ref = x.pk
+FROM {rows} x WHERE e.stream_key = (SELECT key FROM streams WHERE stream = {stream})
+AND e.seq = x.event_seq AND e.ref = x.pk
 """
 
 
@@ -69,8 +71,8 @@ WITH RECURSIVE path(pk, parent_pk, id, content, depth) AS (
     WHERE m.pk < path.pk
 )
 """
-LEAF_LATEST = "(SELECT pk FROM messages WHERE session_id = $1 ORDER BY pk DESC LIMIT 1)"
-LEAF_ID = "(SELECT pk FROM messages WHERE session_id = $1 AND id = $2)"
+LEAF_LATEST = f"(SELECT pk FROM messages WHERE session_key = {SESSION_KEY} ORDER BY pk DESC LIMIT 1)"
+LEAF_ID = f"(SELECT pk FROM messages WHERE session_key = {SESSION_KEY} AND id = $2)"
 
 PATH_LATEST = PATH_CTE.format(leaf=LEAF_LATEST) + "SELECT content FROM path ORDER BY depth DESC"
 PATH_ID = PATH_CTE.format(leaf=LEAF_ID) + "SELECT content FROM path ORDER BY depth DESC"
@@ -116,23 +118,25 @@ TSQUERY = {
     "phrase": f"SELECT ({PHRASE_Q})::text",
     "words": f"SELECT ({WORDS_Q})::text",
 }
-SEARCH_SESSION = """
+SEARCH_SESSION = f"""
 WITH hits AS (
-    SELECT m.pk, m.id, m.role, m.content, m.session_id, m.created_at, m.tsv
-    FROM messages m WHERE m.session_id = $1 AND m.tsv @@ {q}
-    ORDER BY m.pk DESC LIMIT {window}
+    SELECT m.pk, m.id, m.role, m.content, m.created_at, m.tsv
+    FROM messages m WHERE m.session_key = {SESSION_KEY} AND m.tsv @@ {{q}}
+    ORDER BY m.pk DESC LIMIT {{window}}
 )
-SELECT h.id, h.role, h.content, h.session_id, h.created_at FROM hits h
-ORDER BY ts_rank(h.tsv, {q}, 1) DESC, h.pk LIMIT $2
+SELECT h.id, h.role, h.content, $1::text, h.created_at FROM hits h
+ORDER BY ts_rank(h.tsv, {{q}}, 1) DESC, h.pk LIMIT $2
 """
-SEARCH_ALL = """
+# Only the messages of registered sessions; a hit's session id is its stream's name.
+SEARCH_ALL = f"""
 WITH hits AS (
-    SELECT m.pk, m.id, m.role, m.content, m.session_id, m.created_at, m.tsv
-    FROM messages m JOIN sessions s ON s.id = m.session_id WHERE m.tsv @@ {q}
-    ORDER BY m.pk DESC LIMIT {window}
+    SELECT m.pk, m.id, m.role, m.content, s.id AS session_id, m.created_at, m.tsv
+    FROM messages m JOIN streams st ON st.key = m.session_key
+    JOIN sessions s ON s.id = substr(st.stream, {len(session_stream("")) + 1}) WHERE m.tsv @@ {{q}}
+    ORDER BY m.pk DESC LIMIT {{window}}
 )
 SELECT h.id, h.role, h.content, h.session_id, h.created_at FROM hits h
-ORDER BY ts_rank(h.tsv, {q}, 1) DESC, h.pk LIMIT $1
+ORDER BY ts_rank(h.tsv, {{q}}, 1) DESC, h.pk LIMIT $1
 """
 
 
@@ -148,9 +152,9 @@ ORDER BY ts_rank(e.tsv, q.q, 1) DESC, e.pk LIMIT $3
 """
 
 # The messages of a batch whose pks and event seqs were taken before (insert_messages).
-INSERT_MESSAGES = """
-INSERT INTO messages (pk, session_id, id, parent_pk, role, content, tsv, event_seq, created_at)
-SELECT u.pk, $1, u.id, u.parent_pk, u.role, u.content, to_tsvector('sessionhub', u.fts), u.seq, $2
+INSERT_MESSAGES = f"""
+INSERT INTO messages (pk, session_key, id, parent_pk, role, content, tsv, event_seq, created_at)
+SELECT u.pk, {SESSION_KEY}, u.id, u.parent_pk, u.role, u.content, to_tsvector('sessionhub', u.fts), u.seq, $2
 FROM unnest($3::bigint[], $4::text[], $5::bigint[], $6::text[], $7::text[], $8::text[], $9::bigint[])
     AS u(pk, id, parent_pk, role, content, fts, seq)
 """
@@ -165,28 +169,24 @@ FROM unnest($3::bigint[], $4::text[], $5::bigint[], $6::text[], $7::text[], $8::
 # rolls that back). Each part reads the one before it, which makes Postgres run them in that
 # order: the session row is locked before the stream's counter row, as every other writer
 # locks them (else two writers could deadlock).
-APPEND_ONE = """
-WITH p AS ({parent}),
+APPEND_ONE = f"""
+WITH p AS ({{parent}}),
 t AS (
     UPDATE sessions SET updated_at = $6 WHERE id = $1 AND $9::bool RETURNING 1
 ), new AS (
     SELECT 1 FROM (SELECT count(*) FROM t) AS touched
-    WHERE NOT EXISTS (SELECT 1 FROM messages WHERE session_id = $1 AND id = $2)
-), s AS (
-    INSERT INTO streams AS s (stream, epoch, first_seq, last_seq) SELECT $7, $8, 1, 1 FROM new
-    ON CONFLICT (stream) DO UPDATE SET last_seq = s.last_seq + 1
-    RETURNING last_seq
-), ins AS (
-    INSERT INTO messages (session_id, id, parent_pk, role, content, tsv, event_seq, created_at)
-    SELECT $1, $2, (SELECT pk FROM p), $3, $4, to_tsvector('sessionhub', $5::text), s.last_seq, $6
+    WHERE NOT EXISTS (SELECT 1 FROM messages WHERE session_key = {SESSION_KEY} AND id = $2)
+), {bump_stream("$7::text", "$8::text", "1", gate="new")}, ins AS (
+    INSERT INTO messages (session_key, id, parent_pk, role, content, tsv, event_seq, created_at)
+    SELECT s.key, $2, (SELECT pk FROM p), $3, $4, to_tsvector('sessionhub', $5::text), s.last_seq, $6
     FROM s
-    ON CONFLICT (session_id, id) DO NOTHING RETURNING pk
+    ON CONFLICT (session_key, id) DO NOTHING RETURNING pk
 ), st AS (
     INSERT INTO session_stats AS st (session_id, messages) SELECT $1, 1 FROM ins
     ON CONFLICT (session_id) DO UPDATE SET messages = st.messages + 1
 ), e AS (
-    INSERT INTO events (stream, seq, session_id, type, data, created_at, ref)
-    SELECT $7, s.last_seq, $1, 'message.appended',
+    INSERT INTO events (stream_key, seq, session_id, type, data, created_at, ref)
+    SELECT s.key, s.last_seq, NULL, NULL,
            COALESCE(to_json((SELECT id FROM p))::text, 'null'), $6, ins.pk
     FROM s, ins
 )
@@ -194,9 +194,11 @@ SELECT (SELECT pk FROM ins), (SELECT id FROM p), (SELECT last_seq FROM s), (SELE
        (SELECT pg_notify($10, s.last_seq::text || ' ' || $11) FROM s WHERE $10::text IS NOT NULL)
 """
 APPEND_AFTER_LATEST = APPEND_ONE.format(
-    parent="SELECT pk, id FROM messages WHERE session_id = $1 ORDER BY pk DESC LIMIT 1"
+    parent=f"SELECT pk, id FROM messages WHERE session_key = {SESSION_KEY} ORDER BY pk DESC LIMIT 1"
 )
-APPEND_AFTER = APPEND_ONE.format(parent="SELECT pk, id FROM messages WHERE session_id = $1 AND id = $12")
+APPEND_AFTER = APPEND_ONE.format(
+    parent=f"SELECT pk, id FROM messages WHERE session_key = {SESSION_KEY} AND id = $12"
+)
 APPEND_ROOT = APPEND_ONE.format(parent="SELECT NULL::bigint AS pk, NULL::text AS id WHERE false")
 
 COUNT = (
@@ -208,7 +210,7 @@ DELETE_ONE = f"""
 WITH t AS (
     SELECT m.pk, m.parent_pk, p.id AS parent_id, m.content, m.event_seq FROM messages m
     LEFT JOIN messages p ON p.pk = m.parent_pk
-    WHERE m.session_id = $1 AND m.id = $2
+    WHERE m.session_key = {SESSION_KEY} AND m.id = $2
 ), dx AS ({DETACH.format(rows="t", stream="$3")}), ch AS (
     UPDATE messages c SET parent_pk = t.parent_pk FROM t WHERE c.parent_pk = t.pk
     RETURNING c.pk, c.id
@@ -219,22 +221,23 @@ SELECT t.parent_id, ARRAY(SELECT id FROM ch ORDER BY pk) FROM t
 """
 
 #: A session's messages, overlays and count go (delete_session: the log goes too).
-CLEAR_ALL = """
-WITH a AS (DELETE FROM messages WHERE session_id = $1),
+CLEAR_ALL = f"""
+WITH a AS (DELETE FROM messages WHERE session_key = {SESSION_KEY}),
      b AS (DELETE FROM compactions WHERE session_id = $1)
 DELETE FROM session_stats WHERE session_id = $1
 """
 #: As CLEAR_ALL, the log staying readable: the message.appended events get their bodies.
 CLEAR = f"""
-WITH x AS (SELECT pk, content, event_seq FROM messages WHERE session_id = $1 AND event_seq IS NOT NULL),
-     dx AS ({DETACH.format(rows="x", stream="$2")}),
-     a AS (DELETE FROM messages WHERE session_id = $1),
+WITH x AS (
+    SELECT pk, content, event_seq FROM messages WHERE session_key = {SESSION_KEY} AND event_seq IS NOT NULL
+), dx AS ({DETACH.format(rows="x", stream="$2")}),
+     a AS (DELETE FROM messages WHERE session_key = {SESSION_KEY}),
      b AS (DELETE FROM compactions WHERE session_id = $1)
 DELETE FROM session_stats WHERE session_id = $1
 """
 
 UPDATE_MESSAGE = f"""
-WITH x AS (SELECT pk, content, event_seq FROM messages WHERE session_id = $1 AND id = $2),
+WITH x AS (SELECT pk, content, event_seq FROM messages WHERE session_key = {SESSION_KEY} AND id = $2),
      dx AS ({DETACH.format(rows="x", stream="$6")})
 UPDATE messages m SET content = $3, role = $4, tsv = to_tsvector('sessionhub', $5::text), event_seq = NULL
 FROM x WHERE m.pk = x.pk RETURNING m.pk
@@ -252,15 +255,19 @@ SELECT 1 FROM up WHERE pk = $2 LIMIT 1
 
 # A referring event (ref set) reads its message's row: the message as appended, since an
 # update or a delete gives the event its body back first (DETACH).
-READ_EVENTS = """
+# An event whose session_id is NULL is of the session whose stream it is in; one whose type
+# is NULL, a message.appended (what EMIT leaves out).
+READ_EVENTS = f"""
 SELECT s.epoch, s.first_seq, s.last_seq, e.session_id, e.seq, e.type, e.data, e.created_at,
        e.ref, e.content
 FROM (SELECT 1) AS one
 LEFT JOIN streams s ON s.stream = $1
 LEFT JOIN LATERAL (
-    SELECT ev.session_id, ev.seq, ev.type, ev.data, ev.created_at, ev.ref, m.content FROM events ev
+    SELECT COALESCE(ev.session_id, substr($1, {len(SESSION_PREFIX) + 1})) AS session_id, ev.seq,
+           COALESCE(ev.type, 'message.appended') AS type, ev.data, ev.created_at, ev.ref, m.content
+    FROM events ev
     LEFT JOIN messages m ON m.pk = ev.ref
-    WHERE ev.stream = $1 AND ev.seq > $2 ORDER BY ev.seq LIMIT $3
+    WHERE ev.stream_key = s.key AND ev.seq > $2 ORDER BY ev.seq LIMIT $3
 ) e ON true
 ORDER BY e.seq
 """
@@ -268,7 +275,7 @@ ORDER BY e.seq
 
 async def pk_of(conn: Conn, session_id: str, message_id: str) -> int | None:
     pk = await conn.fetchval(
-        "SELECT pk FROM messages WHERE session_id = $1 AND id = $2", session_id, message_id
+        f"SELECT pk FROM messages WHERE session_key = {SESSION_KEY} AND id = $2", session_id, message_id
     )
     return None if pk is None else int(pk)
 
@@ -334,7 +341,8 @@ async def insert_messages(
     parent_id: str | None
     if parent is LATEST:
         row = await conn.fetchrow(
-            "SELECT pk, id FROM messages WHERE session_id = $1 ORDER BY pk DESC LIMIT 1", session_id
+            f"SELECT pk, id FROM messages WHERE session_key = {SESSION_KEY} ORDER BY pk DESC LIMIT 1",
+            session_id,
         )
         parent_pk, parent_id = (None, None) if row is None else (int(row[0]), row[1])
     elif parent is None:
@@ -351,7 +359,7 @@ async def insert_messages(
     known: dict[str, int] = {
         r[0]: int(r[1])
         for r in await conn.fetch(
-            "SELECT id, pk FROM messages WHERE session_id = $1 AND id = ANY($2::text[])",
+            f"SELECT id, pk FROM messages WHERE session_key = {SESSION_KEY} AND id = ANY($2::text[])",
             session_id,
             [m.id for m in messages],
         )
@@ -505,7 +513,7 @@ async def add_compaction(
         wanted = sorted(set(covered))
         found = int(
             await conn.fetchval(
-                "SELECT count(*) FROM messages WHERE session_id = $1 AND id = ANY($2::text[])",
+                f"SELECT count(*) FROM messages WHERE session_key = {SESSION_KEY} AND id = ANY($2::text[])",
                 session_id,
                 wanted,
             )
@@ -529,7 +537,7 @@ async def delete_session(tx: PostgresTx, session_id: str, stream: str, context_k
     # event stays, and the stream now starts there.
     seq = await tx.emit(own, session_id, "session.deleted", data)
     await conn.execute(
-        "WITH d AS (DELETE FROM events WHERE stream = $1 AND seq < $2) "
+        f"WITH d AS (DELETE FROM events WHERE stream_key = {stream_key_of('$1')} AND seq < $2) "
         "UPDATE streams SET first_seq = $2 WHERE stream = $1",
         stream,
         seq,

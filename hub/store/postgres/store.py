@@ -54,6 +54,7 @@ from ..policy import (
 from ..prune import check_prune
 from ..rows import SESSION_COLS, decode_message, session_info, text_of
 from . import maintenance, sql
+from .keys import SESSION_KEY
 from .schema import lock_key, migrate
 from .tx import PostgresTx
 
@@ -276,7 +277,9 @@ class PostgresStore(Store):
     async def get_message(self, session_id: str, message_id: str) -> Message | None:
         async def fn(conn: Conn) -> Message | None:
             content = await conn.fetchval(
-                "SELECT content FROM messages WHERE session_id = $1 AND id = $2", session_id, message_id
+                f"SELECT content FROM messages WHERE session_key = {SESSION_KEY} AND id = $2",
+                session_id,
+                message_id,
             )
             return None if content is None else decode_message(content)
 
@@ -291,7 +294,8 @@ class PostgresStore(Store):
     async def get_latest_leaf(self, session_id: str) -> Message | None:
         async def fn(conn: Conn) -> Message | None:
             content = await conn.fetchval(
-                "SELECT content FROM messages WHERE session_id = $1 ORDER BY pk DESC LIMIT 1", session_id
+                f"SELECT content FROM messages WHERE session_key = {SESSION_KEY} ORDER BY pk DESC LIMIT 1",
+                session_id,
             )
             return None if content is None else decode_message(content)
 
@@ -311,7 +315,7 @@ class PostgresStore(Store):
         async def fn(conn: Conn) -> list[Message]:
             rows = await conn.fetch(
                 "SELECT content FROM messages WHERE parent_pk = "
-                "(SELECT pk FROM messages WHERE session_id = $1 AND id = $2) ORDER BY pk",
+                f"(SELECT pk FROM messages WHERE session_key = {SESSION_KEY} AND id = $2) ORDER BY pk",
                 session_id,
                 message_id,
             )

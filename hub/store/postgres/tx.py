@@ -13,6 +13,7 @@ from protocol import SessionInfo, SessionNotFound
 from ..base import WriteTx
 from ..policy import registry_events, session_stream
 from ..rows import SESSION_COLS, new_epoch, session_info, ts
+from .keys import SESSION_PREFIX, bump_stream
 
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
@@ -23,14 +24,14 @@ __all__ = ["Conn", "PostgresTx", "session_row"]
 
 _encode = msgspec.json.Encoder().encode
 
-EMIT = """
-WITH s AS (
-    INSERT INTO streams AS s (stream, epoch, first_seq, last_seq) VALUES ($1, $2, 1, $3)
-    ON CONFLICT (stream) DO UPDATE SET last_seq = s.last_seq + excluded.last_seq
-    RETURNING last_seq
-), e AS (
-    INSERT INTO events (stream, seq, session_id, type, data, created_at, ref)
-    SELECT $1, s.last_seq - $3 + u.ord, $4, u.type, u.data, $7, u.ref
+# An event of the session's own stream stores no session id, a message.appended no type
+# (NULL stands for them: READ_EVENTS).
+EMIT = f"""
+WITH {bump_stream("$1::text", "$2::text", "$3::bigint")}, e AS (
+    INSERT INTO events (stream_key, seq, session_id, type, data, created_at, ref)
+    SELECT s.key, s.last_seq - $3 + u.ord,
+           CASE WHEN $1 = '{SESSION_PREFIX}' || $4 THEN NULL ELSE $4::text END,
+           NULLIF(u.type, 'message.appended'), u.data, $7, u.ref
     FROM s, unnest($5::text[], $6::text[], $8::bigint[]) WITH ORDINALITY AS u(type, data, ref, ord)
 )
 SELECT last_seq FROM s
