@@ -26,6 +26,7 @@ from ..rows import (
     ts,
     updated_json,
 )
+from . import rank
 from .connection import Conn
 from .tx import SqliteTx, next_seq
 
@@ -407,6 +408,20 @@ SELECT m.id, m.role, m.content, m.session_id, m.created_at FROM (
 SEARCH_BY_TOKEN = SEARCH_SESSION.format(join="", filter="")
 #: The text alone in MATCH, the session checked on each match's row.
 SEARCH_BY_ROW = SEARCH_SESSION.format(join="JOIN messages s ON s.pk = f.rowid", filter="AND s.session_id = ?")
+#: The same window unranked, with what rank.rank_order needs to order it as FTS5 would
+#: (each row's text and token counts) without bm25's pass over the whole index.
+SEARCH_UNRANKED = """
+SELECT m.id, m.role, m.content, m.session_id, m.created_at, w.pk, d.sz FROM (
+    SELECT f.rowid AS pk FROM messages_fts f {join}
+    WHERE messages_fts MATCH ? {filter} ORDER BY f.rowid DESC LIMIT ?
+) w JOIN messages m ON m.pk = w.pk JOIN messages_fts_docsize d ON d.id = w.pk
+"""
+UNRANKED_BY_TOKEN = SEARCH_UNRANKED.format(join="", filter="")
+UNRANKED_BY_ROW = SEARCH_UNRANKED.format(
+    join="JOIN messages s ON s.pk = f.rowid", filter="AND s.session_id = ?"
+)
+#: A window of at most this many matches is ranked by rank.rank_order; a larger one by FTS5.
+RANK_ROWS = 64
 #: A session holding at least this share of all messages is searched SEARCH_BY_ROW: its
 #: token's posting list is then most of the index, and walking it (and bm25 counting it)
 #: costs more than looking each match's row up; at most 1/share - 1 lookups are wasted
@@ -447,18 +462,33 @@ def _search_session(
     if size is None or not size[0]:
         return []
     body = f"body : ({expr})"
+    by_row = size[0] >= BY_ROW_SHARE * size[1]
+    # bm25 scores the token's column 0 (weights 0.0, 1.0): the same order.
+    match = (body, session_id) if by_row else (f"sid : {sid_token(session_id)} AND {body}",)
     try:
-        if size[0] >= BY_ROW_SHARE * size[1]:
-            rows = conn.execute(SEARCH_BY_ROW, (body, session_id, SEARCH_WINDOW, limit)).fetchall()
-        else:
-            # bm25 scores the token's column 0 (weights 0.0, 1.0): the same order.
-            both = f"sid : {sid_token(session_id)} AND {body}"
-            rows = conn.execute(SEARCH_BY_TOKEN, (both, SEARCH_WINDOW, limit)).fetchall()
-            # Two ids that hashed alike would share a token: the rows say whose.
-            rows = [r for r in rows if r[3] == session_id]
+        rows = _ranked_here(conn, UNRANKED_BY_ROW if by_row else UNRANKED_BY_TOKEN, match, expr, limit)
+        if rows is None:
+            rows = conn.execute(
+                SEARCH_BY_ROW if by_row else SEARCH_BY_TOKEN, (*match, SEARCH_WINDOW, limit)
+            ).fetchall()
     except sqlite3.OperationalError as exc:
         return _no_match(expr, exc)
-    return _results(rows)
+    # Two ids that hashed alike would share a token: the rows say whose.
+    return _results([r for r in rows if r[3] == session_id])
+
+
+def _ranked_here(
+    conn: Conn, statement: str, match: tuple[str, ...], expr: str, limit: int
+) -> list[Any] | None:
+    # A small window costs less to rank here than FTS5's pass over the whole index.
+    window = min(SEARCH_WINDOW, RANK_ROWS + 1)
+    rows = conn.execute(statement, (*match, window)).fetchall()
+    if len(rows) <= 1:  # its own order
+        return rows
+    if len(rows) > RANK_ROWS and window < SEARCH_WINDOW:
+        return None
+    order = rank.rank_order(conn, "messages_fts", expr, [(r[5], text_of(r[2]), r[6]) for r in rows])
+    return None if order is None else [rows[i] for i in order[:limit]]
 
 
 def _no_match(expr: str, exc: sqlite3.OperationalError) -> list[SearchResult]:
