@@ -83,10 +83,17 @@ def _fts5(conn: sqlite3.Connection, session_id: str, expr: str, by_row: bool) ->
 def _window(
     conn: sqlite3.Connection, session_id: str, expr: str, by_row: bool
 ) -> list[tuple[int, str, bytes]]:
+    """The session's newest matches as rank.rank_order takes them: (rowid, text, docsize)."""
     match, extra = _matches(session_id, expr, by_row)
-    rows = conn.execute(
-        (sql.UNRANKED_BY_ROW if by_row else sql.UNRANKED_BY_TOKEN), (match, *extra, SEARCH_WINDOW)
-    ).fetchall()
+    if by_row:  # the text alone in MATCH (a session of a quarter of the index or more)
+        rows = conn.execute(
+            "SELECT f.rowid, m.content, d.sz FROM messages_fts f JOIN messages m ON m.pk = f.rowid "
+            "JOIN messages_fts_docsize d ON d.id = f.rowid "
+            "WHERE messages_fts MATCH ? AND m.session_id = ? ORDER BY f.rowid DESC LIMIT ?",
+            (match, *extra, SEARCH_WINDOW),
+        ).fetchall()
+        return [(r[0], text_of(r[1]), r[2]) for r in rows]
+    rows = conn.execute(sql.UNRANKED_BY_TOKEN, (match, SEARCH_WINDOW)).fetchall()
     return [(r[5], text_of(r[2]), r[6]) for r in rows]
 
 
@@ -134,16 +141,13 @@ def _check(conn: sqlite3.Connection, expr: str, limit: int) -> int:
             else:
                 ordered += len(window) > 1
                 assert [window[i][0] for i in order] == [r for r, _ in expected]
-            # The hook in sql gives the rows FTS5's statement gives, whichever way it goes.
-            n = conn.execute("SELECT count(*) FROM messages WHERE session_id = ?", (session_id,)).fetchone()[
-                0
-            ]
-            size = (n, n) if by_row else (1, 1_000_000)
-            got = [r.id for r in sql._search_session(conn, expr, session_id, limit, size)]
-            match, extra = _matches(session_id, expr, by_row)
-            statement = sql.SEARCH_BY_ROW if by_row else sql.SEARCH_BY_TOKEN
-            want = [r[0] for r in conn.execute(statement, (match, *extra, SEARCH_WINDOW, limit))]
-            assert got == want
+    # The hook in sql gives the rows FTS5's statement gives, whichever way it goes (an index
+    # of a million rows a message of the session: always worth ranking here).
+    for session_id in SESSIONS:
+        got = [r.id for r in sql._search_session(conn, expr, session_id, limit, (1, 1_000_000))]
+        match, _ = _matches(session_id, expr, False)
+        want = [r[0] for r in conn.execute(sql.SEARCH_BY_TOKEN, (match, SEARCH_WINDOW, limit))]
+        assert got == want
     return ordered
 
 
@@ -264,3 +268,31 @@ def test_a_truncated_varint_is_an_error() -> None:
 )
 def test_phrase_text_reads_one_quoted_phrase(expr: str, text: str | None) -> None:
     assert rank.phrase_text(expr) == text
+
+
+def test_a_window_is_ranked_here_only_where_that_costs_less(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FTS5's pass costs as many matches as the whole index holds, estimated from the
+    session's share of them; ranking here costs a fixed part and a part a window row."""
+    calls: list[int] = []
+    real = rank.rank_order
+
+    def counted(*args: Any) -> list[int] | None:
+        calls.append(len(args[3]))
+        return real(*args)
+
+    monkeypatch.setattr(rank, "rank_order", counted)
+    corpus = [("a", "x " * (i % 3 + 1) + "y " * (i % 4)) for i in range(10)]
+    with closing(_build(tmp_path / "h.db", corpus)) as conn:
+        match, _ = _matches("a", '"x"', False)
+        want = [r[0] for r in conn.execute(sql.SEARCH_BY_TOKEN, (match, SEARCH_WINDOW, 20))]
+        for index_rows, ranked_here in (
+            (10 * sql.RANK_ROW_HITS, False),  # the session is too large a share of the index
+            (10 * (sql.RANK_ROW_HITS + 1), False),  # 10 matches: the fixed part outweighs
+            (10 * (sql.RANK_ROW_HITS + sql.RANK_FIXED_HITS // 10 + 1), True),
+        ):
+            calls.clear()
+            got = [h.id for h in sql._search_session(conn, '"x"', "a", 20, (10, index_rows))]
+            assert got == want
+            assert calls == ([10] if ranked_here else [])
