@@ -128,13 +128,11 @@ def phrase_counts(phrase: str, texts: Sequence[str]) -> tuple[list[int], list[in
         conn.executemany(
             "INSERT INTO t(rowid, body) VALUES (?, ?)", [(i + 1, t) for i, t in enumerate(texts)]
         )
-        wanted = sorted(set(terms))
         at: dict[tuple[int, str], set[int]] = {}
-        for doc, term, offset in conn.execute(
-            f"SELECT doc, term, offset FROM v WHERE term IN ({','.join('?' * len(wanted))})", wanted
-        ):
-            if doc:
-                at.setdefault((doc, term), set()).add(offset)
+        for term in set(terms):
+            for doc, offset in conn.execute("SELECT doc, offset FROM v WHERE term = ?", (term,)):
+                if doc:
+                    at.setdefault((doc, term), set()).add(offset)
         sizes = dict(conn.execute("SELECT id, sz FROM t_docsize WHERE id > 0"))
     finally:
         # Nothing is kept: the rows were only ever pending in this transaction.
