@@ -296,3 +296,13 @@ def test_a_window_is_ranked_here_only_where_that_costs_less(
             got = [h.id for h in sql._search_session(conn, '"x"', "a", 20, (10, index_rows))]
             assert got == want
             assert calls == ([10] if ranked_here else [])
+
+
+def test_a_scratch_table_that_fails_is_left_for_fts5_and_made_afresh(tmp_path: Path) -> None:
+    with closing(_build(tmp_path / "h.db", [("a", "x"), ("a", "x x y")])) as conn:
+        window = _window(conn, "a", '"x"', False)
+        want = rank.rank_order(conn, "messages_fts", '"x"', window)
+        assert want is not None
+        rank._scratch_conn().execute("BEGIN")  # a transaction left open: BEGIN now fails
+        assert rank.rank_order(conn, "messages_fts", '"x"', window) is None
+        assert rank.rank_order(conn, "messages_fts", '"x"', window) == want

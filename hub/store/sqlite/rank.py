@@ -113,6 +113,12 @@ def _scratch_conn() -> sqlite3.Connection:
     return conn
 
 
+def _reset_scratch() -> None:
+    conn, _scratch.conn = _scratch.conn, None
+    if conn is not None:
+        conn.close()
+
+
 def phrase_counts(phrase: str, texts: Sequence[str]) -> tuple[list[int], list[int]] | None:
     """How often ``phrase`` occurs in each of ``texts`` as FTS5 counts a phrase's instances
     (each start position where its tokens follow one another, overlaps included), and each
@@ -159,7 +165,13 @@ def scores(
     if phrase is None or not rows:
         return None
     avg = avgdl(conn, table)
-    found = phrase_counts(phrase, [text for _, text, _ in rows])
+    try:
+        found = phrase_counts(phrase, [text for _, text, _ in rows])
+    except sqlite3.Error:
+        # The scratch table is ours alone, so this is unexpected: start it afresh next time
+        # and let FTS5 rank (an error here must never read as "no match").
+        _reset_scratch()
+        return None
     if avg is None or found is None:
         return None
     out: list[float] = []
