@@ -26,6 +26,7 @@ from ..rows import (
     ts,
     updated_json,
 )
+from . import rank
 from .connection import Conn
 from .tx import SqliteTx, next_seq
 
@@ -407,6 +408,22 @@ SELECT m.id, m.role, m.content, m.session_id, m.created_at FROM (
 SEARCH_BY_TOKEN = SEARCH_SESSION.format(join="", filter="")
 #: The text alone in MATCH, the session checked on each match's row.
 SEARCH_BY_ROW = SEARCH_SESSION.format(join="JOIN messages s ON s.pk = f.rowid", filter="AND s.session_id = ?")
+#: SEARCH_BY_TOKEN's window unranked, with what rank.rank_order needs to order it as FTS5
+#: would (each row's text and token counts) without bm25's pass over the whole index.
+UNRANKED_BY_TOKEN = """
+SELECT m.id, m.role, m.content, m.session_id, m.created_at, w.pk, d.sz FROM (
+    SELECT f.rowid AS pk FROM messages_fts f
+    WHERE messages_fts MATCH ? ORDER BY f.rowid DESC LIMIT ?
+) w JOIN messages m ON m.pk = w.pk JOIN messages_fts_docsize d ON d.id = w.pk
+"""
+#: A window of at most this many matches may be ranked by rank.rank_order; a larger one by FTS5.
+RANK_ROWS = 64
+#: Ranking here costs about what bm25's pass spends on RANK_FIXED_HITS matches of the phrase
+#: in the whole index, plus RANK_ROW_HITS per window row (~85 us + ~9.5 us a row here, ~60 ns
+#: a match there: docs/benchmarks.md). A window is ranked here when the phrase, as common in
+#: the index as in the session, would have more matches than that.
+RANK_FIXED_HITS = 1_500
+RANK_ROW_HITS = 160
 #: A session holding at least this share of all messages is searched SEARCH_BY_ROW: its
 #: token's posting list is then most of the index, and walking it (and bm25 counting it)
 #: costs more than looking each match's row up; at most 1/share - 1 lookups are wasted
@@ -453,12 +470,32 @@ def _search_session(
         else:
             # bm25 scores the token's column 0 (weights 0.0, 1.0): the same order.
             both = f"sid : {sid_token(session_id)} AND {body}"
-            rows = conn.execute(SEARCH_BY_TOKEN, (both, SEARCH_WINDOW, limit)).fetchall()
+            found = _ranked_here(conn, both, expr, limit, size[1] / size[0])
+            rows = (
+                found
+                if found is not None
+                else conn.execute(SEARCH_BY_TOKEN, (both, SEARCH_WINDOW, limit)).fetchall()
+            )
             # Two ids that hashed alike would share a token: the rows say whose.
             rows = [r for r in rows if r[3] == session_id]
     except sqlite3.OperationalError as exc:
         return _no_match(expr, exc)
     return _results(rows)
+
+
+def _ranked_here(conn: Conn, match: str, expr: str, limit: int, spread: float) -> list[Any] | None:
+    """SEARCH_BY_TOKEN's rows ranked by rank.rank_order, or None (FTS5 should rank them):
+    ``spread`` is how many index rows there are per message of the session."""
+    if spread <= RANK_ROW_HITS:  # the index's matches cost FTS5 less, whatever the window
+        return None
+    window = min(SEARCH_WINDOW, RANK_ROWS + 1)
+    rows = conn.execute(UNRANKED_BY_TOKEN, (match, window)).fetchall()
+    if len(rows) <= 1:  # its own order
+        return rows
+    if len(rows) > RANK_ROWS or len(rows) * spread <= RANK_FIXED_HITS + RANK_ROW_HITS * len(rows):
+        return None
+    order = rank.rank_order(conn, "messages_fts", expr, [(r[5], text_of(r[2]), r[6]) for r in rows])
+    return None if order is None else [rows[i] for i in order[:limit]]
 
 
 def _no_match(expr: str, exc: sqlite3.OperationalError) -> list[SearchResult]:
