@@ -26,6 +26,8 @@ The convention, for whoever adds a sample:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -40,6 +42,24 @@ from pathlib import Path
 import pytest
 
 from .services import DEFAULT_POSTGRES, postgres_dsn
+
+
+@contextlib.contextmanager
+def scratch_postgres() -> Iterator[str]:
+    """A new empty database for one sample: a sample's tables must not land in the server's
+    own ``postgres`` database (where a later schema version would then be refused)."""
+    from .nodes import scratch_database
+
+    loop = asyncio.new_event_loop()
+    manager = scratch_database(postgres_dsn(), "sessionhub_docs")
+    try:
+        yield loop.run_until_complete(manager.__aenter__())
+    finally:
+        try:
+            loop.run_until_complete(manager.__aexit__(None, None, None))
+        finally:
+            loop.close()
+
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_TIMEOUT = 20
@@ -167,8 +187,13 @@ def test_sample_runs_and_prints_what_the_doc_shows(
     code = sample.code
     if HUB_URL in code:
         code = code.replace(HUB_URL, request.getfixturevalue("hub_url"))
-    if DEFAULT_POSTGRES in code:
-        code = code.replace(DEFAULT_POSTGRES, postgres_dsn())
+    with contextlib.ExitStack() as stack:
+        if DEFAULT_POSTGRES in code:
+            code = code.replace(DEFAULT_POSTGRES, stack.enter_context(scratch_postgres()))
+        run_sample(sample, code, tmp_path)
+
+
+def run_sample(sample: Sample, code: str, tmp_path: Path) -> None:
     script = tmp_path / "sample.py"
     script.write_text(code, encoding="utf-8")
     try:
