@@ -282,7 +282,7 @@ async def test_the_wal_stays_bounded_under_nonstop_large_appends(
 
 def stored_ids(db_path: Path) -> list[str]:
     with raw(db_path) as conn:
-        return [r[0] for r in conn.execute("SELECT id FROM messages WHERE session_id = 'wal'")]
+        return [r[0] for r in conn.execute("SELECT id FROM messages WHERE sk = (SELECT sk FROM streams WHERE stream = 's:wal')")]
 
 
 async def test_synchronous_stays_normal_with_the_checkpointer(store: SqliteStore, db_path: Path) -> None:
@@ -335,8 +335,8 @@ def test_acknowledged_appends_survive_sigkill_across_checkpoints(db_path: Path) 
             proc.wait(10)
     assert len(acked) >= 120
     with raw(db_path) as conn:
-        stored = {r[0] for r in conn.execute("SELECT id FROM messages WHERE session_id = 'crash'")}
-        seqs = [r[0] for r in conn.execute("SELECT seq FROM events WHERE stream = 's:crash' ORDER BY seq")]
+        stored = {r[0] for r in conn.execute("SELECT id FROM messages WHERE sk = (SELECT sk FROM streams WHERE stream = 's:crash')")}
+        seqs = [r[0] for r in conn.execute("SELECT seq FROM events WHERE sk = (SELECT sk FROM streams WHERE stream = 's:crash') ORDER BY seq")]
     assert set(acked) <= stored
     assert seqs == list(range(1, len(seqs) + 1))
 
@@ -493,7 +493,7 @@ async def test_appended_events_keep_the_body_they_were_appended_with(
     with raw(db_path) as conn:
         # The log refers to the rows: no copy of the message in the event.
         refs = conn.execute(
-            "SELECT COUNT(*) FROM events WHERE stream = 's:s' AND ref IS NOT NULL"
+            "SELECT COUNT(*) FROM events WHERE sk = (SELECT sk FROM streams WHERE stream = 's:s') AND ref IS NOT NULL"
         ).fetchone()[0]
         assert refs == 4
     await store.update_message("s", _m("a", "rewritten"))

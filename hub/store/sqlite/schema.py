@@ -6,6 +6,8 @@ import sqlite3
 
 from protocol import StoreError
 
+from .packing import EVENT_TYPES
+
 __all__ = ["MIGRATIONS", "migrate"]
 
 # Versioned migrations: index i brings the schema from user_version i to i + 1.
@@ -122,6 +124,71 @@ MIGRATIONS: list[str] = [
     ALTER TABLE messages ADD COLUMN event_seq INTEGER;
     ALTER TABLE events ADD COLUMN ref INTEGER;
     """,
+    # The footprint, part 2: a log gets a small integer key (streams.sk), and a session's
+    # key is its own log's, so that messages and events hold 1-2 bytes where they held the
+    # 36-character session id (twice per event: in the stream and in session_id, which is
+    # now NULL for an event of the session's own log). An event's type is a code
+    # (packing.EVENT_TYPES), and a message's content leaves out the id and role its
+    # columns hold (packing.packed). What reads back is unchanged.
+    """
+    CREATE TABLE streams_new (
+        stream TEXT PRIMARY KEY,
+        sk INTEGER NOT NULL UNIQUE,
+        epoch TEXT NOT NULL,
+        first_seq INTEGER NOT NULL,
+        last_seq INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    INSERT INTO streams_new
+        SELECT stream, ROW_NUMBER() OVER (ORDER BY stream), epoch, first_seq, last_seq FROM streams;
+    INSERT INTO streams_new
+        SELECT k.stream, (SELECT COALESCE(MAX(sk), 0) FROM streams_new) + ROW_NUMBER() OVER (ORDER BY k.stream),
+               lower(hex(randomblob(8))), 1, 0
+        FROM (SELECT DISTINCT 's:' || session_id AS stream FROM messages) k
+        WHERE k.stream NOT IN (SELECT stream FROM streams_new);
+    CREATE TABLE events_new (
+        sk INTEGER NOT NULL,
+        seq INTEGER NOT NULL,
+        session_id TEXT,
+        type NOT NULL,
+        data TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        ref INTEGER,
+        PRIMARY KEY (sk, seq)
+    ) WITHOUT ROWID;
+    INSERT INTO events_new
+        SELECT s.sk, e.seq, CASE WHEN e.stream = 's:' || e.session_id THEN NULL ELSE e.session_id END,
+               CASE e.type TYPE_CODES ELSE e.type END, e.data, e.created_at, e.ref
+        FROM events e JOIN streams_new s ON s.stream = e.stream;
+    DROP TABLE events;
+    ALTER TABLE events_new RENAME TO events;
+    DROP TABLE streams;
+    ALTER TABLE streams_new RENAME TO streams;
+    CREATE TABLE messages_new (
+        pk INTEGER PRIMARY KEY,
+        sk INTEGER NOT NULL,
+        id TEXT NOT NULL,
+        parent_pk INTEGER,
+        role TEXT NOT NULL,
+        content TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        event_seq INTEGER
+    );
+    INSERT INTO messages_new
+        SELECT m.pk, s.sk, m.id, m.parent_pk, m.role,
+               CASE WHEN substr(m.content, 1, length(m.p)) = m.p
+                         AND substr(m.content, length(m.p) + 1, 1) IN (',', '}')
+                    THEN substr(m.content, length(m.p) + 1) ELSE m.content END,
+               m.created_at, m.event_seq
+        FROM (SELECT *, '{"id":' || json_quote(id) || ',"role":' || json_quote(role) AS p FROM messages) m
+        JOIN streams s ON s.stream = 's:' || m.session_id;
+    DROP TABLE messages;
+    ALTER TABLE messages_new RENAME TO messages;
+    CREATE UNIQUE INDEX messages_id ON messages(sk, id);
+    CREATE INDEX messages_session ON messages(sk);
+    CREATE INDEX messages_children ON messages(parent_pk)
+    """.replace(
+        "TYPE_CODES", " ".join(f"WHEN '{name}' THEN {code}" for code, name in enumerate(EVENT_TYPES))
+    ),
 ]
 
 
