@@ -8,7 +8,7 @@ from typing import Final
 
 import msgspec
 
-__all__ = ["EVENT_TYPES", "packed", "type_code", "type_name", "unpacked"]
+__all__ = ["EVENT_TYPES", "TEXT_HEAD", "TEXT_TAIL", "packed", "type_code", "type_name", "unpacked"]
 
 _encode = msgspec.json.Encoder().encode
 
@@ -50,18 +50,32 @@ def _prefix(id_: str, role: str) -> str:
     return '{"id":' + _encode(id_).decode() + ',"role":' + _encode(role).decode()
 
 
+#: What follows the id and role in a message of one text part, up to its text's string, and
+#: what closes it: 37 bytes of a ~160-byte message of ~120 characters.
+TEXT_HEAD: Final = ',"parts":[{"type":"text","text":'
+TEXT_TAIL: Final = "}]}"
+
+
 def packed(content: str, id_: str, role: str) -> str:
     """The stored form of a message's JSON: without the leading id and role (the row's
-    columns), so it starts with ``,`` or ``}``. JSON that does not start with them (a row
-    written by hand, say) is stored whole: it starts with anything else."""
+    columns), so it starts with ``,`` or ``}``; a message of one text part is only its
+    text's JSON string, which starts with ``"``. JSON that does not start with the id and
+    role (a row written by hand, say) is stored whole: every row sessionhub wrote before
+    migration 6 starts with ``{``."""
     prefix = _prefix(id_, role)
-    if content.startswith(prefix) and content[len(prefix) : len(prefix) + 1] in (",", "}"):
-        return content[len(prefix) :]
-    return content
+    if not content.startswith(prefix) or content[len(prefix) : len(prefix) + 1] not in (",", "}"):
+        return content
+    rest = content[len(prefix) :]
+    if rest.startswith(TEXT_HEAD + '"') and rest.endswith('"' + TEXT_TAIL):
+        return rest[len(TEXT_HEAD) : -len(TEXT_TAIL)]
+    return rest
 
 
 def unpacked(stored: str, id_: str, role: str) -> str:
     """The message's JSON, byte for byte, from :func:`packed` and the row's id and role."""
-    if stored[:1] in (",", "}"):
+    first = stored[:1]
+    if first == '"':
+        return _prefix(id_, role) + TEXT_HEAD + stored + TEXT_TAIL
+    if first in (",", "}"):
         return _prefix(id_, role) + stored
     return stored

@@ -6,7 +6,7 @@ import sqlite3
 
 from protocol import StoreError
 
-from .packing import EVENT_TYPES
+from .packing import EVENT_TYPES, TEXT_HEAD, TEXT_TAIL
 
 __all__ = ["MIGRATIONS", "migrate"]
 
@@ -174,21 +174,28 @@ MIGRATIONS: list[str] = [
         event_seq INTEGER
     );
     INSERT INTO messages_new
-        SELECT m.pk, s.sk, m.id, m.parent_pk, m.role,
-               CASE WHEN substr(m.content, 1, length(m.p)) = m.p
-                         AND substr(m.content, length(m.p) + 1, 1) IN (',', '}')
-                    THEN substr(m.content, length(m.p) + 1) ELSE m.content END,
-               m.created_at, m.event_seq
-        FROM (SELECT *, '{"id":' || json_quote(id) || ',"role":' || json_quote(role) AS p FROM messages) m
-        JOIN streams s ON s.stream = 's:' || m.session_id;
+        SELECT r.pk, s.sk, r.id, r.parent_pk, r.role,
+               CASE WHEN r.rest IS NULL THEN r.content
+                    WHEN substr(r.rest, 1, length('TEXT_HEAD') + 1) = 'TEXT_HEAD' || '"'
+                         AND substr(r.rest, -4) = '"' || 'TEXT_TAIL'
+                    THEN substr(r.rest, length('TEXT_HEAD') + 1, length(r.rest) - length('TEXT_HEAD') - 3)
+                    ELSE r.rest END,
+               r.created_at, r.event_seq
+        FROM (
+            SELECT m.*, CASE WHEN substr(m.content, 1, length(m.p)) = m.p
+                                  AND substr(m.content, length(m.p) + 1, 1) IN (',', '}')
+                             THEN substr(m.content, length(m.p) + 1) END AS rest
+            FROM (SELECT *, '{"id":' || json_quote(id) || ',"role":' || json_quote(role) AS p FROM messages) m
+        ) r
+        JOIN streams s ON s.stream = 's:' || r.session_id;
     DROP TABLE messages;
     ALTER TABLE messages_new RENAME TO messages;
     CREATE UNIQUE INDEX messages_id ON messages(sk, id);
     CREATE INDEX messages_session ON messages(sk);
     CREATE INDEX messages_children ON messages(parent_pk)
-    """.replace(
-        "TYPE_CODES", " ".join(f"WHEN '{name}' THEN {code}" for code, name in enumerate(EVENT_TYPES))
-    ),
+    """.replace("TYPE_CODES", " ".join(f"WHEN '{name}' THEN {code}" for code, name in enumerate(EVENT_TYPES)))
+    .replace("TEXT_HEAD", TEXT_HEAD)
+    .replace("TEXT_TAIL", TEXT_TAIL),
 ]
 
 
