@@ -141,7 +141,8 @@ MIGRATIONS: list[str] = [
     INSERT INTO streams_new
         SELECT stream, ROW_NUMBER() OVER (ORDER BY stream), epoch, first_seq, last_seq FROM streams;
     INSERT INTO streams_new
-        SELECT k.stream, (SELECT COALESCE(MAX(sk), 0) FROM streams_new) + ROW_NUMBER() OVER (ORDER BY k.stream),
+        SELECT k.stream,
+               (SELECT COALESCE(MAX(sk), 0) FROM streams_new) + ROW_NUMBER() OVER (ORDER BY k.stream),
                lower(hex(randomblob(8))), 1, 0
         FROM (SELECT DISTINCT 's:' || session_id AS stream FROM messages) k
         WHERE k.stream NOT IN (SELECT stream FROM streams_new);

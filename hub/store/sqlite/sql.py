@@ -75,8 +75,8 @@ def index_text(conn: Conn, pk: int, session_id: str, message: Message) -> None:
 
 
 def unindex(conn: Conn, rows: Sequence[tuple[int, str, str]]) -> None:
-    """Take ``(pk, session_id, content)`` rows (the content unpacked) out of the index. The index is contentless:
-    it is handed back the words it was given, which Message.text() of the stored message
+    """Take ``(pk, session_id, content)`` rows (the content unpacked) out of the index. The
+    index is contentless: it is handed back the words it was given, which Message.text() of the stored message
     gives again (a text that no longer matches would leave stale words, never an error)."""
     gone = [(pk, sid_token(sid), text) for pk, sid, content in rows if (text := text_of(content))]
     if gone:
@@ -86,8 +86,8 @@ def unindex(conn: Conn, rows: Sequence[tuple[int, str, str]]) -> None:
 
 
 def detach_events(conn: Conn, session_id: str, rows: Sequence[tuple[int, str, int | None]]) -> None:
-    """Before ``(pk, content, event_seq)`` rows (the content unpacked) change or go: their ``message.appended``
-    events stop referring to them and get the body they were appended with."""
+    """Before ``(pk, content, event_seq)`` rows (the content unpacked) change or go: their
+    ``message.appended`` events stop referring to them and get the body they were appended with."""
     held = [(content, session_id, seq, pk) for pk, content, seq in rows if seq is not None]
     if held:
         conn.executemany(
