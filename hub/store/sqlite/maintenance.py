@@ -9,10 +9,10 @@ from protocol import Conflict, SessionInfo
 from ..base import PROMPT_LABEL, DumpedMessage, SessionDump, context_key
 from ..policy import context_owners, owned_context
 from ..prune import PruneArgs, batch_end
-from ..rows import SESSION_COLS, decode_message, session_info, ts
+from ..rows import SESSION_COLS, session_info, ts
 from . import sql
 from .connection import Conn
-from .packing import unpacked
+from .packing import stored_message
 from .tx import SqliteTx, session_row
 
 __all__ = [
@@ -110,7 +110,7 @@ def dump_session(conn: Conn, session_id: str) -> SessionDump:
     messages = [
         DumpedMessage(message=m, parent_id=parent, created_at=ts(at))
         for content, id_, role, parent, at in rows
-        if (m := decode_message(unpacked(content, id_, role))) is not None
+        if (m := stored_message(content, id_, role)) is not None
     ]
     context = dict(_context_rows(conn, session_id))
     prompt = context.pop(PROMPT_LABEL, None)

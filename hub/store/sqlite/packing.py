@@ -8,9 +8,24 @@ from typing import Final
 
 import msgspec
 
-__all__ = ["EVENT_TYPES", "TEXT_HEAD", "TEXT_TAIL", "packed", "type_code", "type_name", "unpacked"]
+from protocol import Message
+from protocol.message import message_from_stored
+
+from ..rows import decode_message
+
+__all__ = [
+    "EVENT_TYPES",
+    "TEXT_HEAD",
+    "TEXT_TAIL",
+    "packed",
+    "stored_message",
+    "type_code",
+    "type_name",
+    "unpacked",
+]
 
 _encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
 
 #: Stored event types: a known type is stored as its index here (``message.appended``,
 #: most of every log, as 0, which SQLite stores in no bytes at all). Append only: a code
@@ -47,7 +62,20 @@ def type_name(stored: int | str) -> str:
 
 def _prefix(id_: str, role: str) -> str:
     # Message.to_dict starts with these two keys, and message_json encodes with msgspec.
-    return '{"id":' + _encode(id_).decode() + ',"role":' + _encode(role).decode()
+    return '{"id":' + _encode(id_).decode() + _role(role)
+
+
+_ROLES: dict[str, str] = {}
+
+
+def _role(role: str) -> str:
+    # A read unpacks every row: a handful of roles, encoded once each.
+    found = _ROLES.get(role)
+    if found is None:
+        found = ',"role":' + _encode(role).decode()
+        if len(_ROLES) < 64:
+            _ROLES[role] = found
+    return found
 
 
 #: What follows the id and role in a message of one text part, up to its text's string, and
@@ -75,7 +103,25 @@ def unpacked(stored: str, id_: str, role: str) -> str:
     """The message's JSON, byte for byte, from :func:`packed` and the row's id and role."""
     first = stored[:1]
     if first == '"':
-        return _prefix(id_, role) + TEXT_HEAD + stored + TEXT_TAIL
-    if first in (",", "}"):
-        return _prefix(id_, role) + stored
+        return f'{{"id":{_encode(id_).decode()}{_role(role)}{TEXT_HEAD}{stored}{TEXT_TAIL}'
+    if first == "," or first == "}":
+        return f'{{"id":{_encode(id_).decode()}{_role(role)}{stored}'
     return stored
+
+
+def stored_message(stored: str, id_: str, role: str) -> Message | None:
+    """``decode_message(unpacked(stored, id_, role))``: for a message of one text part
+    without reading the id, the role and the part's keys back from JSON (a history read
+    decodes every row)."""
+    if stored[:1] == '"':
+        try:
+            text = _decode(stored)
+        except msgspec.DecodeError:
+            pass  # decode_message says what is wrong with the row
+        else:
+            if type(text) is str:
+                parts = [{"type": "text", "text": text}]
+                message = message_from_stored({"id": id_, "role": role, "parts": parts})
+                if message is not None:
+                    return message
+    return decode_message(unpacked(stored, id_, role))

@@ -19,7 +19,6 @@ from ..policy import SEARCH_WINDOW, registry_events
 from ..rows import (
     appended_ref,
     compaction,
-    decode_message,
     message_json,
     rehydrated,
     text_of,
@@ -27,7 +26,7 @@ from ..rows import (
     updated_json,
 )
 from .connection import Conn
-from .packing import packed, type_name, unpacked
+from .packing import packed, stored_message, type_name, unpacked
 from .tx import SqliteTx, open_stream
 
 log = logging.getLogger("sessionhub.store")
@@ -219,7 +218,8 @@ def update_message(tx: SqliteTx, session_id: str, message: Message, *, emit: boo
     return True
 
 
-def path_rows(conn: Conn, leaf_pk: int) -> list[tuple[int, str, str]]:
+def path_rows(conn: Conn, leaf_pk: int) -> list[tuple[int, str, str, str]]:
+    """``(pk, id, role, stored content)`` from the root down to ``leaf_pk``."""
     # Walk rowids upward; ``m.pk < path.pk`` guarantees termination on any data.
     # Each step yields at most one row (a message has one parent), so the rows come out
     # leaf first, root last, with no ORDER BY: no sort, and the content rides along
@@ -238,7 +238,7 @@ def path_rows(conn: Conn, leaf_pk: int) -> list[tuple[int, str, str]]:
         (leaf_pk,),
     ).fetchall()
     rows.reverse()
-    return [(pk, id_, unpacked(content, id_, role)) for pk, id_, role, content in rows]
+    return rows
 
 
 def resolve_leaf(conn: Conn, session_id: str, leaf_id: str | None) -> int | None:
@@ -253,8 +253,8 @@ def path(conn: Conn, session_id: str, leaf_id: str | None) -> list[Message]:
     if leaf is None:
         return []
     out = []
-    for _pk, _id, content in path_rows(conn, leaf):
-        message = decode_message(content)
+    for _pk, id_, role, stored in path_rows(conn, leaf):
+        message = stored_message(stored, id_, role)
         if message is not None:
             out.append(message)
     return out

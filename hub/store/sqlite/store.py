@@ -57,11 +57,11 @@ from ..policy import (
     usage_event,
 )
 from ..prune import check_prune
-from ..rows import SESSION_COLS, decode_message, session_info, ts
+from ..rows import SESSION_COLS, session_info, ts
 from . import checkpoint, maintenance, sql
 from .checkpoint import CHECKPOINT_EVERY, WAL_LIMIT_BYTES, Checkpointer
 from .connection import Conn, Connection, configure, is_busy, patient, read_tx, write_tx
-from .packing import unpacked
+from .packing import stored_message
 from .schema import migrate
 from .tx import SqliteTx
 
@@ -320,7 +320,7 @@ class SqliteStore(Store):
                 f"SELECT content, role FROM messages WHERE sk = {sql.KEY} AND id = ?",
                 (session_id, message_id),
             ).fetchone()
-            return None if row is None else decode_message(unpacked(row[0], message_id, row[1]))
+            return None if row is None else stored_message(row[0], message_id, row[1])
 
         return await self._read(fn)
 
@@ -342,7 +342,7 @@ class SqliteStore(Store):
                 f"SELECT content, id, role FROM messages WHERE sk = {sql.KEY} ORDER BY pk DESC LIMIT 1",
                 (session_id,),
             ).fetchone()
-            return None if row is None else decode_message(unpacked(*row))
+            return None if row is None else stored_message(*row)
 
         return await self._read(fn)
 
@@ -357,7 +357,7 @@ class SqliteStore(Store):
             rows = conn.execute(
                 "SELECT content, id, role FROM messages WHERE parent_pk = ? ORDER BY pk", (pk,)
             ).fetchall()
-            return [m for r in rows if (m := decode_message(unpacked(*r))) is not None]
+            return [m for r in rows if (m := stored_message(*r)) is not None]
 
         return await self._read(fn)
 
