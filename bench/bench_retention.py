@@ -109,7 +109,8 @@ def _fill_sqlite(path: Path, stream: str, _session_id: str, events: int) -> None
             conn.execute("DELETE FROM events WHERE sk = ?", (sk,))
             # session_id NULL: an event of the session's own log (hub/store/sqlite/tx.py).
             conn.executemany(
-                "INSERT INTO events (sk, seq, session_id, type, data, created_at) VALUES (?, ?, NULL, ?, ?, ?)",
+                "INSERT INTO events (sk, seq, session_id, type, data, created_at) "
+                "VALUES (?, ?, NULL, ?, ?, ?)",
                 ((sk, seq, "context.replaced", data, now) for seq in range(1, events + 1)),
             )
     finally:
