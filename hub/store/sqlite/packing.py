@@ -4,19 +4,20 @@ event's type is a small code. Both read back byte for byte as written before (mi
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 
 from protocol import Message
 from protocol.message import message_from_stored
 
-from ..rows import decode_message
+from ..rows import decode_message, rehydrated
 
 __all__ = [
     "EVENT_TYPES",
     "TEXT_HEAD",
     "TEXT_TAIL",
+    "appended_data",
     "packed",
     "stored_message",
     "type_code",
@@ -125,3 +126,19 @@ def stored_message(stored: str, id_: str, role: str) -> Message | None:
                 if message is not None:
                     return message
     return decode_message(unpacked(stored, id_, role))
+
+
+def appended_data(stored: str | None, id_: str, role: str, parent_ref: str) -> Any:
+    """The decoded body of a ``message.appended`` event that refers to its message's row:
+    ``{"message": ..., "parent_id": ...}`` as :func:`~hub.store.rows.rehydrated` spells it,
+    the one-text-part message built without reading its id, role and keys back from JSON."""
+    if stored is not None and stored[:1] == '"':
+        try:
+            text = _decode(stored)
+            parent = _decode(parent_ref)
+        except msgspec.DecodeError:
+            pass
+        else:
+            message = {"id": id_, "role": role, "parts": [{"type": "text", "text": text}]}
+            return {"message": message, "parent_id": parent}
+    return _decode(rehydrated(unpacked(stored, id_, role) if stored else "null", parent_ref))

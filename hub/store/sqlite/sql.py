@@ -20,13 +20,12 @@ from ..rows import (
     appended_ref,
     compaction,
     message_json,
-    rehydrated,
     text_of,
     ts,
     updated_json,
 )
 from .connection import Conn
-from .packing import packed, stored_message, type_name, unpacked
+from .packing import appended_data, packed, stored_message, type_name, unpacked
 from .tx import SqliteTx, open_stream
 
 log = logging.getLogger("sessionhub.store")
@@ -580,9 +579,7 @@ def read_events(conn: Conn, stream: str, after_seq: int, limit: int, epoch: str 
             seq=r[1],
             epoch=pos.epoch,
             type=type_name(r[2]),
-            data=_decode(
-                r[3] if r[5] is None else rehydrated(unpacked(r[6], r[7], r[8]) if r[6] else "null", r[3])
-            ),
+            data=_decode(r[3]) if r[5] is None else appended_data(r[6], r[7], r[8], r[3]),
             created_at=ts(r[4]),
             stream=kind,
         )
