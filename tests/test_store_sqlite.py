@@ -566,10 +566,39 @@ async def test_appended_events_keep_the_body_they_were_appended_with(
         )
 
 
+async def test_appended_events_take_parent_and_time_from_the_row_until_it_changes(
+    store: SqliteStore, db_path: Path, tmp_path: Path
+) -> None:
+    await store.append_messages("s", [_m("a", "one"), _m("b", "two"), _m("c", "three")])
+    before = await store.read_events("s:s")
+    with raw(db_path) as conn:
+        implied = "SELECT COUNT(*) FROM events WHERE ref IS NOT NULL AND data IS NULL AND created_at IS NULL"
+        assert conn.execute(implied).fetchone()[0] == 3
+    # c's parent becomes a: its event still says b, and every time stays.
+    await store.delete_messages("s", ["b"])
+    after = await store.read_events("s:s")
+    assert [(e.data, e.created_at) for e in after[:3]] == [(e.data, e.created_at) for e in before]
+    assert after[2].data["parent_id"] == "b" and after[2].data["message"]["id"] == "c"
+    # An import gives the rows their dumped times; their events keep the time of the import.
+    await store.create_session("d", session_id="d")
+    await store.append_messages("d", [_m("x", "imported")])
+    dump = await store.dump_session("d")
+    dumped = dump.messages[0].created_at
+    other = await SqliteStore.open(tmp_path / "other.db")
+    try:
+        await asyncio.sleep(0.01)
+        await other.import_session(dump)
+        (event,) = [e for e in await other.read_events("s:d") if e.type == "message.appended"]
+        assert event.created_at > dumped
+        assert (await other.dump_session("d")).messages[0].created_at == dumped
+    finally:
+        await other.close()
+
+
 async def test_footprint_per_message_is_bounded(tmp_path: Path) -> None:
     """Deterministic bytes: 1,000 messages of ~120 characters, one event each. Before
-    migration 5 this was 5.7x the messages' JSON at 3,000 messages; now 3.7x
-    (bench/bench_footprint.py)."""
+    migration 5 this was 5.7x the messages' JSON at 3,000 messages, 3.7x before migration 6;
+    now 2.02x (bench/bench_footprint.py)."""
     path = tmp_path / "fp.db"
     store = await SqliteStore.open(path)
     json_bytes = 0
@@ -584,8 +613,9 @@ async def test_footprint_per_message_is_bounded(tmp_path: Path) -> None:
     with raw(path) as conn:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     ratio = path.stat().st_size / json_bytes
-    # 4.25 here (1,000 messages: the fixed pages of the empty tables weigh more); 6.2 before.
-    assert ratio < 4.5, ratio
+    # 2.68 here (1,000 messages: the fixed pages of the empty tables weigh more); 4.25 before
+    # migration 6, 6.2 before migration 5.
+    assert ratio < 2.8, ratio
 
 
 @pytest.mark.sqlite_only

@@ -36,11 +36,15 @@ def prune_candidates(conn: Conn, args: PruneArgs) -> list[str]:
     if args.cutoff is not None:
         rows = conn.execute(
             "SELECT s.stream FROM streams s JOIN events e ON e.sk = s.sk AND e.seq = s.first_seq "
-            "WHERE e.created_at < ?",
+            f"WHERE {_EVENT_TIME} < ?",
             (_stored_cutoff(args.cutoff),),
         ).fetchall()
         found.update(r[0] for r in rows)
     return sorted(found)
+
+
+#: An event's time: a referring event may take its message's (SqliteTx.emit_many).
+_EVENT_TIME = "COALESCE(e.created_at, (SELECT m.created_at FROM messages m WHERE m.pk = e.ref))"
 
 
 def _stored_cutoff(cutoff: float) -> float:
@@ -61,7 +65,7 @@ def prune_batch(tx: SqliteTx, stream: str, args: PruneArgs) -> int:
     first_new: int | None = None
     if args.cutoff is not None:
         found = conn.execute(
-            "SELECT MIN(seq) FROM events WHERE sk = ? AND seq >= ? AND seq < ? AND created_at >= ?",
+            f"SELECT MIN(seq) FROM events e WHERE sk = ? AND seq >= ? AND seq < ? AND {_EVENT_TIME} >= ?",
             (sk, first, first + args.batch, _stored_cutoff(args.cutoff)),
         ).fetchone()
         first_new = None if found[0] is None else int(found[0])
@@ -165,6 +169,12 @@ def import_session(tx: SqliteTx, dump: SessionDump, replace: bool) -> SessionInf
     tx.registry_change(stored, event)
     for row in dump.messages:
         sql.insert_messages(tx, sid, [row.message], row.parent_id)
+        # The row's time changes: its event, taking the row's, keeps the time it was written.
+        conn.execute(
+            f"UPDATE events SET created_at = ? WHERE sk = {sql.KEY} AND created_at IS NULL "
+            f"AND seq = (SELECT event_seq FROM messages WHERE sk = {sql.KEY} AND id = ?)",
+            (tx.now, sid, sid, row.message.id),
+        )
         conn.execute(
             f"UPDATE messages SET created_at = ? WHERE sk = {sql.KEY} AND id = ?",
             (row.created_at.timestamp(), sid, row.message.id),

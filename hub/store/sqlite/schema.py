@@ -129,7 +129,9 @@ MIGRATIONS: list[str] = [
     # 36-character session id (twice per event: in the stream and in session_id, which is
     # now NULL for an event of the session's own log). An event's type is a code
     # (packing.EVENT_TYPES), and a message's content leaves out the id and role its
-    # columns hold (packing.packed). What reads back is unchanged.
+    # columns hold (packing.packed). A message.appended event that refers to its message
+    # stores neither its data (the parent id) nor its time while its message's row holds
+    # both (NULL: sql.read_events reads them from the row). What reads back is unchanged.
     """
     CREATE TABLE streams_new (
         stream TEXT PRIMARY KEY,
@@ -151,8 +153,8 @@ MIGRATIONS: list[str] = [
         seq INTEGER NOT NULL,
         session_id TEXT,
         type NOT NULL,
-        data TEXT NOT NULL,
-        created_at REAL NOT NULL,
+        data TEXT,
+        created_at REAL,
         ref INTEGER,
         PRIMARY KEY (sk, seq)
     ) WITHOUT ROWID;

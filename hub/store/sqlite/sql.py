@@ -83,14 +83,23 @@ def unindex(conn: Conn, rows: Sequence[tuple[int, str, str]]) -> None:
         )
 
 
-def detach_events(conn: Conn, session_id: str, rows: Sequence[tuple[int, str, int | None]]) -> None:
-    """Before ``(pk, content, event_seq)`` rows (the content unpacked) change or go: their
-    ``message.appended`` events stop referring to them and get the body they were appended with."""
-    held = [(content, session_id, seq, pk) for pk, content, seq in rows if seq is not None]
+#: A message row with what its appended event may take from it: ``(pk, content, event_seq,
+#: parent id, created_at)``.
+Held = tuple[int, str, int | None, str | None, float]
+
+
+def detach_events(conn: Conn, session_id: str, rows: Sequence[Held]) -> None:
+    """Before rows (the content unpacked) change or go: their ``message.appended`` events
+    stop referring to them and get the body, parent id and time they were appended with."""
+    held = [
+        (content, appended_ref(parent), at, session_id, seq, pk)
+        for pk, content, seq, parent, at in rows
+        if seq is not None
+    ]
     if held:
         conn.executemany(
-            "UPDATE events SET data = '{\"message\":' || ? || ',\"parent_id\":' || data || '}', "
-            f"ref = NULL WHERE sk = {KEY} AND seq = ? AND ref = ?",
+            "UPDATE events SET data = '{\"message\":' || ? || ',\"parent_id\":' || COALESCE(data, ?) || '}', "
+            f"created_at = COALESCE(created_at, ?), ref = NULL WHERE sk = {KEY} AND seq = ? AND ref = ?",
             held,
         )
 
@@ -126,7 +135,7 @@ def insert_one(
             (row[0], sid_token(session_id), text),
         )
     count_messages(conn, session_id, 1)
-    seq = tx.emit_many(stream, session_id, [("message.appended", appended_ref(parent_id))], [row[0]])
+    seq = tx.emit_many(stream, session_id, [("message.appended", None)], [row[0]])
     return AppendResult(inserted=[message.id], last_id=message.id, last_seq=seq)
 
 
@@ -163,7 +172,7 @@ def insert_messages(
     sid = sid_token(session_id)
     rows: list[tuple[Any, ...]] = []
     texts: list[tuple[int, str, str]] = []
-    events: list[tuple[str, str]] = []
+    events: list[tuple[str, str | None]] = []
     refs: list[int | None] = []
     inserted: list[str] = []
     for message in messages:
@@ -177,7 +186,7 @@ def insert_messages(
             text = message.text()
             if text:
                 texts.append((pk, sid, text))
-            events.append(("message.appended", appended_ref(parent_id)))
+            events.append(("message.appended", None))  # parent and time: the row's
             refs.append(pk)
             inserted.append(message.id)
         parent_pk, parent_id = pk, message.id
@@ -198,14 +207,15 @@ def update_message(tx: SqliteTx, session_id: str, message: Message, *, emit: boo
     conn = tx.conn
     content = message_json(message)
     old = conn.execute(
-        f"SELECT pk, content, event_seq, role FROM messages WHERE sk = {KEY} AND id = ?",
+        "SELECT m.pk, m.content, m.event_seq, m.role, p.id, m.created_at FROM messages m "
+        f"LEFT JOIN messages p ON p.pk = m.parent_pk WHERE m.sk = {KEY} AND m.id = ?",
         (session_id, message.id),
     ).fetchone()
     if old is None:
         return False
     pk = int(old[0])
     before = unpacked(old[1], message.id, old[3])
-    detach_events(conn, session_id, [(pk, before, old[2])])
+    detach_events(conn, session_id, [(pk, before, old[2], old[4], old[5])])
     conn.execute(
         "UPDATE messages SET content = ?, role = ?, event_seq = NULL WHERE pk = ?",
         (packed(content, message.id, message.role), message.role, pk),
@@ -330,15 +340,17 @@ def clear(conn: Conn, session_id: str, *, keep_log: bool = True) -> None:
     """Delete the session's messages, overlays and counts. ``keep_log``: its
     ``message.appended`` events stay readable, with the bodies they were appended with
     (False when the log goes too)."""
-    rows = [
-        (pk, unpacked(content, id_, role), seq)
-        for pk, id_, role, content, seq in conn.execute(
-            f"SELECT pk, id, role, content, event_seq FROM messages WHERE sk = {KEY}", (session_id,)
+    rows: list[Held] = [
+        (pk, unpacked(content, id_, role), seq, parent, at)
+        for pk, id_, role, content, seq, parent, at in conn.execute(
+            "SELECT m.pk, m.id, m.role, m.content, m.event_seq, p.id, m.created_at FROM messages m "
+            f"LEFT JOIN messages p ON p.pk = m.parent_pk WHERE m.sk = {KEY}",
+            (session_id,),
         )
     ]
     if keep_log:
         detach_events(conn, session_id, rows)
-    unindex(conn, [(pk, session_id, content) for pk, content, _ in rows])
+    unindex(conn, [(r[0], session_id, r[1]) for r in rows])
     conn.execute(f"DELETE FROM messages WHERE sk = {KEY}", (session_id,))
     conn.execute("DELETE FROM compactions WHERE session_id = ?", (session_id,))
     conn.execute("DELETE FROM session_stats WHERE session_id = ?", (session_id,))
@@ -360,16 +372,22 @@ def delete_messages(tx: SqliteTx, session_id: str, ids: Sequence[str], managed: 
     reparented: list[list[str | None]] = []
     for mid in dict.fromkeys(ids):
         row = tx.conn.execute(
-            "SELECT m.pk, m.parent_pk, p.id, m.content, m.event_seq, m.role FROM messages m "
+            "SELECT m.pk, m.parent_pk, p.id, m.content, m.event_seq, m.role, m.created_at FROM messages m "
             "LEFT JOIN messages p ON p.pk = m.parent_pk "
             f"WHERE m.sk = {KEY} AND m.id = ?",
             (session_id, mid),
         ).fetchone()
         if row is None:
             continue
-        pk, parent_pk, parent_id, stored, event_seq, role = row
+        pk, parent_pk, parent_id, stored, event_seq, role, at = row
         content = unpacked(stored, mid, role)
-        detach_events(tx.conn, session_id, [(pk, content, event_seq)])
+        detach_events(tx.conn, session_id, [(pk, content, event_seq, parent_id, at)])
+        # The children get another parent: events still taking theirs from the row keep this one.
+        tx.conn.execute(
+            f"UPDATE events SET data = ? WHERE sk = {KEY} AND data IS NULL AND seq IN "
+            "(SELECT event_seq FROM messages WHERE parent_pk = ? AND event_seq IS NOT NULL)",
+            (appended_ref(mid), session_id, pk),
+        )
         children = tx.conn.execute(
             "UPDATE messages SET parent_pk = ? WHERE parent_pk = ? RETURNING id",
             (parent_pk, pk),
@@ -565,8 +583,9 @@ def read_events(conn: Conn, stream: str, after_seq: int, limit: int, epoch: str 
     # A referring event (ref set) reads its message's row: the message as appended, since
     # an update or a delete gives the event its body back first (detach_events).
     rows = conn.execute(
-        "SELECT e.session_id, e.seq, e.type, e.data, e.created_at, e.ref, m.content, m.id, m.role "
-        "FROM events e LEFT JOIN messages m ON m.pk = e.ref "
+        "SELECT e.session_id, e.seq, e.type, e.data, COALESCE(e.created_at, m.created_at), e.ref, "
+        "m.content, m.id, m.role, p.id FROM events e LEFT JOIN messages m ON m.pk = e.ref "
+        "LEFT JOIN messages p ON e.data IS NULL AND p.pk = m.parent_pk "
         "WHERE e.sk = (SELECT sk FROM streams WHERE stream = ?) AND e.seq > ? ORDER BY e.seq LIMIT ?",
         (stream, after_seq, limit),
     ).fetchall()
@@ -579,7 +598,9 @@ def read_events(conn: Conn, stream: str, after_seq: int, limit: int, epoch: str 
             seq=r[1],
             epoch=pos.epoch,
             type=type_name(r[2]),
-            data=_decode(r[3]) if r[5] is None else appended_data(r[6], r[7], r[8], r[3]),
+            data=_decode(r[3])
+            if r[5] is None
+            else appended_data(r[6], r[7], r[8], appended_ref(r[9]) if r[3] is None else r[3]),
             created_at=ts(r[4]),
             stream=kind,
         )

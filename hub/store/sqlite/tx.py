@@ -33,12 +33,13 @@ class SqliteTx(WriteTx[Conn]):
         self,
         stream: str,
         session_id: str,
-        events: Sequence[tuple[str, str]],
+        events: Sequence[tuple[str, str | None]],
         refs: Sequence[int | None] | None = None,
     ) -> int:
         """Append pre-encoded ``(type, data_json)`` events with consecutive seqs; the last.
         ``refs``: per event, the pk of the message whose body it reads back with (see
-        :func:`~.sql.read_events`), else None. The first seq is always the stream's
+        :func:`~.sql.read_events`), else None. A referring event with data None takes its
+        parent id and its time from the row too: no data, no time stored. The first seq is always the stream's
         ``last_seq + 1`` as read inside this transaction (:func:`open_stream`)."""
         n = len(events)
         if n == 0:
@@ -60,7 +61,15 @@ class SqliteTx(WriteTx[Conn]):
             "INSERT INTO events (sk, seq, session_id, type, data, created_at, ref) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
             [
-                (sk, first + i, own, type_code(t), data, now, None if refs is None else refs[i])
+                (
+                    sk,
+                    first + i,
+                    own,
+                    type_code(t),
+                    data,
+                    None if data is None else now,
+                    refs[i] if refs else None,
+                )
                 for i, (t, data) in enumerate(events)
             ],
         )
