@@ -5,7 +5,17 @@ from __future__ import annotations
 import pytest
 
 from hub.store.rows import message_json
-from hub.store.sqlite.packing import EVENT_TYPES, packed, type_code, type_name, unpacked
+from hub.store.sqlite.packing import (
+    EVENT_TYPES,
+    ROLES,
+    packed,
+    role_code,
+    role_name,
+    stored_message,
+    type_code,
+    type_name,
+    unpacked,
+)
 from protocol import Message
 
 
@@ -34,6 +44,9 @@ def test_a_message_reads_back_byte_for_byte(message: dict[str, object]) -> None:
     assert len(stored) < len(content)
     assert stored[:1] in ('"', ",", "}")
     assert unpacked(stored, m.id, m.role) == content
+    # The role as stored (a code for the usual ones) reads back the same.
+    assert unpacked(stored, m.id, role_code(m.role)) == content
+    assert stored_message(stored, m.id, role_code(m.role)) == m
 
 
 def test_the_common_message_keeps_only_its_text_string() -> None:
@@ -61,3 +74,10 @@ def test_event_type_codes_keep_their_meaning() -> None:
     assert type_code("message.appended") == 0
     assert all(type_name(type_code(t)) == t for t in EVENT_TYPES)
     assert type_code("custom.thing") == "custom.thing" == type_name("custom.thing")
+
+
+def test_role_codes_keep_their_meaning() -> None:
+    assert ROLES[:2] == ("user", "assistant")
+    assert role_code("user") == 0 and role_code("assistant") == 1
+    assert all(role_name(role_code(r)) == r for r in ROLES)
+    assert role_code("critic") == "critic" == role_name("critic")

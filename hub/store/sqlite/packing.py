@@ -1,6 +1,7 @@
 """How the SQLite store packs rows smaller than what they read back as (docs/operations.md,
 "Sizes"): a message row's content leaves out the id and role its own columns hold, and an
-event's type is a small code. Both read back byte for byte as written before (migration 6)."""
+event's type and a message's role are small codes. All read back byte for byte as they
+were written before migration 6."""
 
 from __future__ import annotations
 
@@ -15,10 +16,13 @@ from ..rows import decode_message, rehydrated
 
 __all__ = [
     "EVENT_TYPES",
+    "ROLES",
     "TEXT_HEAD",
     "TEXT_TAIL",
     "appended_data",
     "packed",
+    "role_code",
+    "role_name",
     "stored_message",
     "type_code",
     "type_name",
@@ -53,6 +57,19 @@ EVENT_TYPES: Final = (
 _CODES: Final = {name: code for code, name in enumerate(EVENT_TYPES)}
 
 
+#: Stored roles, as EVENT_TYPES: the two of nearly every message take no bytes.
+ROLES: Final = ("user", "assistant", "system", "tool")
+_ROLE_CODES: Final = {name: code for code, name in enumerate(ROLES)}
+
+
+def role_code(role: str) -> int | str:
+    return _ROLE_CODES.get(role, role)
+
+
+def role_name(stored: int | str) -> str:
+    return ROLES[stored] if isinstance(stored, int) else stored
+
+
 def type_code(type_: str) -> int | str:
     return _CODES.get(type_, type_)
 
@@ -66,16 +83,16 @@ def _prefix(id_: str, role: str) -> str:
     return '{"id":' + _encode(id_).decode() + _role(role)
 
 
-_ROLES: dict[str, str] = {}
+_ROLE_JSON: dict[int | str, str] = {}
 
 
-def _role(role: str) -> str:
-    # A read unpacks every row: a handful of roles, encoded once each.
-    found = _ROLES.get(role)
+def _role(role: int | str) -> str:
+    # A read unpacks every row: a handful of roles (as stored), encoded once each.
+    found = _ROLE_JSON.get(role)
     if found is None:
-        found = ',"role":' + _encode(role).decode()
-        if len(_ROLES) < 64:
-            _ROLES[role] = found
+        found = ',"role":' + _encode(role_name(role)).decode()
+        if len(_ROLE_JSON) < 64:
+            _ROLE_JSON[role] = found
     return found
 
 
@@ -100,8 +117,9 @@ def packed(content: str, id_: str, role: str) -> str:
     return rest
 
 
-def unpacked(stored: str, id_: str, role: str) -> str:
-    """The message's JSON, byte for byte, from :func:`packed` and the row's id and role."""
+def unpacked(stored: str, id_: str, role: int | str) -> str:
+    """The message's JSON, byte for byte, from :func:`packed` and the row's id and role (as
+    stored: :func:`role_code`)."""
     first = stored[:1]
     if first == '"':
         return f'{{"id":{_encode(id_).decode()}{_role(role)}{TEXT_HEAD}{stored}{TEXT_TAIL}'
@@ -110,7 +128,7 @@ def unpacked(stored: str, id_: str, role: str) -> str:
     return stored
 
 
-def stored_message(stored: str, id_: str, role: str) -> Message | None:
+def stored_message(stored: str, id_: str, role: int | str) -> Message | None:
     """``decode_message(unpacked(stored, id_, role))``: for a message of one text part
     without reading the id, the role and the part's keys back from JSON (a history read
     decodes every row)."""
@@ -122,13 +140,13 @@ def stored_message(stored: str, id_: str, role: str) -> Message | None:
         else:
             if type(text) is str:
                 parts = [{"type": "text", "text": text}]
-                message = message_from_stored({"id": id_, "role": role, "parts": parts})
+                message = message_from_stored({"id": id_, "role": role_name(role), "parts": parts})
                 if message is not None:
                     return message
     return decode_message(unpacked(stored, id_, role))
 
 
-def appended_data(stored: str | None, id_: str, role: str, parent_ref: str) -> Any:
+def appended_data(stored: str | None, id_: str, role: int | str, parent_ref: str) -> Any:
     """The decoded body of a ``message.appended`` event that refers to its message's row:
     ``{"message": ..., "parent_id": ...}`` as :func:`~hub.store.rows.rehydrated` spells it,
     the one-text-part message built without reading its id, role and keys back from JSON."""
@@ -139,6 +157,6 @@ def appended_data(stored: str | None, id_: str, role: str, parent_ref: str) -> A
         except msgspec.DecodeError:
             pass
         else:
-            message = {"id": id_, "role": role, "parts": [{"type": "text", "text": text}]}
+            message = {"id": id_, "role": role_name(role), "parts": [{"type": "text", "text": text}]}
             return {"message": message, "parent_id": parent}
     return _decode(rehydrated(unpacked(stored, id_, role) if stored else "null", parent_ref))

@@ -6,7 +6,7 @@ import sqlite3
 
 from protocol import StoreError
 
-from .packing import EVENT_TYPES, TEXT_HEAD, TEXT_TAIL
+from .packing import EVENT_TYPES, ROLES, TEXT_HEAD, TEXT_TAIL
 
 __all__ = ["MIGRATIONS", "migrate"]
 
@@ -127,8 +127,8 @@ MIGRATIONS: list[str] = [
     # The footprint, part 2: a log gets a small integer key (streams.sk), and a session's
     # key is its own log's, so that messages and events hold 1-2 bytes where they held the
     # 36-character session id (twice per event: in the stream and in session_id, which is
-    # now NULL for an event of the session's own log). An event's type is a code
-    # (packing.EVENT_TYPES), and a message's content leaves out the id and role its
+    # now NULL for an event of the session's own log). An event's type and a message's
+    # role are codes (packing.EVENT_TYPES, ROLES), and a message's content leaves out the id and role its
     # columns hold (packing.packed). A message.appended event that refers to its message
     # stores neither its data (the parent id) nor its time while its message's row holds
     # both (NULL: sql.read_events reads them from the row). What reads back is unchanged.
@@ -171,13 +171,13 @@ MIGRATIONS: list[str] = [
         sk INTEGER NOT NULL,
         id TEXT NOT NULL,
         parent_pk INTEGER,
-        role TEXT NOT NULL,
+        role NOT NULL,
         content TEXT NOT NULL,
         created_at REAL NOT NULL,
         event_seq INTEGER
     );
     INSERT INTO messages_new
-        SELECT r.pk, s.sk, r.id, r.parent_pk, r.role,
+        SELECT r.pk, s.sk, r.id, r.parent_pk, CASE r.role ROLE_CODES ELSE r.role END,
                CASE WHEN r.rest IS NULL THEN r.content
                     WHEN substr(r.rest, 1, length('TEXT_HEAD') + 1) = 'TEXT_HEAD' || '"'
                          AND substr(r.rest, -4) = '"' || 'TEXT_TAIL'
@@ -197,6 +197,7 @@ MIGRATIONS: list[str] = [
     CREATE INDEX messages_session ON messages(sk);
     CREATE INDEX messages_children ON messages(parent_pk)
     """.replace("TYPE_CODES", " ".join(f"WHEN '{name}' THEN {code}" for code, name in enumerate(EVENT_TYPES)))
+    .replace("ROLE_CODES", " ".join(f"WHEN '{name}' THEN {code}" for code, name in enumerate(ROLES)))
     .replace("TEXT_HEAD", TEXT_HEAD)
     .replace("TEXT_TAIL", TEXT_TAIL),
 ]

@@ -25,7 +25,7 @@ from ..rows import (
     updated_json,
 )
 from .connection import Conn
-from .packing import appended_data, packed, stored_message, type_name, unpacked
+from .packing import appended_data, packed, role_code, role_name, stored_message, type_name, unpacked
 from .tx import SqliteTx, open_stream
 
 log = logging.getLogger("sessionhub.store")
@@ -124,7 +124,7 @@ def insert_one(
     row = conn.execute(
         "INSERT INTO messages (sk, id, parent_pk, role, content, created_at, event_seq) "
         "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (sk, id) DO NOTHING RETURNING pk",
-        (sk, message.id, parent_pk, message.role, content, tx.now, seq),
+        (sk, message.id, parent_pk, role_code(message.role), content, tx.now, seq),
     ).fetchone()
     if row is None:  # already stored: first content wins, nothing is written
         return AppendResult(inserted=[], last_id=message.id, last_seq=0)
@@ -181,7 +181,7 @@ def insert_messages(
             next_pk += 1
             pk = known[message.id] = next_pk
             content = packed(message_json(message), message.id, message.role)
-            rows.append((pk, sk, message.id, parent_pk, message.role, content, tx.now, seq))
+            rows.append((pk, sk, message.id, parent_pk, role_code(message.role), content, tx.now, seq))
             seq += 1
             text = message.text()
             if text:
@@ -218,7 +218,7 @@ def update_message(tx: SqliteTx, session_id: str, message: Message, *, emit: boo
     detach_events(conn, session_id, [(pk, before, old[2], old[4], old[5])])
     conn.execute(
         "UPDATE messages SET content = ?, role = ?, event_seq = NULL WHERE pk = ?",
-        (packed(content, message.id, message.role), message.role, pk),
+        (packed(content, message.id, message.role), role_code(message.role), pk),
     )
     unindex(conn, [(pk, session_id, before)])
     index_text(conn, pk, session_id, message)
@@ -502,7 +502,7 @@ def _results(rows: Sequence[Any]) -> list[SearchResult]:
     return [
         SearchResult(
             id=r[0],
-            role=r[1],
+            role=role_name(r[1]),
             content=text_of(unpacked(r[2], r[0], r[1])),
             session_id=r[3],
             created_at=ts(r[4]),
