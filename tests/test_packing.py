@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hub.store.rows import message_json
+from hub.store.rows import message_json, text_of
 from hub.store.sqlite.packing import (
     EVENT_TYPES,
     ROLES,
@@ -12,6 +12,7 @@ from hub.store.sqlite.packing import (
     role_code,
     role_name,
     stored_message,
+    stored_text,
     type_code,
     type_name,
     unpacked,
@@ -47,6 +48,7 @@ def test_a_message_reads_back_byte_for_byte(message: dict[str, object]) -> None:
     # The role as stored (a code for the usual ones) reads back the same.
     assert unpacked(stored, m.id, role_code(m.role)) == content
     assert stored_message(stored, m.id, role_code(m.role)) == m
+    assert stored_text(stored, m.id, role_code(m.role)) == text_of(content) == m.text()
 
 
 def test_the_common_message_keeps_only_its_text_string() -> None:

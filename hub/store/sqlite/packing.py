@@ -12,7 +12,7 @@ import msgspec
 from protocol import Message
 from protocol.message import message_from_stored
 
-from ..rows import decode_message, rehydrated
+from ..rows import decode_message, rehydrated, text_of
 
 __all__ = [
     "EVENT_TYPES",
@@ -24,6 +24,7 @@ __all__ = [
     "role_code",
     "role_name",
     "stored_message",
+    "stored_text",
     "type_code",
     "type_name",
     "unpacked",
@@ -136,7 +137,7 @@ def stored_message(stored: str, id_: str, role: int | str) -> Message | None:
         try:
             text = _decode(stored)
         except msgspec.DecodeError:
-            pass  # decode_message says what is wrong with the row
+            pass  # more parts follow the first, or a bad row: decode_message reads it all
         else:
             if type(text) is str:
                 parts = [{"type": "text", "text": text}]
@@ -160,3 +161,17 @@ def appended_data(stored: str | None, id_: str, role: int | str, parent_ref: str
             message = {"id": id_, "role": role_name(role), "parts": [{"type": "text", "text": text}]}
             return {"message": message, "parent_id": parent}
     return _decode(rehydrated(unpacked(stored, id_, role) if stored else "null", parent_ref))
+
+
+def stored_text(stored: str, id_: str, role: int | str) -> str:
+    """``text_of(unpacked(stored, id_, role))``: a search hit's text, for a message of one
+    text part its text's string alone."""
+    if stored[:1] == '"':
+        try:
+            text = _decode(stored)
+        except msgspec.DecodeError:
+            pass  # not one string: more parts follow the first (text_of reads them all)
+        else:
+            if type(text) is str:
+                return text
+    return text_of(unpacked(stored, id_, role))

@@ -25,7 +25,16 @@ from ..rows import (
     updated_json,
 )
 from .connection import Conn
-from .packing import appended_data, packed, role_code, role_name, stored_message, type_name, unpacked
+from .packing import (
+    appended_data,
+    packed,
+    role_code,
+    role_name,
+    stored_message,
+    stored_text,
+    type_name,
+    unpacked,
+)
 from .tx import SqliteTx, open_stream
 
 log = logging.getLogger("sessionhub.store")
@@ -423,12 +432,15 @@ def path_length(conn: Conn, session_id: str, leaf_id: str | None) -> int:
 
 # A session's search, in one statement: the newest SEARCH_WINDOW matches of the session
 # (by rowid, so no cost per match), ranked. ``{filter}`` says how the session's rows are
-# found among every session's: see search_messages.
+# found among every session's: see search_messages. The session id (its log's name less
+# "s:") is looked up for the kept rows only.
 SEARCH_SESSION = """
-SELECT m.id, m.role, m.content, substr(k.stream, 3), m.created_at FROM (
-    SELECT f.rowid AS pk, f.rank AS r FROM messages_fts f {join}
-    WHERE messages_fts MATCH ? {filter} ORDER BY f.rowid DESC LIMIT ?
-) w JOIN messages m ON m.pk = w.pk JOIN streams k ON k.sk = m.sk ORDER BY w.r, w.pk LIMIT ?
+SELECT x.id, x.role, x.content, substr(k.stream, 3), x.created_at FROM (
+    SELECT m.id, m.role, m.content, m.sk, m.created_at, w.r, w.pk FROM (
+        SELECT f.rowid AS pk, f.rank AS r FROM messages_fts f {join}
+        WHERE messages_fts MATCH ? {filter} ORDER BY f.rowid DESC LIMIT ?
+    ) w JOIN messages m ON m.pk = w.pk ORDER BY w.r, w.pk LIMIT ?
+) x JOIN streams k ON k.sk = x.sk ORDER BY x.r, x.pk
 """
 #: The session's token in MATCH: FTS5 intersects the two posting lists.
 SEARCH_BY_TOKEN = SEARCH_SESSION.format(join="", filter="")
@@ -503,7 +515,7 @@ def _results(rows: Sequence[Any]) -> list[SearchResult]:
         SearchResult(
             id=r[0],
             role=role_name(r[1]),
-            content=text_of(unpacked(r[2], r[0], r[1])),
+            content=stored_text(r[2], r[0], r[1]),
             session_id=r[3],
             created_at=ts(r[4]),
         )
