@@ -12,7 +12,7 @@ import msgspec
 from protocol import Message
 from protocol.message import message_from_stored
 
-from ..rows import decode_message, rehydrated, text_of
+from ..rows import appended_ref, decode_message, rehydrated, text_of
 
 __all__ = [
     "EVENT_TYPES",
@@ -147,10 +147,15 @@ def stored_message(stored: str, id_: str, role: int | str) -> Message | None:
     return decode_message(unpacked(stored, id_, role))
 
 
-def appended_data(stored: str | None, id_: str, role: int | str, parent_ref: str) -> Any:
+def appended_data(
+    stored: str | None, id_: str, role: int | str, parent_ref: str | None, parent_id: str | None
+) -> Any:
     """The decoded body of a ``message.appended`` event that refers to its message's row:
     ``{"message": ..., "parent_id": ...}`` as :func:`~hub.store.rows.rehydrated` spells it,
-    the one-text-part message built without reading its id, role and keys back from JSON."""
+    the one-text-part message built without reading its id, role and keys back from JSON.
+    ``parent_ref`` is the event's stored data, or None for the row's parent, ``parent_id``."""
+    if parent_ref is None:
+        parent_ref = appended_ref(parent_id)
     if stored is not None and stored[:1] == '"':
         try:
             text = _decode(stored)

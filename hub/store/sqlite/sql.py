@@ -610,9 +610,7 @@ def read_events(conn: Conn, stream: str, after_seq: int, limit: int, epoch: str 
             seq=r[1],
             epoch=pos.epoch,
             type=type_name(r[2]),
-            data=_decode(r[3])
-            if r[5] is None
-            else appended_data(r[6], r[7], r[8], appended_ref(r[9]) if r[3] is None else r[3]),
+            data=_decode(r[3]) if r[5] is None else appended_data(r[6], r[7], r[8], r[3], r[9]),
             created_at=ts(r[4]),
             stream=kind,
         )
