@@ -96,23 +96,22 @@ async def _measure(manager: Any, events: int, seconds: float) -> dict[str, Any]:
     }
 
 
-def _fill_sqlite(path: Path, stream: str, session_id: str, events: int) -> None:
+def _fill_sqlite(path: Path, stream: str, _session_id: str, events: int) -> None:
     conn = sqlite3.connect(path)
     try:
         now = time.time()
         data = json.dumps({"label": "memory", "content": "x" * 40})
         with conn:
             # The log is replaced whole (its session.created event too): seqs 1..events.
-            conn.execute("DELETE FROM events WHERE stream = ?", (stream,))
+            # The stream exists (the session was created through the store): its key is sk.
+            conn.execute("UPDATE streams SET first_seq = 1, last_seq = ? WHERE stream = ?", (events, stream))
+            (sk,) = conn.execute("SELECT sk FROM streams WHERE stream = ?", (stream,)).fetchone()
+            conn.execute("DELETE FROM events WHERE sk = ?", (sk,))
+            # session_id NULL: an event of the session's own log (hub/store/sqlite/tx.py).
             conn.executemany(
-                "INSERT INTO events (stream, seq, session_id, type, data, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                ((stream, seq, session_id, "context.replaced", data, now) for seq in range(1, events + 1)),
-            )
-            conn.execute(
-                "INSERT INTO streams (stream, epoch, first_seq, last_seq) VALUES (?, ?, 1, ?) "
-                "ON CONFLICT (stream) DO UPDATE SET first_seq = 1, last_seq = excluded.last_seq",
-                (stream, "bench", events),
+                "INSERT INTO events (sk, seq, session_id, type, data, created_at) "
+                "VALUES (?, ?, NULL, ?, ?, ?)",
+                ((sk, seq, "context.replaced", data, now) for seq in range(1, events + 1)),
             )
     finally:
         conn.close()

@@ -394,7 +394,10 @@ async def prune(db: Path, stream: str, through_seq: int) -> None:
         _execute,
         db,
         [
-            ("DELETE FROM events WHERE stream = ? AND seq <= ?", (stream, through_seq)),
+            (
+                "DELETE FROM events WHERE sk = (SELECT sk FROM streams WHERE stream = ?) AND seq <= ?",
+                (stream, through_seq),
+            ),
             ("UPDATE streams SET first_seq = ? WHERE stream = ?", (through_seq + 1, stream)),
         ],
     )

@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 from hub import Message, SqliteStore
 from hub.fts import phrase_query, words_query
 from hub.store.policy import SEARCH_WINDOW
-from hub.store.rows import message_json, text_of
+from hub.store.rows import message_json
 from hub.store.sqlite import rank, sql
+from hub.store.sqlite.packing import packed, stored_text
 
 from .hubtest import text_message
 
@@ -72,7 +73,7 @@ def _matches(session_id: str, expr: str, by_row: bool) -> tuple[str, tuple[str, 
 
 def _fts5(conn: sqlite3.Connection, session_id: str, expr: str, by_row: bool) -> list[tuple[int, float]]:
     match, extra = _matches(session_id, expr, by_row)
-    join = "JOIN messages s ON s.pk = f.rowid AND s.session_id = ?" if by_row else ""
+    join = f"JOIN messages s ON s.pk = f.rowid AND s.sk = {sql.KEY}" if by_row else ""
     return conn.execute(
         f"SELECT f.rowid, f.rank FROM messages_fts f {join} "
         "WHERE messages_fts MATCH ? ORDER BY f.rank, f.rowid",
@@ -87,14 +88,14 @@ def _window(
     match, extra = _matches(session_id, expr, by_row)
     if by_row:  # the text alone in MATCH (a session of a quarter of the index or more)
         rows = conn.execute(
-            "SELECT f.rowid, m.content, d.sz FROM messages_fts f JOIN messages m ON m.pk = f.rowid "
-            "JOIN messages_fts_docsize d ON d.id = f.rowid "
-            "WHERE messages_fts MATCH ? AND m.session_id = ? ORDER BY f.rowid DESC LIMIT ?",
+            "SELECT f.rowid, m.content, d.sz, m.id, m.role FROM messages_fts f "
+            "JOIN messages m ON m.pk = f.rowid JOIN messages_fts_docsize d ON d.id = f.rowid "
+            f"WHERE messages_fts MATCH ? AND m.sk = {sql.KEY} ORDER BY f.rowid DESC LIMIT ?",
             (match, *extra, SEARCH_WINDOW),
         ).fetchall()
-        return [(r[0], text_of(r[1]), r[2]) for r in rows]
+        return [(r[0], stored_text(r[1], r[3], r[4]), r[2]) for r in rows]
     rows = conn.execute(sql.UNRANKED_BY_TOKEN, (match, SEARCH_WINDOW)).fetchall()
-    return [(r[5], text_of(r[2]), r[6]) for r in rows]
+    return [(r[5], stored_text(r[2], r[0], r[1]), r[6]) for r in rows]
 
 
 def _idf(conn: sqlite3.Connection, expr: str) -> float:
@@ -193,7 +194,9 @@ def test_a_text_that_no_longer_tokenizes_as_indexed_is_left_to_fts5(tmp_path: Pa
         stale = Message.from_dict(
             text_message("m0", "user", "deploy pipeline deploy pipeline deploy pipeline")
         )
-        conn.execute("UPDATE messages SET content = ? WHERE id = 'm0'", (message_json(stale),))
+        conn.execute(
+            "UPDATE messages SET content = ? WHERE id = 'm0'", (packed(message_json(stale), "m0", "user"),)
+        )
         conn.commit()
         window = _window(conn, "a", '"deploy pipeline"', False)
         assert rank.rank_order(conn, "messages_fts", '"deploy pipeline"', window) is None

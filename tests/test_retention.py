@@ -82,8 +82,16 @@ async def test_an_event_read_as_the_cutoff_is_kept(db_path: Path) -> None:
         sid, _ = await session_with(manager, 3)
         stream = session_stream(sid)
     with sqlite3.connect(db_path) as conn:
-        conn.execute("UPDATE events SET created_at = ? WHERE stream = ? AND seq >= 2", (stored, stream))
-        conn.execute("UPDATE events SET created_at = ? WHERE stream = ? AND seq = 1", (stored - 1, stream))
+        conn.execute(
+            "UPDATE events SET created_at = ? "
+            "WHERE sk = (SELECT sk FROM streams WHERE stream = ?) AND seq >= 2",
+            (stored, stream),
+        )
+        conn.execute(
+            "UPDATE events SET created_at = ? "
+            "WHERE sk = (SELECT sk FROM streams WHERE stream = ?) AND seq = 1",
+            (stored - 1, stream),
+        )
     async with await SqliteStore.open(db_path) as store:
         events = await store.read_events(stream, 0)
         await store.prune_events(older_than=events[1].created_at)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import math
 import os
 import signal
@@ -282,7 +283,12 @@ async def test_the_wal_stays_bounded_under_nonstop_large_appends(
 
 def stored_ids(db_path: Path) -> list[str]:
     with raw(db_path) as conn:
-        return [r[0] for r in conn.execute("SELECT id FROM messages WHERE session_id = 'wal'")]
+        return [
+            r[0]
+            for r in conn.execute(
+                "SELECT id FROM messages WHERE sk = (SELECT sk FROM streams WHERE stream = 's:wal')"
+            )
+        ]
 
 
 async def test_synchronous_stays_normal_with_the_checkpointer(store: SqliteStore, db_path: Path) -> None:
@@ -335,8 +341,19 @@ def test_acknowledged_appends_survive_sigkill_across_checkpoints(db_path: Path) 
             proc.wait(10)
     assert len(acked) >= 120
     with raw(db_path) as conn:
-        stored = {r[0] for r in conn.execute("SELECT id FROM messages WHERE session_id = 'crash'")}
-        seqs = [r[0] for r in conn.execute("SELECT seq FROM events WHERE stream = 's:crash' ORDER BY seq")]
+        stored = {
+            r[0]
+            for r in conn.execute(
+                "SELECT id FROM messages WHERE sk = (SELECT sk FROM streams WHERE stream = 's:crash')"
+            )
+        }
+        seqs = [
+            r[0]
+            for r in conn.execute(
+                "SELECT seq FROM events WHERE sk = (SELECT sk FROM streams WHERE stream = 's:crash') "
+                "ORDER BY seq"
+            )
+        ]
     assert set(acked) <= stored
     assert seqs == list(range(1, len(seqs) + 1))
 
@@ -484,6 +501,43 @@ async def test_migration_5_keeps_an_old_file_reading_the_same(tmp_path: Path) ->
         conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('integrity-check')")
 
 
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+async def test_migration_6_reads_a_version_5_file_back_the_same(tmp_path: Path) -> None:
+    """tests/fixtures/sqlite_v5.db was written by sessionhub at schema version 5 (branches,
+    an update, a delete that reparented, an overlay, a fork, a deleted session, usage,
+    context); sqlite_v5.json is what it read back then (make_sqlite_v5.py). Migrated,
+    everything reads back the same, events and export byte for byte."""
+    from .fixtures.make_sqlite_v5 import m, read_back
+
+    path = tmp_path / "v5.db"
+    path.write_bytes((FIXTURES / "sqlite_v5.db").read_bytes())
+    with raw(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 5
+    expected = (FIXTURES / "sqlite_v5.json").read_text()
+    store = await SqliteStore.open(path)
+    try:
+        got = await read_back(store)
+        assert json.dumps(got, indent=1, ensure_ascii=False) + "\n" == expected
+        # The migrated file goes on: seqs continue, the index and the keys hold.
+        sid = next(s["info"]["id"] for s in got["sessions"] if s["info"]["name"] == "alpha renamed")
+        last = got["streams"]["s:" + sid][-1]["seq"]
+        result = await store.append_messages(sid, [m("n1", "a new answer after the migration")])
+        assert result.last_seq == last + 1
+        hits = await store.search_messages("answer", session_id=sid)
+        assert [h.id for h in hits] == ["n1", "a2"] or sorted(h.id for h in hits) == ["a2", "n1"]
+        assert (await store.read_events("s:" + sid))[:-1] == await store.read_events("s:" + sid, 0, last)
+    finally:
+        await store.close()
+    with raw(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+        conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('integrity-check')")
+        # Every row the old file held was packed (none kept whole: they all start with "{").
+        assert conn.execute("SELECT COUNT(*) FROM messages WHERE content LIKE '{%'").fetchone()[0] == 0
+        assert conn.execute("SELECT COUNT(*) FROM events WHERE typeof(type) = 'text'").fetchone()[0] == 0
+
+
 async def test_appended_events_keep_the_body_they_were_appended_with(
     store: SqliteStore, db_path: Path
 ) -> None:
@@ -493,7 +547,8 @@ async def test_appended_events_keep_the_body_they_were_appended_with(
     with raw(db_path) as conn:
         # The log refers to the rows: no copy of the message in the event.
         refs = conn.execute(
-            "SELECT COUNT(*) FROM events WHERE stream = 's:s' AND ref IS NOT NULL"
+            "SELECT COUNT(*) FROM events "
+            "WHERE sk = (SELECT sk FROM streams WHERE stream = 's:s') AND ref IS NOT NULL"
         ).fetchone()[0]
         assert refs == 4
     await store.update_message("s", _m("a", "rewritten"))
@@ -511,10 +566,39 @@ async def test_appended_events_keep_the_body_they_were_appended_with(
         )
 
 
+async def test_appended_events_take_parent_and_time_from_the_row_until_it_changes(
+    store: SqliteStore, db_path: Path, tmp_path: Path
+) -> None:
+    await store.append_messages("s", [_m("a", "one"), _m("b", "two"), _m("c", "three")])
+    before = await store.read_events("s:s")
+    with raw(db_path) as conn:
+        implied = "SELECT COUNT(*) FROM events WHERE ref IS NOT NULL AND data IS NULL AND created_at IS NULL"
+        assert conn.execute(implied).fetchone()[0] == 3
+    # c's parent becomes a: its event still says b, and every time stays.
+    await store.delete_messages("s", ["b"])
+    after = await store.read_events("s:s")
+    assert [(e.data, e.created_at) for e in after[:3]] == [(e.data, e.created_at) for e in before]
+    assert after[2].data["parent_id"] == "b" and after[2].data["message"]["id"] == "c"
+    # An import gives the rows their dumped times; their events keep the time of the import.
+    await store.create_session("d", session_id="d")
+    await store.append_messages("d", [_m("x", "imported")])
+    dump = await store.dump_session("d")
+    dumped = dump.messages[0].created_at
+    other = await SqliteStore.open(tmp_path / "other.db")
+    try:
+        await asyncio.sleep(0.01)
+        await other.import_session(dump)
+        (event,) = [e for e in await other.read_events("s:d") if e.type == "message.appended"]
+        assert event.created_at > dumped
+        assert (await other.dump_session("d")).messages[0].created_at == dumped
+    finally:
+        await other.close()
+
+
 async def test_footprint_per_message_is_bounded(tmp_path: Path) -> None:
     """Deterministic bytes: 1,000 messages of ~120 characters, one event each. Before
-    migration 5 this was 5.7x the messages' JSON at 3,000 messages; now 3.7x
-    (bench/bench_footprint.py)."""
+    migration 5 this was 5.7x the messages' JSON at 3,000 messages, 3.7x before migration 6;
+    now 2.02x (bench/bench_footprint.py)."""
     path = tmp_path / "fp.db"
     store = await SqliteStore.open(path)
     json_bytes = 0
@@ -529,8 +613,9 @@ async def test_footprint_per_message_is_bounded(tmp_path: Path) -> None:
     with raw(path) as conn:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     ratio = path.stat().st_size / json_bytes
-    # 4.25 here (1,000 messages: the fixed pages of the empty tables weigh more); 6.2 before.
-    assert ratio < 4.5, ratio
+    # 2.68 here (1,000 messages: the fixed pages of the empty tables weigh more); 4.25 before
+    # migration 6, 6.2 before migration 5.
+    assert ratio < 2.8, ratio
 
 
 @pytest.mark.sqlite_only

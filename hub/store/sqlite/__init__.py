@@ -8,7 +8,8 @@ Design (measured in docs/benchmarks.md):
   task's statements; a failure rolls the whole change back, events included.
 - Writes go through one connection, reads through another: in WAL mode a reader sees a
   committed snapshot and never waits for the writer. (``:memory:`` uses one connection.)
-- Messages are keyed ``(session_id, id)``. ``pk`` (the rowid) is insertion order and
+- Messages are keyed ``(sk, id)``, ``sk`` the session's small integer key (its log's,
+  ``streams.sk``; :mod:`.packing` says how rows are kept small). ``pk`` (the rowid) is insertion order and
   ``parent_pk`` points at the parent's rowid. A parent is always older than its children
   (deleting a message hands its children to its own, older, parent), so the session's
   newest row is always a leaf: the latest leaf is one index probe, and a path walk follows

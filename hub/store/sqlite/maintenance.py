@@ -9,9 +9,10 @@ from protocol import Conflict, SessionInfo
 from ..base import PROMPT_LABEL, DumpedMessage, SessionDump, context_key
 from ..policy import context_owners, owned_context
 from ..prune import PruneArgs, batch_end
-from ..rows import SESSION_COLS, decode_message, session_info, ts
+from ..rows import SESSION_COLS, session_info, ts
 from . import sql
 from .connection import Conn
+from .packing import stored_message
 from .tx import SqliteTx, session_row
 
 __all__ = [
@@ -34,12 +35,16 @@ def prune_candidates(conn: Conn, args: PruneArgs) -> list[str]:
         found.update(r[0] for r in rows)
     if args.cutoff is not None:
         rows = conn.execute(
-            "SELECT s.stream FROM streams s JOIN events e ON e.stream = s.stream AND e.seq = s.first_seq "
-            "WHERE e.created_at < ?",
+            "SELECT s.stream FROM streams s JOIN events e ON e.sk = s.sk AND e.seq = s.first_seq "
+            f"WHERE {_EVENT_TIME} < ?",
             (_stored_cutoff(args.cutoff),),
         ).fetchall()
         found.update(r[0] for r in rows)
     return sorted(found)
+
+
+#: An event's time: a referring event may take its message's (SqliteTx.emit_many).
+_EVENT_TIME = "COALESCE(e.created_at, (SELECT m.created_at FROM messages m WHERE m.pk = e.ref))"
 
 
 def _stored_cutoff(cutoff: float) -> float:
@@ -53,21 +58,21 @@ def prune_batch(tx: SqliteTx, stream: str, args: PruneArgs) -> int:
     """One batch: re-read the stream under the write lock (another process may have pruned
     it meanwhile), delete its oldest events and move ``first_seq`` past them."""
     conn = tx.conn
-    row = conn.execute("SELECT first_seq, last_seq FROM streams WHERE stream = ?", (stream,)).fetchone()
+    row = conn.execute("SELECT first_seq, last_seq, sk FROM streams WHERE stream = ?", (stream,)).fetchone()
     if row is None:
         return 0
-    first, last = int(row[0]), int(row[1])
+    first, last, sk = int(row[0]), int(row[1]), int(row[2])
     first_new: int | None = None
     if args.cutoff is not None:
         found = conn.execute(
-            "SELECT MIN(seq) FROM events WHERE stream = ? AND seq >= ? AND seq < ? AND created_at >= ?",
-            (stream, first, first + args.batch, _stored_cutoff(args.cutoff)),
+            f"SELECT MIN(seq) FROM events e WHERE sk = ? AND seq >= ? AND seq < ? AND {_EVENT_TIME} >= ?",
+            (sk, first, first + args.batch, _stored_cutoff(args.cutoff)),
         ).fetchone()
         first_new = None if found[0] is None else int(found[0])
     end = batch_end(first, last, args, first_new)
     if end <= first:
         return 0
-    conn.execute("DELETE FROM events WHERE stream = ? AND seq < ?", (stream, end))
+    conn.execute("DELETE FROM events WHERE sk = ? AND seq < ?", (sk, end))
     conn.execute("UPDATE streams SET first_seq = ? WHERE stream = ?", (end, stream))
     return end - first
 
@@ -102,14 +107,14 @@ def _context_rows(conn: Conn, session_id: str) -> list[tuple[str, str]]:
 def dump_session(conn: Conn, session_id: str) -> SessionDump:
     info = session_row(conn, session_id)
     rows = conn.execute(
-        "SELECT m.content, p.id, m.created_at FROM messages m LEFT JOIN messages p ON p.pk = m.parent_pk "
-        "WHERE m.session_id = ? ORDER BY m.pk",
+        "SELECT m.content, m.id, m.role, p.id, m.created_at FROM messages m "
+        f"LEFT JOIN messages p ON p.pk = m.parent_pk WHERE m.sk = {sql.KEY} ORDER BY m.pk",
         (session_id,),
     ).fetchall()
     messages = [
         DumpedMessage(message=m, parent_id=parent, created_at=ts(at))
-        for content, parent, at in rows
-        if (m := decode_message(content)) is not None
+        for content, id_, role, parent, at in rows
+        if (m := stored_message(content, id_, role)) is not None
     ]
     context = dict(_context_rows(conn, session_id))
     prompt = context.pop(PROMPT_LABEL, None)
@@ -164,8 +169,14 @@ def import_session(tx: SqliteTx, dump: SessionDump, replace: bool) -> SessionInf
     tx.registry_change(stored, event)
     for row in dump.messages:
         sql.insert_messages(tx, sid, [row.message], row.parent_id)
+        # The row's time changes: its event, taking the row's, keeps the time it was written.
         conn.execute(
-            "UPDATE messages SET created_at = ? WHERE session_id = ? AND id = ?",
+            f"UPDATE events SET created_at = ? WHERE sk = {sql.KEY} AND created_at IS NULL "
+            f"AND seq = (SELECT event_seq FROM messages WHERE sk = {sql.KEY} AND id = ?)",
+            (tx.now, sid, sid, row.message.id),
+        )
+        conn.execute(
+            f"UPDATE messages SET created_at = ? WHERE sk = {sql.KEY} AND id = ?",
             (row.created_at.timestamp(), sid, row.message.id),
         )
     for c in dump.compactions:

@@ -6,6 +6,8 @@ import sqlite3
 
 from protocol import StoreError
 
+from .packing import EVENT_TYPES, ROLES, TEXT_HEAD, TEXT_TAIL
+
 __all__ = ["MIGRATIONS", "migrate"]
 
 # Versioned migrations: index i brings the schema from user_version i to i + 1.
@@ -122,6 +124,82 @@ MIGRATIONS: list[str] = [
     ALTER TABLE messages ADD COLUMN event_seq INTEGER;
     ALTER TABLE events ADD COLUMN ref INTEGER;
     """,
+    # The footprint, part 2: a log gets a small integer key (streams.sk), and a session's
+    # key is its own log's, so that messages and events hold 1-2 bytes where they held the
+    # 36-character session id (twice per event: in the stream and in session_id, which is
+    # now NULL for an event of the session's own log). An event's type and a message's
+    # role are codes (packing.EVENT_TYPES, ROLES), and a message's content leaves out the id and role its
+    # columns hold (packing.packed). A message.appended event that refers to its message
+    # stores neither its data (the parent id) nor its time while its message's row holds
+    # both (NULL: sql.read_events reads them from the row). What reads back is unchanged.
+    """
+    CREATE TABLE streams_new (
+        stream TEXT PRIMARY KEY,
+        sk INTEGER NOT NULL UNIQUE,
+        epoch TEXT NOT NULL,
+        first_seq INTEGER NOT NULL,
+        last_seq INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    INSERT INTO streams_new
+        SELECT stream, ROW_NUMBER() OVER (ORDER BY stream), epoch, first_seq, last_seq FROM streams;
+    INSERT INTO streams_new
+        SELECT k.stream,
+               (SELECT COALESCE(MAX(sk), 0) FROM streams_new) + ROW_NUMBER() OVER (ORDER BY k.stream),
+               lower(hex(randomblob(8))), 1, 0
+        FROM (SELECT DISTINCT 's:' || session_id AS stream FROM messages) k
+        WHERE k.stream NOT IN (SELECT stream FROM streams_new);
+    CREATE TABLE events_new (
+        sk INTEGER NOT NULL,
+        seq INTEGER NOT NULL,
+        session_id TEXT,
+        type NOT NULL,
+        data TEXT,
+        created_at REAL,
+        ref INTEGER,
+        PRIMARY KEY (sk, seq)
+    ) WITHOUT ROWID;
+    INSERT INTO events_new
+        SELECT s.sk, e.seq, CASE WHEN e.stream = 's:' || e.session_id THEN NULL ELSE e.session_id END,
+               CASE e.type TYPE_CODES ELSE e.type END, e.data, e.created_at, e.ref
+        FROM events e JOIN streams_new s ON s.stream = e.stream;
+    DROP TABLE events;
+    ALTER TABLE events_new RENAME TO events;
+    DROP TABLE streams;
+    ALTER TABLE streams_new RENAME TO streams;
+    CREATE TABLE messages_new (
+        pk INTEGER PRIMARY KEY,
+        sk INTEGER NOT NULL,
+        id TEXT NOT NULL,
+        parent_pk INTEGER,
+        role NOT NULL,
+        content TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        event_seq INTEGER
+    );
+    INSERT INTO messages_new
+        SELECT r.pk, s.sk, r.id, r.parent_pk, CASE r.role ROLE_CODES ELSE r.role END,
+               CASE WHEN r.rest IS NULL THEN r.content
+                    WHEN substr(r.rest, 1, length('TEXT_HEAD') + 1) = 'TEXT_HEAD' || '"'
+                         AND substr(r.rest, -4) = '"' || 'TEXT_TAIL'
+                    THEN substr(r.rest, length('TEXT_HEAD') + 1, length(r.rest) - length('TEXT_HEAD') - 3)
+                    ELSE r.rest END,
+               r.created_at, r.event_seq
+        FROM (
+            SELECT m.*, CASE WHEN substr(m.content, 1, length(m.p)) = m.p
+                                  AND substr(m.content, length(m.p) + 1, 1) IN (',', '}')
+                             THEN substr(m.content, length(m.p) + 1) END AS rest
+            FROM (SELECT *, '{"id":' || json_quote(id) || ',"role":' || json_quote(role) AS p FROM messages) m
+        ) r
+        JOIN streams s ON s.stream = 's:' || r.session_id;
+    DROP TABLE messages;
+    ALTER TABLE messages_new RENAME TO messages;
+    CREATE UNIQUE INDEX messages_id ON messages(sk, id);
+    CREATE INDEX messages_session ON messages(sk);
+    CREATE INDEX messages_children ON messages(parent_pk)
+    """.replace("TYPE_CODES", " ".join(f"WHEN '{name}' THEN {code}" for code, name in enumerate(EVENT_TYPES)))
+    .replace("ROLE_CODES", " ".join(f"WHEN '{name}' THEN {code}" for code, name in enumerate(ROLES)))
+    .replace("TEXT_HEAD", TEXT_HEAD)
+    .replace("TEXT_TAIL", TEXT_TAIL),
 ]
 
 

@@ -19,21 +19,33 @@ from ..policy import SEARCH_WINDOW, registry_events
 from ..rows import (
     appended_ref,
     compaction,
-    decode_message,
     message_json,
-    rehydrated,
     text_of,
     ts,
     updated_json,
 )
 from . import rank
 from .connection import Conn
-from .tx import SqliteTx, next_seq
+from .packing import (
+    appended_data,
+    packed,
+    role_code,
+    role_name,
+    stored_message,
+    stored_text,
+    type_name,
+    unpacked,
+)
+from .tx import SqliteTx, open_stream
 
 log = logging.getLogger("sessionhub.store")
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
+
+
+#: A session's key (its own log's, schema.py migration 6) from its id, the parameter.
+KEY = f"(SELECT sk FROM streams WHERE stream = '{session_stream('')}' || ?)"
 
 
 def sid_token(session_id: str) -> str:
@@ -49,14 +61,14 @@ def sid_token(session_id: str) -> str:
 
 def latest(conn: Conn, session_id: str) -> tuple[int, str] | None:
     row = conn.execute(
-        "SELECT pk, id FROM messages WHERE session_id = ? ORDER BY pk DESC LIMIT 1", (session_id,)
+        f"SELECT pk, id FROM messages WHERE sk = {KEY} ORDER BY pk DESC LIMIT 1", (session_id,)
     ).fetchone()
     return None if row is None else (row[0], row[1])
 
 
 def pk_of(conn: Conn, session_id: str, message_id: str) -> int | None:
     row = conn.execute(
-        "SELECT pk FROM messages WHERE session_id = ? AND id = ?", (session_id, message_id)
+        f"SELECT pk FROM messages WHERE sk = {KEY} AND id = ?", (session_id, message_id)
     ).fetchone()
     return None if row is None else int(row[0])
 
@@ -71,8 +83,8 @@ def index_text(conn: Conn, pk: int, session_id: str, message: Message) -> None:
 
 
 def unindex(conn: Conn, rows: Sequence[tuple[int, str, str]]) -> None:
-    """Take ``(pk, session_id, content)`` rows out of the index. The index is contentless:
-    it is handed back the words it was given, which Message.text() of the stored message
+    """Take ``(pk, session_id, content)`` rows (the content unpacked) out of the index. The
+    index is contentless: it is handed back the words it was given, which Message.text() of the stored message
     gives again (a text that no longer matches would leave stale words, never an error)."""
     gone = [(pk, sid_token(sid), text) for pk, sid, content in rows if (text := text_of(content))]
     if gone:
@@ -81,15 +93,23 @@ def unindex(conn: Conn, rows: Sequence[tuple[int, str, str]]) -> None:
         )
 
 
-def detach_events(conn: Conn, session_id: str, rows: Sequence[tuple[int, str, int | None]]) -> None:
-    """Before ``(pk, content, event_seq)`` rows change or go: their ``message.appended``
-    events stop referring to them and get the body they were appended with."""
-    stream = session_stream(session_id)
-    held = [(content, stream, seq, pk) for pk, content, seq in rows if seq is not None]
+#: A message row with what its appended event may take from it: ``(pk, content, event_seq,
+#: parent id, created_at)``.
+Held = tuple[int, str, int | None, str | None, float]
+
+
+def detach_events(conn: Conn, session_id: str, rows: Sequence[Held]) -> None:
+    """Before rows (the content unpacked) change or go: their ``message.appended`` events
+    stop referring to them and get the body, parent id and time they were appended with."""
+    held = [
+        (content, appended_ref(parent), at, session_id, seq, pk)
+        for pk, content, seq, parent, at in rows
+        if seq is not None
+    ]
     if held:
         conn.executemany(
-            "UPDATE events SET data = '{\"message\":' || ? || ',\"parent_id\":' || data || '}', "
-            "ref = NULL WHERE stream = ? AND seq = ? AND ref = ?",
+            "UPDATE events SET data = '{\"message\":' || ? || ',\"parent_id\":' || COALESCE(data, ?) || '}', "
+            f"created_at = COALESCE(created_at, ?), ref = NULL WHERE sk = {KEY} AND seq = ? AND ref = ?",
             held,
         )
 
@@ -108,12 +128,13 @@ def insert_one(
 ) -> AppendResult:
     """The common case, in as few statements as possible (the write path of every turn)."""
     conn = tx.conn
-    content = message_json(message)
+    content = packed(message_json(message), message.id, message.role)
     stream = session_stream(session_id)
+    sk, seq = open_stream(conn, stream)
     row = conn.execute(
-        "INSERT INTO messages (session_id, id, parent_pk, role, content, created_at, event_seq) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (session_id, id) DO NOTHING RETURNING pk",
-        (session_id, message.id, parent_pk, message.role, content, tx.now, next_seq(conn, stream)),
+        "INSERT INTO messages (sk, id, parent_pk, role, content, created_at, event_seq) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (sk, id) DO NOTHING RETURNING pk",
+        (sk, message.id, parent_pk, role_code(message.role), content, tx.now, seq),
     ).fetchone()
     if row is None:  # already stored: first content wins, nothing is written
         return AppendResult(inserted=[], last_id=message.id, last_seq=0)
@@ -124,7 +145,7 @@ def insert_one(
             (row[0], sid_token(session_id), text),
         )
     count_messages(conn, session_id, 1)
-    seq = tx.emit_many(stream, session_id, [("message.appended", appended_ref(parent_id))], [row[0]])
+    seq = tx.emit_many(stream, session_id, [("message.appended", None)], [row[0]])
     return AppendResult(inserted=[message.id], last_id=message.id, last_seq=seq)
 
 
@@ -149,7 +170,7 @@ def insert_messages(
     # Which ids are stored already (first content wins; they still continue the chain).
     known: dict[str, int] = dict(
         conn.execute(
-            "SELECT id, pk FROM messages WHERE session_id = ? AND id IN (SELECT value FROM json_each(?))",
+            f"SELECT id, pk FROM messages WHERE sk = {KEY} AND id IN (SELECT value FROM json_each(?))",
             (session_id, _encode([m.id for m in messages]).decode()),
         ).fetchall()
     )
@@ -157,11 +178,11 @@ def insert_messages(
     # the whole chain goes in with executemany instead of one statement per message.
     next_pk = int(conn.execute("SELECT COALESCE(MAX(pk), 0) FROM messages").fetchone()[0])
     stream = session_stream(session_id)
-    seq = next_seq(conn, stream)
+    sk, seq = open_stream(conn, stream)
     sid = sid_token(session_id)
     rows: list[tuple[Any, ...]] = []
     texts: list[tuple[int, str, str]] = []
-    events: list[tuple[str, str]] = []
+    events: list[tuple[str, str | None]] = []
     refs: list[int | None] = []
     inserted: list[str] = []
     for message in messages:
@@ -169,18 +190,18 @@ def insert_messages(
         if pk is None:
             next_pk += 1
             pk = known[message.id] = next_pk
-            content = message_json(message)
-            rows.append((pk, session_id, message.id, parent_pk, message.role, content, tx.now, seq))
+            content = packed(message_json(message), message.id, message.role)
+            rows.append((pk, sk, message.id, parent_pk, role_code(message.role), content, tx.now, seq))
             seq += 1
             text = message.text()
             if text:
                 texts.append((pk, sid, text))
-            events.append(("message.appended", appended_ref(parent_id)))
+            events.append(("message.appended", None))  # parent and time: the row's
             refs.append(pk)
             inserted.append(message.id)
         parent_pk, parent_id = pk, message.id
     conn.executemany(
-        "INSERT INTO messages (pk, session_id, id, parent_pk, role, content, created_at, event_seq) "
+        "INSERT INTO messages (pk, sk, id, parent_pk, role, content, created_at, event_seq) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         rows,
     )
@@ -196,39 +217,42 @@ def update_message(tx: SqliteTx, session_id: str, message: Message, *, emit: boo
     conn = tx.conn
     content = message_json(message)
     old = conn.execute(
-        "SELECT pk, content, event_seq FROM messages WHERE session_id = ? AND id = ?",
+        "SELECT m.pk, m.content, m.event_seq, m.role, p.id, m.created_at FROM messages m "
+        f"LEFT JOIN messages p ON p.pk = m.parent_pk WHERE m.sk = {KEY} AND m.id = ?",
         (session_id, message.id),
     ).fetchone()
     if old is None:
         return False
     pk = int(old[0])
-    detach_events(conn, session_id, [old])
+    before = unpacked(old[1], message.id, old[3])
+    detach_events(conn, session_id, [(pk, before, old[2], old[4], old[5])])
     conn.execute(
         "UPDATE messages SET content = ?, role = ?, event_seq = NULL WHERE pk = ?",
-        (content, message.role, pk),
+        (packed(content, message.id, message.role), role_code(message.role), pk),
     )
-    unindex(conn, [(pk, session_id, old[1])])
+    unindex(conn, [(pk, session_id, before)])
     index_text(conn, pk, session_id, message)
     if emit:
         tx.emit_many(session_stream(session_id), session_id, [("message.updated", updated_json(content))])
     return True
 
 
-def path_rows(conn: Conn, leaf_pk: int) -> list[tuple[int, str, str]]:
+def path_rows(conn: Conn, leaf_pk: int) -> list[tuple[int, str, str, str]]:
+    """``(pk, id, role, stored content)`` from the root down to ``leaf_pk``."""
     # Walk rowids upward; ``m.pk < path.pk`` guarantees termination on any data.
     # Each step yields at most one row (a message has one parent), so the rows come out
     # leaf first, root last, with no ORDER BY: no sort, and the content rides along
     # instead of a second lookup per row.
     rows = conn.execute(
         """
-        WITH RECURSIVE path(pk, parent_pk, id, content) AS (
-            SELECT pk, parent_pk, id, content FROM messages WHERE pk = ?
+        WITH RECURSIVE path(pk, parent_pk, id, role, content) AS (
+            SELECT pk, parent_pk, id, role, content FROM messages WHERE pk = ?
             UNION ALL
-            SELECT m.pk, m.parent_pk, m.id, m.content
+            SELECT m.pk, m.parent_pk, m.id, m.role, m.content
             FROM path JOIN messages m ON m.pk = path.parent_pk
             WHERE m.pk < path.pk
         )
-        SELECT pk, id, content FROM path
+        SELECT pk, id, role, content FROM path
         """,
         (leaf_pk,),
     ).fetchall()
@@ -248,8 +272,8 @@ def path(conn: Conn, session_id: str, leaf_id: str | None) -> list[Message]:
     if leaf is None:
         return []
     out = []
-    for _pk, _id, content in path_rows(conn, leaf):
-        message = decode_message(content)
+    for _pk, id_, role, stored in path_rows(conn, leaf):
+        message = stored_message(stored, id_, role)
         if message is not None:
             out.append(message)
     return out
@@ -326,13 +350,18 @@ def clear(conn: Conn, session_id: str, *, keep_log: bool = True) -> None:
     """Delete the session's messages, overlays and counts. ``keep_log``: its
     ``message.appended`` events stay readable, with the bodies they were appended with
     (False when the log goes too)."""
-    rows = conn.execute(
-        "SELECT pk, content, event_seq FROM messages WHERE session_id = ?", (session_id,)
-    ).fetchall()
+    rows: list[Held] = [
+        (pk, unpacked(content, id_, role), seq, parent, at)
+        for pk, id_, role, content, seq, parent, at in conn.execute(
+            "SELECT m.pk, m.id, m.role, m.content, m.event_seq, p.id, m.created_at FROM messages m "
+            f"LEFT JOIN messages p ON p.pk = m.parent_pk WHERE m.sk = {KEY}",
+            (session_id,),
+        )
+    ]
     if keep_log:
         detach_events(conn, session_id, rows)
-    unindex(conn, [(pk, session_id, content) for pk, content, _ in rows])
-    conn.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
+    unindex(conn, [(r[0], session_id, r[1]) for r in rows])
+    conn.execute(f"DELETE FROM messages WHERE sk = {KEY}", (session_id,))
     conn.execute("DELETE FROM compactions WHERE session_id = ?", (session_id,))
     conn.execute("DELETE FROM session_stats WHERE session_id = ?", (session_id,))
 
@@ -353,15 +382,22 @@ def delete_messages(tx: SqliteTx, session_id: str, ids: Sequence[str], managed: 
     reparented: list[list[str | None]] = []
     for mid in dict.fromkeys(ids):
         row = tx.conn.execute(
-            "SELECT m.pk, m.parent_pk, p.id, m.content, m.event_seq FROM messages m "
+            "SELECT m.pk, m.parent_pk, p.id, m.content, m.event_seq, m.role, m.created_at FROM messages m "
             "LEFT JOIN messages p ON p.pk = m.parent_pk "
-            "WHERE m.session_id = ? AND m.id = ?",
+            f"WHERE m.sk = {KEY} AND m.id = ?",
             (session_id, mid),
         ).fetchone()
         if row is None:
             continue
-        pk, parent_pk, parent_id, content, event_seq = row
-        detach_events(tx.conn, session_id, [(pk, content, event_seq)])
+        pk, parent_pk, parent_id, stored, event_seq, role, at = row
+        content = unpacked(stored, mid, role)
+        detach_events(tx.conn, session_id, [(pk, content, event_seq, parent_id, at)])
+        # The children get another parent: events still taking theirs from the row keep this one.
+        tx.conn.execute(
+            f"UPDATE events SET data = ? WHERE sk = {KEY} AND data IS NULL AND seq IN "
+            "(SELECT event_seq FROM messages WHERE parent_pk = ? AND event_seq IS NOT NULL)",
+            (appended_ref(mid), session_id, pk),
+        )
         children = tx.conn.execute(
             "UPDATE messages SET parent_pk = ? WHERE parent_pk = ? RETURNING id",
             (parent_pk, pk),
@@ -397,24 +433,28 @@ def path_length(conn: Conn, session_id: str, leaf_id: str | None) -> int:
 
 # A session's search, in one statement: the newest SEARCH_WINDOW matches of the session
 # (by rowid, so no cost per match), ranked. ``{filter}`` says how the session's rows are
-# found among every session's: see search_messages.
+# found among every session's: see search_messages. The session id (its log's name less
+# "s:") is looked up for the kept rows only.
 SEARCH_SESSION = """
-SELECT m.id, m.role, m.content, m.session_id, m.created_at FROM (
-    SELECT f.rowid AS pk, f.rank AS r FROM messages_fts f {join}
-    WHERE messages_fts MATCH ? {filter} ORDER BY f.rowid DESC LIMIT ?
-) w JOIN messages m ON m.pk = w.pk ORDER BY w.r, w.pk LIMIT ?
+SELECT x.id, x.role, x.content, substr(k.stream, 3), x.created_at FROM (
+    SELECT m.id, m.role, m.content, m.sk, m.created_at, w.r, w.pk FROM (
+        SELECT f.rowid AS pk, f.rank AS r FROM messages_fts f {join}
+        WHERE messages_fts MATCH ? {filter} ORDER BY f.rowid DESC LIMIT ?
+    ) w JOIN messages m ON m.pk = w.pk ORDER BY w.r, w.pk LIMIT ?
+) x JOIN streams k ON k.sk = x.sk ORDER BY x.r, x.pk
 """
 #: The session's token in MATCH: FTS5 intersects the two posting lists.
 SEARCH_BY_TOKEN = SEARCH_SESSION.format(join="", filter="")
 #: The text alone in MATCH, the session checked on each match's row.
-SEARCH_BY_ROW = SEARCH_SESSION.format(join="JOIN messages s ON s.pk = f.rowid", filter="AND s.session_id = ?")
+SEARCH_BY_ROW = SEARCH_SESSION.format(join="JOIN messages s ON s.pk = f.rowid", filter=f"AND s.sk = {KEY}")
 #: SEARCH_BY_TOKEN's window unranked, with what rank.rank_order needs to order it as FTS5
 #: would (each row's text and token counts) without bm25's pass over the whole index.
 UNRANKED_BY_TOKEN = """
-SELECT m.id, m.role, m.content, m.session_id, m.created_at, w.pk, d.sz FROM (
+SELECT m.id, m.role, m.content, substr(k.stream, 3), m.created_at, w.pk, d.sz FROM (
     SELECT f.rowid AS pk FROM messages_fts f
     WHERE messages_fts MATCH ? ORDER BY f.rowid DESC LIMIT ?
-) w JOIN messages m ON m.pk = w.pk JOIN messages_fts_docsize d ON d.id = w.pk
+) w JOIN messages m ON m.pk = w.pk JOIN streams k ON k.sk = m.sk
+JOIN messages_fts_docsize d ON d.id = w.pk
 """
 #: A window of at most this many matches may be ranked by rank.rank_order; a larger one by FTS5.
 RANK_ROWS = 64
@@ -494,7 +534,9 @@ def _ranked_here(conn: Conn, match: str, expr: str, limit: int, spread: float) -
         return rows
     if len(rows) > RANK_ROWS or len(rows) * spread <= RANK_FIXED_HITS + RANK_ROW_HITS * len(rows):
         return None
-    order = rank.rank_order(conn, "messages_fts", expr, [(r[5], text_of(r[2]), r[6]) for r in rows])
+    order = rank.rank_order(
+        conn, "messages_fts", expr, [(r[5], stored_text(r[2], r[0], r[1]), r[6]) for r in rows]
+    )
     return None if order is None else [rows[i] for i in order[:limit]]
 
 
@@ -510,7 +552,13 @@ def _no_match(expr: str, exc: sqlite3.OperationalError) -> list[SearchResult]:
 def _results(rows: Sequence[Any]) -> list[SearchResult]:
     # The index keeps no copy of the text: a hit's text is its stored message's.
     return [
-        SearchResult(id=r[0], role=r[1], content=text_of(r[2]), session_id=r[3], created_at=ts(r[4]))
+        SearchResult(
+            id=r[0],
+            role=role_name(r[1]),
+            content=stored_text(r[2], r[0], r[1]),
+            session_id=r[3],
+            created_at=ts(r[4]),
+        )
         for r in rows
     ]
 
@@ -525,8 +573,9 @@ def search_messages(conn: Conn, expr: str, session_id: str | None, limit: int) -
             (body, SEARCH_WINDOW - 1),
         ).fetchone()
         rows = conn.execute(
-            "SELECT m.id, m.role, m.content, m.session_id, m.created_at FROM messages_fts f "
-            "JOIN messages m ON m.pk = f.rowid JOIN sessions s ON s.id = m.session_id "
+            "SELECT m.id, m.role, m.content, substr(k.stream, 3), m.created_at FROM messages_fts f "
+            "JOIN messages m ON m.pk = f.rowid JOIN streams k ON k.sk = m.sk "
+            "JOIN sessions s ON s.id = substr(k.stream, 3) "
             "WHERE messages_fts MATCH ? AND f.rowid >= ? ORDER BY f.rank LIMIT ?",
             (body, 0 if edge is None else edge[0], limit),
         ).fetchall()
@@ -545,7 +594,7 @@ def delete_session(tx: SqliteTx, session_id: str, context_keys: Sequence[str]) -
     # event stays, and the stream now starts there.
     (own, data), (registry, _) = registry_events(info, "session.deleted")
     seq = tx.emit(own, session_id, "session.deleted", data)
-    tx.conn.execute("DELETE FROM events WHERE stream = ? AND seq < ?", (stream, seq))
+    tx.conn.execute(f"DELETE FROM events WHERE sk = {KEY} AND seq < ?", (session_id, seq))
     tx.conn.execute("UPDATE streams SET first_seq = ? WHERE stream = ?", (seq, stream))
     tx.emit(registry, session_id, "session.deleted", data)
 
@@ -586,19 +635,22 @@ def read_events(conn: Conn, stream: str, after_seq: int, limit: int, epoch: str 
     # A referring event (ref set) reads its message's row: the message as appended, since
     # an update or a delete gives the event its body back first (detach_events).
     rows = conn.execute(
-        "SELECT e.session_id, e.seq, e.type, e.data, e.created_at, e.ref, m.content FROM events e "
-        "LEFT JOIN messages m ON m.pk = e.ref "
-        "WHERE e.stream = ? AND e.seq > ? ORDER BY e.seq LIMIT ?",
+        "SELECT e.session_id, e.seq, e.type, e.data, COALESCE(e.created_at, m.created_at), e.ref, "
+        "m.content, m.id, m.role, p.id FROM events e LEFT JOIN messages m ON m.pk = e.ref "
+        "LEFT JOIN messages p ON e.data IS NULL AND p.pk = m.parent_pk "
+        "WHERE e.sk = (SELECT sk FROM streams WHERE stream = ?) AND e.seq > ? ORDER BY e.seq LIMIT ?",
         (stream, after_seq, limit),
     ).fetchall()
     kind: Literal["session", "registry"] = "registry" if stream == REGISTRY else "session"
+    # An event of a session's own log stores no session id (SqliteTx.emit_many).
+    own = stream[len(session_stream("")) :]
     return [
         Event(
-            session_id=r[0],
+            session_id=own if r[0] is None else r[0],
             seq=r[1],
             epoch=pos.epoch,
-            type=r[2],
-            data=_decode(r[3] if r[5] is None else rehydrated(r[6] or "null", r[3])),
+            type=type_name(r[2]),
+            data=_decode(r[3]) if r[5] is None else appended_data(r[6], r[7], r[8], r[3], r[9]),
             created_at=ts(r[4]),
             stream=kind,
         )

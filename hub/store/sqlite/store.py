@@ -57,10 +57,11 @@ from ..policy import (
     usage_event,
 )
 from ..prune import check_prune
-from ..rows import SESSION_COLS, decode_message, session_info, ts
+from ..rows import SESSION_COLS, session_info, ts
 from . import checkpoint, maintenance, sql
 from .checkpoint import CHECKPOINT_EVERY, WAL_LIMIT_BYTES, Checkpointer
 from .connection import Conn, Connection, configure, is_busy, patient, read_tx, write_tx
+from .packing import stored_message
 from .schema import migrate
 from .tx import SqliteTx
 
@@ -330,10 +331,10 @@ class SqliteStore(Store):
     async def get_message(self, session_id: str, message_id: str) -> Message | None:
         def fn(conn: Conn) -> Message | None:
             row = conn.execute(
-                "SELECT content FROM messages WHERE session_id = ? AND id = ?",
+                f"SELECT content, role FROM messages WHERE sk = {sql.KEY} AND id = ?",
                 (session_id, message_id),
             ).fetchone()
-            return None if row is None else decode_message(row[0])
+            return None if row is None else stored_message(row[0], message_id, row[1])
 
         return await self._read(fn)
 
@@ -352,10 +353,10 @@ class SqliteStore(Store):
     async def get_latest_leaf(self, session_id: str) -> Message | None:
         def fn(conn: Conn) -> Message | None:
             row = conn.execute(
-                "SELECT content FROM messages WHERE session_id = ? ORDER BY pk DESC LIMIT 1",
+                f"SELECT content, id, role FROM messages WHERE sk = {sql.KEY} ORDER BY pk DESC LIMIT 1",
                 (session_id,),
             ).fetchone()
-            return None if row is None else decode_message(row[0])
+            return None if row is None else stored_message(*row)
 
         return await self._read(fn)
 
@@ -368,9 +369,9 @@ class SqliteStore(Store):
             if pk is None:
                 return []
             rows = conn.execute(
-                "SELECT content FROM messages WHERE parent_pk = ? ORDER BY pk", (pk,)
+                "SELECT content, id, role FROM messages WHERE parent_pk = ? ORDER BY pk", (pk,)
             ).fetchall()
-            return [m for (c,) in rows if (m := decode_message(c)) is not None]
+            return [m for r in rows if (m := stored_message(*r)) is not None]
 
         return await self._read(fn)
 
@@ -417,7 +418,7 @@ class SqliteStore(Store):
             if covered:
                 wanted = set(covered)
                 found = tx.conn.execute(
-                    "SELECT COUNT(*) FROM messages WHERE session_id = ? "
+                    f"SELECT COUNT(*) FROM messages WHERE sk = {sql.KEY} "
                     "AND id IN (SELECT value FROM json_each(?))",
                     (session_id, _encode(sorted(wanted)).decode()),
                 ).fetchone()[0]

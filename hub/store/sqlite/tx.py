@@ -14,8 +14,9 @@ from ..base import WriteTx
 from ..policy import registry_events, session_stream
 from ..rows import SESSION_COLS, new_epoch, session_info, ts
 from .connection import Conn
+from .packing import type_code
 
-__all__ = ["SqliteTx", "next_seq", "session_row"]
+__all__ = ["SqliteTx", "open_stream", "session_row"]
 
 _encode = msgspec.json.Encoder().encode
 
@@ -26,52 +27,49 @@ class SqliteTx(WriteTx[Conn]):
     __slots__ = ()
 
     def emit(self, stream: str, session_id: str, type_: str, data: Any) -> int:
-        conn = self.conn
-        row = conn.execute(
-            "UPDATE streams SET last_seq = last_seq + 1 WHERE stream = ? RETURNING last_seq", (stream,)
-        ).fetchone()
-        if row is None:
-            conn.execute("INSERT INTO streams VALUES (?, ?, 1, 1)", (stream, new_epoch()))
-            seq = 1
-        else:
-            seq = int(row[0])
-        conn.execute(
-            "INSERT INTO events (stream, seq, session_id, type, data, created_at) VALUES (?, ?, ?, ?, ?, ?)",
-            (stream, seq, session_id, type_, _encode(data).decode(), self.now),
-        )
-        self.notes.append((stream, seq))
-        return seq
+        return self.emit_many(stream, session_id, [(type_, _encode(data).decode())])
 
     def emit_many(
         self,
         stream: str,
         session_id: str,
-        events: Sequence[tuple[str, str]],
+        events: Sequence[tuple[str, str | None]],
         refs: Sequence[int | None] | None = None,
     ) -> int:
         """Append pre-encoded ``(type, data_json)`` events with consecutive seqs; the last.
         ``refs``: per event, the pk of the message whose body it reads back with (see
-        :func:`~.sql.read_events`), else None. The first seq is always the stream's
-        ``last_seq + 1`` as read inside this transaction (:func:`next_seq`)."""
+        :func:`~.sql.read_events`), else None. A referring event with data None takes its
+        parent id and its time from the row too: no data, no time stored. The first seq is always the stream's
+        ``last_seq + 1`` as read inside this transaction (:func:`open_stream`)."""
         n = len(events)
         if n == 0:
             return 0
         conn = self.conn
         row = conn.execute(
-            "UPDATE streams SET last_seq = last_seq + ? WHERE stream = ? RETURNING last_seq", (n, stream)
+            "UPDATE streams SET last_seq = last_seq + ? WHERE stream = ? RETURNING sk, last_seq", (n, stream)
         ).fetchone()
         if row is None:
-            conn.execute("INSERT INTO streams VALUES (?, ?, 1, ?)", (stream, new_epoch(), n))
+            sk = _new_stream(conn, stream, n)
             last = n
         else:
-            last = int(row[0])
+            sk, last = int(row[0]), int(row[1])
         first = last - n + 1
         now = self.now
+        # An event of a session's own log names no session: the log's key says which.
+        own = None if stream == session_stream(session_id) else session_id
         conn.executemany(
-            "INSERT INTO events (stream, seq, session_id, type, data, created_at, ref) "
+            "INSERT INTO events (sk, seq, session_id, type, data, created_at, ref) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
             [
-                (stream, first + i, session_id, t, data, now, None if refs is None else refs[i])
+                (
+                    sk,
+                    first + i,
+                    own,
+                    type_code(t),
+                    data,
+                    None if data is None else now,
+                    refs[i] if refs else None,
+                )
                 for i, (t, data) in enumerate(events)
             ],
         )
@@ -98,10 +96,22 @@ class SqliteTx(WriteTx[Conn]):
             self.emit(stream, info.id, type_, data)
 
 
-def next_seq(conn: Conn, stream: str) -> int:
-    """The seq the stream's next event gets: inside ``BEGIN IMMEDIATE`` nobody else writes."""
-    row = conn.execute("SELECT last_seq FROM streams WHERE stream = ?", (stream,)).fetchone()
-    return 1 if row is None else int(row[0]) + 1
+def _new_stream(conn: Conn, stream: str, last_seq: int) -> int:
+    row = conn.execute(
+        "INSERT INTO streams (stream, sk, epoch, first_seq, last_seq) "
+        "VALUES (?, (SELECT COALESCE(MAX(sk), 0) + 1 FROM streams), ?, 1, ?) RETURNING sk",
+        (stream, new_epoch(), last_seq),
+    ).fetchone()
+    return int(row[0])
+
+
+def open_stream(conn: Conn, stream: str) -> tuple[int, int]:
+    """The stream's key and the seq its next event gets, creating it (with no events) if
+    need be: inside ``BEGIN IMMEDIATE`` nobody else writes."""
+    row = conn.execute("SELECT sk, last_seq FROM streams WHERE stream = ?", (stream,)).fetchone()
+    if row is None:
+        return _new_stream(conn, stream, 0), 1
+    return int(row[0]), int(row[1]) + 1
 
 
 def session_row(conn: Conn, session_id: str) -> SessionInfo:
