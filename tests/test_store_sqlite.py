@@ -661,3 +661,26 @@ async def test_a_session_search_runs_inline_and_answers_as_the_reader_does(
     # The whole-hub search always goes to the thread.
     await store.search_messages("rare", session_id=None)
     assert trips == 2 * len(queries) + 1
+
+
+@pytest.mark.parametrize("ranked_here", [False, True], ids=["fts5-rank", "ranked-here"])
+async def test_a_session_search_keeps_only_its_own_rows_when_tokens_collide(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch, ranked_here: bool
+) -> None:
+    # Every session's token the same (what two ids that hash alike share): the token finds
+    # every session's rows, and the rows' session keys must leave only the searched one's.
+    monkeypatch.setattr(sqlite_store.sql, "sid_token", lambda session_id: "sshared")
+    async with await SqliteStore.open(db_path) as store:
+        for k in range(6):
+            s = Session(store, session_id=f"s{k}")
+            for i in range(3 if k else 1):
+                await s.append_message(T(f"m{k}-{i}", "user", f"deploy pipeline number {k} {i}"))
+        conn = sqlite3.connect(db_path)
+        try:
+            # (messages of the session, rows in the index): a session under a quarter of it
+            # goes by token; a huge index makes ranking here worth it.
+            size = (1, 1_000_000) if ranked_here else (1, 16)
+            hits = sqlite_store.sql._search_session(conn, '"deploy pipeline"', "s0", 10, size)
+        finally:
+            conn.close()
+    assert [(h.id, h.session_id) for h in hits] == [("m0-0", "s0")]

@@ -433,15 +433,14 @@ def path_length(conn: Conn, session_id: str, leaf_id: str | None) -> int:
 
 # A session's search, in one statement: the newest SEARCH_WINDOW matches of the session
 # (by rowid, so no cost per match), ranked. ``{filter}`` says how the session's rows are
-# found among every session's: see search_messages. The session id (its log's name less
-# "s:") is looked up for the kept rows only.
+# found among every session's: see search_messages. A row gives its session's key, not its
+# id: the caller knows the id, and the key tells a row of another session whose token
+# hashed alike (a join with streams for the id cost a fifth of the statement).
 SEARCH_SESSION = """
-SELECT x.id, x.role, x.content, substr(k.stream, 3), x.created_at FROM (
-    SELECT m.id, m.role, m.content, m.sk, m.created_at, w.r, w.pk FROM (
-        SELECT f.rowid AS pk, f.rank AS r FROM messages_fts f {join}
-        WHERE messages_fts MATCH ? {filter} ORDER BY f.rowid DESC LIMIT ?
-    ) w JOIN messages m ON m.pk = w.pk ORDER BY w.r, w.pk LIMIT ?
-) x JOIN streams k ON k.sk = x.sk ORDER BY x.r, x.pk
+SELECT m.id, m.role, m.content, m.sk, m.created_at FROM (
+    SELECT f.rowid AS pk, f.rank AS r FROM messages_fts f {join}
+    WHERE messages_fts MATCH ? {filter} ORDER BY f.rowid DESC LIMIT ?
+) w JOIN messages m ON m.pk = w.pk ORDER BY w.r, w.pk LIMIT ?
 """
 #: The session's token in MATCH: FTS5 intersects the two posting lists.
 SEARCH_BY_TOKEN = SEARCH_SESSION.format(join="", filter="")
@@ -450,11 +449,10 @@ SEARCH_BY_ROW = SEARCH_SESSION.format(join="JOIN messages s ON s.pk = f.rowid", 
 #: SEARCH_BY_TOKEN's window unranked, with what rank.rank_order needs to order it as FTS5
 #: would (each row's text and token counts) without bm25's pass over the whole index.
 UNRANKED_BY_TOKEN = """
-SELECT m.id, m.role, m.content, substr(k.stream, 3), m.created_at, w.pk, d.sz FROM (
+SELECT m.id, m.role, m.content, m.sk, m.created_at, w.pk, d.sz FROM (
     SELECT f.rowid AS pk FROM messages_fts f
     WHERE messages_fts MATCH ? ORDER BY f.rowid DESC LIMIT ?
-) w JOIN messages m ON m.pk = w.pk JOIN streams k ON k.sk = m.sk
-JOIN messages_fts_docsize d ON d.id = w.pk
+) w JOIN messages m ON m.pk = w.pk JOIN messages_fts_docsize d ON d.id = w.pk
 """
 #: A window of at most this many matches may be ranked by rank.rank_order; a larger one by FTS5.
 RANK_ROWS = 64
@@ -516,11 +514,14 @@ def _search_session(
                 if found is not None
                 else conn.execute(SEARCH_BY_TOKEN, (both, SEARCH_WINDOW, limit)).fetchall()
             )
-            # Two ids that hashed alike would share a token: the rows say whose.
-            rows = [r for r in rows if r[3] == session_id]
+            # Two ids that hashed alike would share a token: the rows' keys say whose.
+            key = conn.execute(
+                "SELECT sk FROM streams WHERE stream = ?", (session_stream(session_id),)
+            ).fetchone()
+            rows = [r for r in rows if key is not None and r[3] == key[0]]
     except sqlite3.OperationalError as exc:
         return _no_match(expr, exc)
-    return _results(rows)
+    return _results(rows, session_id)
 
 
 def _ranked_here(conn: Conn, match: str, expr: str, limit: int, spread: float) -> list[Any] | None:
@@ -549,14 +550,15 @@ def _no_match(expr: str, exc: sqlite3.OperationalError) -> list[SearchResult]:
     return []
 
 
-def _results(rows: Sequence[Any]) -> list[SearchResult]:
-    # The index keeps no copy of the text: a hit's text is its stored message's.
+def _results(rows: Sequence[Any], session_id: str | None = None) -> list[SearchResult]:
+    # The index keeps no copy of the text: a hit's text is its stored message's. Rows give
+    # their session's id, or ``session_id`` stands for it (a session's own search).
     return [
         SearchResult(
             id=r[0],
             role=role_name(r[1]),
             content=stored_text(r[2], r[0], r[1]),
-            session_id=r[3],
+            session_id=r[3] if session_id is None else session_id,
             created_at=ts(r[4]),
         )
         for r in rows
