@@ -222,10 +222,8 @@ def test_scores_too_close_to_call_are_left_to_fts5(tmp_path: Path, monkeypatch: 
         assert rank.rank_order(conn, "messages_fts", '"x"', window) is None
 
 
-def test_a_window_larger_than_rank_rows_is_ranked_by_fts5(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    corpus = [("a", "x " * (i % 7 + 1) + "y " * (i % 5)) for i in range(sql.RANK_ROWS + 6)]
+def count_rank_order(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Spy on rank.rank_order: the window sizes it was asked to order."""
     calls: list[int] = []
     real = rank.rank_order
 
@@ -234,6 +232,14 @@ def test_a_window_larger_than_rank_rows_is_ranked_by_fts5(
         return real(*args)
 
     monkeypatch.setattr(rank, "rank_order", counted)
+    return calls
+
+
+def test_a_window_larger_than_rank_rows_is_ranked_by_fts5(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    corpus = [("a", "x " * (i % 7 + 1) + "y " * (i % 5)) for i in range(sql.RANK_ROWS + 6)]
+    calls = count_rank_order(monkeypatch)
     with closing(_build(tmp_path / "h.db", corpus)) as conn:
         want = [
             r[0]
@@ -278,14 +284,7 @@ def test_a_window_is_ranked_here_only_where_that_costs_less(
 ) -> None:
     """FTS5's pass costs as many matches as the whole index holds, estimated from the
     session's share of them; ranking here costs a fixed part and a part a window row."""
-    calls: list[int] = []
-    real = rank.rank_order
-
-    def counted(*args: Any) -> list[int] | None:
-        calls.append(len(args[3]))
-        return real(*args)
-
-    monkeypatch.setattr(rank, "rank_order", counted)
+    calls = count_rank_order(monkeypatch)
     corpus = [("a", "x " * (i % 3 + 1) + "y " * (i % 4)) for i in range(10)]
     with closing(_build(tmp_path / "h.db", corpus)) as conn:
         match, _ = _matches("a", '"x"', False)
