@@ -504,7 +504,9 @@ async def test_migration_5_keeps_an_old_file_reading_the_same(tmp_path: Path) ->
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-async def test_migration_6_reads_a_version_5_file_back_the_same(tmp_path: Path) -> None:
+async def test_migration_6_reads_a_version_5_file_back_the_same(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """tests/fixtures/sqlite_v5.db was written by sessionhub at schema version 5 (branches,
     an update, a delete that reparented, an overlay, a fork, a deleted session, usage,
     context); sqlite_v5.json is what it read back then (make_sqlite_v5.py). Migrated,
@@ -516,7 +518,13 @@ async def test_migration_6_reads_a_version_5_file_back_the_same(tmp_path: Path) 
     with raw(path) as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == 5
     expected = (FIXTURES / "sqlite_v5.json").read_text()
-    store = await SqliteStore.open(path)
+    with caplog.at_level("WARNING", logger="sessionhub.store"):
+        store = await SqliteStore.open(path)
+    # The operator is told before the tables are rewritten (minutes on a big file).
+    said = [r.getMessage() for r in caplog.records if "schema version" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(
+        "upgrading the database from schema version 5 to 6 (~10 messages"
+    )
     try:
         got = await read_back(store)
         assert json.dumps(got, indent=1, ensure_ascii=False) + "\n" == expected
