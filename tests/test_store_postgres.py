@@ -296,7 +296,7 @@ async def test_migration_3_keeps_a_version_2_database_reading_the_same(
 
 
 async def test_migration_4_keeps_a_version_3_database_reading_the_same(
-    pg_dsn: str, pg_schema: str, raw: asyncpg.Connection
+    pg_dsn: str, pg_schema: str, raw: asyncpg.Connection, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Rows written as version 3 wrote them (text session ids and streams, every column
     filled) read back the same once migration 4 has keyed them by their stream."""
@@ -344,7 +344,11 @@ async def test_migration_4_keeps_a_version_3_database_reading_the_same(
             pks[1],
             pks[2],
         )
-    async with await open_store(pg_dsn, pg_schema) as store:
+    with caplog.at_level("WARNING", logger="sessionhub.store"):
+        store = await open_store(pg_dsn, pg_schema)
+    said = [r.getMessage() for r in caplog.records if "schema version" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("upgrading the database from schema version 3 to 4")
+    async with store:
         assert [m.text() for m in await store.get_history("old", "m1")] == texts[:2]
         assert [m.text() for m in await store.get_history("old")] == [texts[0], texts[2]]
         assert [m.id for m in await store.get_branches("old", "m0")] == ["m1", "m2"]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from importlib import resources
 from typing import TYPE_CHECKING
@@ -14,6 +15,8 @@ if TYPE_CHECKING:
     from .tx import Conn
 
 __all__ = ["MIGRATIONS", "SCHEMA_SQL", "lock_key", "migrate"]
+
+log = logging.getLogger("sessionhub.store")
 
 #: The schema as a plain SQL file, shipped for roles that may not create tables.
 SCHEMA_SQL: str = resources.files("hub.store.postgres").joinpath("postgres_schema.sql").read_text("utf-8")
@@ -125,6 +128,14 @@ async def migrate(conn: Conn) -> int:
             raise StoreError(
                 f"database schema version {version} is newer than "
                 f"this sessionhub supports ({len(MIGRATIONS)})"
+            )
+        if 0 < version < len(MIGRATIONS):
+            # Migration 4 copies messages and events, locking them meanwhile: say so first.
+            log.warning(
+                "upgrading the database from schema version %d to %d "
+                "(a copy of the messages and events tables, once; they are locked meanwhile)",
+                version,
+                len(MIGRATIONS),
             )
         for i in range(version, len(MIGRATIONS)):
             await conn.execute(MIGRATIONS[i])
