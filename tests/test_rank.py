@@ -21,7 +21,7 @@ from hub import Message, SqliteStore
 from hub.fts import phrase_query, words_query
 from hub.store.policy import SEARCH_WINDOW
 from hub.store.rows import message_json
-from hub.store.sqlite import rank, sql
+from hub.store.sqlite import rank, search, sql
 from hub.store.sqlite.packing import packed, stored_text
 
 from .hubtest import text_message
@@ -94,7 +94,7 @@ def _window(
             (match, *extra, SEARCH_WINDOW),
         ).fetchall()
         return [(r[0], stored_text(r[1], r[3], r[4]), r[2]) for r in rows]
-    rows = conn.execute(sql.UNRANKED_BY_TOKEN, (match, SEARCH_WINDOW)).fetchall()
+    rows = conn.execute(search.UNRANKED_BY_TOKEN, (match, SEARCH_WINDOW)).fetchall()
     return [(r[5], stored_text(r[2], r[0], r[1]), r[6]) for r in rows]
 
 
@@ -145,9 +145,9 @@ def _check(conn: sqlite3.Connection, expr: str, limit: int) -> int:
     # The hook in sql gives the rows FTS5's statement gives, whichever way it goes (an index
     # of a million rows a message of the session: always worth ranking here).
     for session_id in SESSIONS:
-        got = [r.id for r in sql._search_session(conn, expr, session_id, limit, (1, 1_000_000))]
+        got = [r.id for r in search._search_session(conn, expr, session_id, limit, (1, 1_000_000))]
         match, _ = _matches(session_id, expr, False)
-        want = [r[0] for r in conn.execute(sql.SEARCH_BY_TOKEN, (match, SEARCH_WINDOW, limit))]
+        want = [r[0] for r in conn.execute(search.SEARCH_BY_TOKEN, (match, SEARCH_WINDOW, limit))]
         assert got == want
     return ordered
 
@@ -200,7 +200,7 @@ def test_a_text_that_no_longer_tokenizes_as_indexed_is_left_to_fts5(tmp_path: Pa
         conn.commit()
         window = _window(conn, "a", '"deploy pipeline"', False)
         assert rank.rank_order(conn, "messages_fts", '"deploy pipeline"', window) is None
-        hits = sql._search_session(conn, '"deploy pipeline"', "a", 10, (1, 1_000_000))
+        hits = search._search_session(conn, '"deploy pipeline"', "a", 10, (1, 1_000_000))
         assert [h.id for h in hits] == ["m1", "m0"]
 
 
@@ -238,17 +238,17 @@ def count_rank_order(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_a_window_larger_than_rank_rows_is_ranked_by_fts5(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    corpus = [("a", "x " * (i % 7 + 1) + "y " * (i % 5)) for i in range(sql.RANK_ROWS + 6)]
+    corpus = [("a", "x " * (i % 7 + 1) + "y " * (i % 5)) for i in range(search.RANK_ROWS + 6)]
     calls = count_rank_order(monkeypatch)
     with closing(_build(tmp_path / "h.db", corpus)) as conn:
         want = [
             r[0]
-            for r in conn.execute(sql.SEARCH_BY_TOKEN, (_matches("a", '"x"', False)[0], SEARCH_WINDOW, 20))
+            for r in conn.execute(search.SEARCH_BY_TOKEN, (_matches("a", '"x"', False)[0], SEARCH_WINDOW, 20))
         ]
-        got = [h.id for h in sql._search_session(conn, '"x"', "a", 20, (1, 1_000_000))]
+        got = [h.id for h in search._search_session(conn, '"x"', "a", 20, (1, 1_000_000))]
         assert got == want and calls == []
-        monkeypatch.setattr(sql, "RANK_ROWS", SEARCH_WINDOW)  # now ranked here: the same
-        assert [h.id for h in sql._search_session(conn, '"x"', "a", 20, (1, 1_000_000))] == want
+        monkeypatch.setattr(search, "RANK_ROWS", SEARCH_WINDOW)  # now ranked here: the same
+        assert [h.id for h in search._search_session(conn, '"x"', "a", 20, (1, 1_000_000))] == want
         assert calls == [len(corpus)]
 
 
@@ -288,14 +288,14 @@ def test_a_window_is_ranked_here_only_where_that_costs_less(
     corpus = [("a", "x " * (i % 3 + 1) + "y " * (i % 4)) for i in range(10)]
     with closing(_build(tmp_path / "h.db", corpus)) as conn:
         match, _ = _matches("a", '"x"', False)
-        want = [r[0] for r in conn.execute(sql.SEARCH_BY_TOKEN, (match, SEARCH_WINDOW, 20))]
+        want = [r[0] for r in conn.execute(search.SEARCH_BY_TOKEN, (match, SEARCH_WINDOW, 20))]
         for index_rows, ranked_here in (
-            (10 * sql.RANK_ROW_HITS, False),  # the session is too large a share of the index
-            (10 * (sql.RANK_ROW_HITS + 1), False),  # 10 matches: the fixed part outweighs
-            (10 * (sql.RANK_ROW_HITS + sql.RANK_FIXED_HITS // 10 + 1), True),
+            (10 * search.RANK_ROW_HITS, False),  # the session is too large a share of the index
+            (10 * (search.RANK_ROW_HITS + 1), False),  # 10 matches: the fixed part outweighs
+            (10 * (search.RANK_ROW_HITS + search.RANK_FIXED_HITS // 10 + 1), True),
         ):
             calls.clear()
-            got = [h.id for h in sql._search_session(conn, '"x"', "a", 20, (10, index_rows))]
+            got = [h.id for h in search._search_session(conn, '"x"', "a", 20, (10, index_rows))]
             assert got == want
             assert calls == ([10] if ranked_here else [])
 

@@ -659,10 +659,10 @@ async def test_a_session_search_runs_inline_and_answers_as_the_reader_does(
     assert trips == 0
     assert inline[1] == [(f"a{i}", f"shared words {i} rare") for i in range(0, 40, 5)][: len(inline[1])]
     assert inline[3] == []
-    monkeypatch.setattr(sqlite_store.sql, "INLINE_SEARCH_ROWS", 50)  # 80 rows: too big
+    monkeypatch.setattr(sqlite_store.search, "INLINE_SEARCH_ROWS", 50)  # 80 rows: too big
     assert await answers() == inline
     assert trips == len(queries)
-    monkeypatch.setattr(sqlite_store.sql, "INLINE_SEARCH_ROWS", 20_000)
+    monkeypatch.setattr(sqlite_store.search, "INLINE_SEARCH_ROWS", 20_000)
     async with store._write_lock:  # a write in flight owns the writer's connection
         assert await answers() == inline
     assert trips == 2 * len(queries)
@@ -688,7 +688,7 @@ async def test_a_session_search_keeps_only_its_own_rows_when_tokens_collide(
             # (messages of the session, rows in the index): a session under a quarter of it
             # goes by token; a huge index makes ranking here worth it.
             size = (1, 1_000_000) if ranked_here else (1, 16)
-            hits = sqlite_store.sql._search_session(conn, '"deploy pipeline"', "s0", 10, size)
+            hits = sqlite_store.search._search_session(conn, '"deploy pipeline"', "s0", 10, size)
         finally:
             conn.close()
     assert [(h.id, h.session_id) for h in hits] == [("m0-0", "s0")]

@@ -29,7 +29,7 @@ from ..policy import SEARCH_WINDOW
 from .checkpoint import CHECKPOINT_EVERY, WAL_LIMIT_BYTES
 from .connection import BUSY_TIMEOUT_MS
 from .schema import MIGRATIONS
-from .sql import BY_ROW_SHARE
+from .search import BY_ROW_SHARE
 from .store import INLINE_BATCH, SqliteStore
 
 __all__ = [

@@ -58,7 +58,7 @@ from ..policy import (
 )
 from ..prune import check_prune
 from ..rows import SESSION_COLS, session_info, ts
-from . import checkpoint, maintenance, sql
+from . import checkpoint, maintenance, search, sql
 from .checkpoint import CHECKPOINT_EVERY, WAL_LIMIT_BYTES, Checkpointer
 from .connection import Conn, Connection, configure, is_busy, patient, read_tx, write_tx
 from .packing import stored_message
@@ -390,11 +390,11 @@ class SqliteStore(Store):
 
         if session_id is not None:
             found = self._read_inline(
-                sql.search_session_inline, expr, session_id, limit, sql.INLINE_SEARCH_ROWS
+                search.search_session_inline, expr, session_id, limit, search.INLINE_SEARCH_ROWS
             )
             if found is not None:
                 return found
-        return await self._read(sql.search_messages, expr, session_id, limit)
+        return await self._read(search.search_messages, expr, session_id, limit)
 
     # -- compaction overlays -------------------------------------------------------------
     async def add_compaction(
