@@ -14,6 +14,7 @@ import pytest
 
 from hub.auth import issue_token
 from hub.server import HubConfig
+from hub.server.chat_http import KEEPALIVE
 
 from .chatkit import responder, sse_chunks
 from .hubtest import served
@@ -40,8 +41,9 @@ def _websocket_flags(node_path: str) -> list[str]:
 async def test_the_ai_sdk_against_the_hub(tmp_path: Path) -> None:
     node_path = node()
     _npm_ci()
+    # Keep-alive comments every 20 ms: the real SDK's parser meets them between chunks.
     async with (
-        served(db=tmp_path / "hub.db") as h,
+        served(db=tmp_path / "hub.db", config=HubConfig(chat_keepalive=0.02)) as h,
         responder(h.ws_url, lambda: len(h.hub.turns.responders) == 1),
     ):
         proc = await asyncio.create_subprocess_exec(
@@ -148,3 +150,28 @@ async def test_post_appends_only_what_is_new(tmp_path: Path, trigger: str) -> No
         # u1 was not appended twice; both replies hang off it.
         assert await session.get_path_length() == 2
         assert sorted(m.id for m in await session.get_branches("u1")) == sorted([reply, second])
+
+
+async def test_an_idle_reply_stream_sends_keep_alive_comments(tmp_path: Path) -> None:
+    # No responder: the turn waits turn_timeout with nothing to say. Comment lines go out
+    # meanwhile (a proxy that cuts idle streams keeps this one), and the chunks around them
+    # are the same as without them.
+    config = HubConfig(turn_timeout=0.8, chat_keepalive=0.1)
+    async with served(db=tmp_path / "hub.db", config=config) as h:
+        body = {
+            "id": "s-idle",
+            "messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}],
+        }
+        async with httpx2.AsyncClient() as http, http.stream("POST", f"{h.url}/api/chat", json=body) as r:
+            lines = [line async for line in r.aiter_lines()]
+    assert lines.count(KEEPALIVE.decode().strip()) >= 3
+    data = [line for line in lines if line.startswith("data: ")]
+    assert data[0].startswith('data: {"type":"start"') and data[-1] == "data: [DONE]"
+    assert '"type":"error"' in data[-2]
+    # Every non-blank line is a chunk or a comment: nothing else was sent.
+    assert all(line.startswith(("data: ", ":")) for line in lines if line)
+
+
+def test_the_keep_alive_interval_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="chat_keepalive"):
+        HubConfig(chat_keepalive=0)

@@ -51,7 +51,7 @@ from ..auth import Grant, verify_token
 from .ports import ChatHost, ChatTurn
 from .turnframes import TurnOutcome
 
-__all__ = ["UIMessageEncoder", "chat_routes", "sse_headers"]
+__all__ = ["KEEPALIVE", "UIMessageEncoder", "chat_routes", "sse_headers"]
 
 log = logging.getLogger("sessionhub.chat")
 
@@ -214,6 +214,10 @@ class UIMessageEncoder:
         return chunks
 
 
+#: What an idle reply stream sends every ``HubConfig.chat_keepalive`` seconds.
+KEEPALIVE = b": keep-alive\n\n"
+
+
 def _sse(chunks: list[Chunk]) -> bytes:
     return "".join(f"data: {json.dumps(c, separators=(',', ':'))}\n\n" for c in chunks).encode()
 
@@ -231,7 +235,13 @@ async def turn_stream(hub: ChatHost, turn: ChatTurn) -> AsyncIterator[bytes]:
             chunks += encoder.message(*current)
         yield _sse(chunks)
         while True:
-            item = await queue.get()
+            try:
+                item = await asyncio.wait_for(queue.get(), hub.config.chat_keepalive)
+            except TimeoutError:
+                # An SSE comment: every parser skips it (the AI SDK's included); it keeps
+                # an idle-cutting proxy from closing the stream while nothing is said.
+                yield KEEPALIVE
+                continue
             if isinstance(item, TurnOutcome):
                 chunks = encoder.close()
                 if item.status == "finished":

@@ -54,6 +54,10 @@ class HubConfig:
     close_grace: float = 5.0
     #: How long a turn waits for a responder to start answering it (hub/server/turns.py).
     turn_timeout: float = 30.0
+    #: A chat reply's SSE stream (``POST /api/chat``) sends a comment line after this many
+    #: seconds without a chunk, so that proxies that cut idle connections (often at 30-60 s)
+    #: keep it while the turn waits for a responder or a slow model.
+    chat_keepalive: float = 15.0
     #: Event retention (hub/server/retention.py): prune events older than this many
     #: seconds, and beyond the newest N of each log, every ``retention_interval`` s. None: keep.
     retain_events: float | None = None
@@ -76,6 +80,6 @@ class HubConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"HubConfig.{name} must be at least 1, not {getattr(self, name)}")
-        for name in ("send_timeout", "close_grace", "shutdown_grace", "turn_timeout"):
+        for name in ("send_timeout", "close_grace", "shutdown_grace", "turn_timeout", "chat_keepalive"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"HubConfig.{name} must be more than 0, not {getattr(self, name)}")
