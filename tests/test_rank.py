@@ -94,7 +94,7 @@ def _window(
             (match, *extra, SEARCH_WINDOW),
         ).fetchall()
         return [(r[0], stored_text(r[1], r[3], r[4]), r[2]) for r in rows]
-    rows = conn.execute(search.UNRANKED_BY_TOKEN, (match, SEARCH_WINDOW)).fetchall()
+    rows = conn.execute(search.UNRANKED_BY_TOKEN, (match, SEARCH_WINDOW, session_id)).fetchall()
     return [(r[5], stored_text(r[2], r[0], r[1]), r[6]) for r in rows]
 
 
@@ -147,7 +147,7 @@ def _check(conn: sqlite3.Connection, expr: str, limit: int) -> int:
     for session_id in SESSIONS:
         got = [r.id for r in search._search_session(conn, expr, session_id, limit, (1, 1_000_000))]
         match, _ = _matches(session_id, expr, False)
-        want = [r[0] for r in conn.execute(search.SEARCH_BY_TOKEN, (match, SEARCH_WINDOW, limit))]
+        want = [r[0] for r in conn.execute(search.SEARCH_BY_TOKEN, (match, SEARCH_WINDOW, session_id, limit))]
         assert got == want
     return ordered
 
@@ -243,7 +243,9 @@ def test_a_window_larger_than_rank_rows_is_ranked_by_fts5(
     with closing(_build(tmp_path / "h.db", corpus)) as conn:
         want = [
             r[0]
-            for r in conn.execute(search.SEARCH_BY_TOKEN, (_matches("a", '"x"', False)[0], SEARCH_WINDOW, 20))
+            for r in conn.execute(
+                search.SEARCH_BY_TOKEN, (_matches("a", '"x"', False)[0], SEARCH_WINDOW, "a", 20)
+            )
         ]
         got = [h.id for h in search._search_session(conn, '"x"', "a", 20, (1, 1_000_000))]
         assert got == want and calls == []
@@ -288,7 +290,7 @@ def test_a_window_is_ranked_here_only_where_that_costs_less(
     corpus = [("a", "x " * (i % 3 + 1) + "y " * (i % 4)) for i in range(10)]
     with closing(_build(tmp_path / "h.db", corpus)) as conn:
         match, _ = _matches("a", '"x"', False)
-        want = [r[0] for r in conn.execute(search.SEARCH_BY_TOKEN, (match, SEARCH_WINDOW, 20))]
+        want = [r[0] for r in conn.execute(search.SEARCH_BY_TOKEN, (match, SEARCH_WINDOW, "a", 20))]
         for index_rows, ranked_here in (
             (10 * search.RANK_ROW_HITS, False),  # the session is too large a share of the index
             (10 * (search.RANK_ROW_HITS + 1), False),  # 10 matches: the fixed part outweighs

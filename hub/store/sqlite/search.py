@@ -11,7 +11,6 @@ from typing import Any
 
 from protocol import SearchResult
 
-from ..base import session_stream
 from ..policy import SEARCH_WINDOW
 from ..rows import ts
 from . import rank, sql
@@ -24,28 +23,29 @@ log = logging.getLogger("sessionhub.store")
 
 # A session's search, in one statement: the newest SEARCH_WINDOW matches of the session
 # (by rowid, so no cost per match), ranked. ``{filter}`` says how the session's rows are
-# found among every session's: see search_messages. A row gives its session's key, not its
-# id: the caller knows the id, and the key tells a row of another session whose token
-# hashed alike (a join with streams for the id cost a fifth of the statement).
+# found among every session's: see search_messages; ``{check}`` keeps only the session's
+# rows where its token may be another's too (two ids that hashed alike), before the limit.
+# The caller knows the session's id: rows do not give it (a join with streams for it cost a
+# fifth of the statement).
 SEARCH_SESSION = """
 SELECT m.id, m.role, m.content, m.sk, m.created_at FROM (
     SELECT f.rowid AS pk, f.rank AS r FROM messages_fts f {join}
     WHERE messages_fts MATCH ? {filter} ORDER BY f.rowid DESC LIMIT ?
-) w JOIN messages m ON m.pk = w.pk ORDER BY w.r, w.pk LIMIT ?
+) w JOIN messages m ON m.pk = w.pk {check} ORDER BY w.r, w.pk LIMIT ?
 """
 #: The session's token in MATCH: FTS5 intersects the two posting lists.
-SEARCH_BY_TOKEN = SEARCH_SESSION.format(join="", filter="")
+SEARCH_BY_TOKEN = SEARCH_SESSION.format(join="", filter="", check=f"AND m.sk = {sql.KEY}")
 #: The text alone in MATCH, the session checked on each match's row.
 SEARCH_BY_ROW = SEARCH_SESSION.format(
-    join="JOIN messages s ON s.pk = f.rowid", filter=f"AND s.sk = {sql.KEY}"
+    join="JOIN messages s ON s.pk = f.rowid", filter=f"AND s.sk = {sql.KEY}", check=""
 )
 #: SEARCH_BY_TOKEN's window unranked, with what rank.rank_order needs to order it as FTS5
 #: would (each row's text and token counts) without bm25's pass over the whole index.
-UNRANKED_BY_TOKEN = """
+UNRANKED_BY_TOKEN = f"""
 SELECT m.id, m.role, m.content, m.sk, m.created_at, w.pk, d.sz FROM (
     SELECT f.rowid AS pk FROM messages_fts f
     WHERE messages_fts MATCH ? ORDER BY f.rowid DESC LIMIT ?
-) w JOIN messages m ON m.pk = w.pk JOIN messages_fts_docsize d ON d.id = w.pk
+) w JOIN messages m ON m.pk = w.pk AND m.sk = {sql.KEY} JOIN messages_fts_docsize d ON d.id = w.pk
 """
 #: A window of at most this many matches may be ranked by rank.rank_order; a larger one by FTS5.
 RANK_ROWS = 64
@@ -101,29 +101,26 @@ def _search_session(
         else:
             # bm25 scores the token's column 0 (weights 0.0, 1.0): the same order.
             both = f"sid : {sql.sid_token(session_id)} AND {body}"
-            found = _ranked_here(conn, both, expr, limit, size[1] / size[0])
+            found = _ranked_here(conn, both, expr, session_id, limit, size[1] / size[0])
             rows = (
                 found
                 if found is not None
-                else conn.execute(SEARCH_BY_TOKEN, (both, SEARCH_WINDOW, limit)).fetchall()
+                else conn.execute(SEARCH_BY_TOKEN, (both, SEARCH_WINDOW, session_id, limit)).fetchall()
             )
-            # Two ids that hashed alike would share a token: the rows' keys say whose.
-            key = conn.execute(
-                "SELECT sk FROM streams WHERE stream = ?", (session_stream(session_id),)
-            ).fetchone()
-            rows = [r for r in rows if key is not None and r[3] == key[0]]
     except sqlite3.OperationalError as exc:
         return _no_match(expr, exc)
     return _results(rows, session_id)
 
 
-def _ranked_here(conn: Conn, match: str, expr: str, limit: int, spread: float) -> list[Any] | None:
+def _ranked_here(
+    conn: Conn, match: str, expr: str, session_id: str, limit: int, spread: float
+) -> list[Any] | None:
     """SEARCH_BY_TOKEN's rows ranked by rank.rank_order, or None (FTS5 should rank them):
     ``spread`` is how many index rows there are per message of the session."""
     if spread <= RANK_ROW_HITS:  # the index's matches cost FTS5 less, whatever the window
         return None
     window = min(SEARCH_WINDOW, RANK_ROWS + 1)
-    rows = conn.execute(UNRANKED_BY_TOKEN, (match, window)).fetchall()
+    rows = conn.execute(UNRANKED_BY_TOKEN, (match, window, session_id)).fetchall()
     if len(rows) <= 1:  # its own order
         return rows
     if len(rows) > RANK_ROWS or len(rows) * spread <= RANK_FIXED_HITS + RANK_ROW_HITS * len(rows):
