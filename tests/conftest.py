@@ -135,6 +135,15 @@ def db_path(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def keep_rows_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SQLite store deflates no message: for tests about how big rows grow the file
+    and its WAL, whose texts repeat (and would deflate to almost nothing)."""
+    from hub.store.sqlite import packing
+
+    monkeypatch.setattr(packing, "DEFLATE_AT", 1 << 30)
+
+
+@pytest.fixture
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
     s: Store
     if request.param == "sqlite":

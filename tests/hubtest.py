@@ -18,7 +18,9 @@ import contextlib
 import inspect
 import itertools
 import json
+import random
 import sqlite3
+import string
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, overload
@@ -96,6 +98,17 @@ def _describe(condition: Callable[[], Any]) -> str:
 
 
 # -- messages ------------------------------------------------------------------------------
+
+
+#: 92 symbols, 6.5 bits a character: deflate saves less than the fifth the SQLite store
+#: deflates long messages for (``"`` and ``\\`` left out, so the JSON is as long as the text).
+_NOISE = "".join(c for c in string.ascii_letters + string.digits + string.punctuation if c not in '"\\')
+
+
+def noise(chars: int, seed: int = 0) -> str:
+    """``chars`` random printable characters: text the store keeps as it is, for tests
+    about how big rows and logs grow."""
+    return "".join(random.Random(seed).choices(_NOISE, k=chars))
 
 
 def text_message(message_id: str, role: str, text: str) -> dict[str, Any]:

@@ -23,9 +23,10 @@ from hub.store.sqlite.checkpoint import Checkpointer
 
 from .hubtest import text_message
 
-BIG = "lorem ipsum dolor sit amet " * 2400  # ~64 KiB
+BIG = "lorem ipsum dolor sit amet " * 2400  # ~64 KiB, stored whole (keep_rows_whole)
 
 
+@pytest.mark.usefixtures("keep_rows_whole")
 async def test_writers_wait_for_a_slow_catch_up_past_twice_the_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -6,8 +6,11 @@ import pytest
 
 from hub.store.rows import message_json, text_of
 from hub.store.sqlite.packing import (
+    DEFLATE_AT,
     EVENT_TYPES,
     ROLES,
+    appended_data,
+    inflated,
     packed,
     role_code,
     role_name,
@@ -18,6 +21,8 @@ from hub.store.sqlite.packing import (
     unpacked,
 )
 from protocol import Message
+
+from .hubtest import noise
 
 
 @pytest.mark.parametrize(
@@ -83,3 +88,51 @@ def test_role_codes_keep_their_meaning() -> None:
     assert role_code("user") == 0 and role_code("assistant") == 1
     assert all(role_name(role_code(r)) == r for r in ROLES)
     assert role_code("critic") == "critic" == role_name("critic")
+
+
+PROSE = (
+    "The hub keeps every conversation as a tree of messages, and a long answer from the "
+    "model repeats the words of the question it answers. "
+)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"id": "long", "role": "assistant", "parts": [{"type": "text", "text": PROSE * 20}]},
+        {
+            "id": "tools",
+            "role": "assistant",
+            "parts": [
+                {"type": "text", "text": PROSE * 5},
+                {"type": "tool-search", "toolCallId": "c1", "state": "output-available", "output": PROSE * 9},
+            ],
+        },
+        {"id": "ü", "role": "user", "parts": [{"type": "text", "text": "Grüße, 世界 🙂 " * 200}]},
+    ],
+)
+def test_a_long_message_is_deflated_and_reads_back_byte_for_byte(message: dict[str, object]) -> None:
+    m = Message.from_dict(message)
+    content = message_json(m)
+    stored = packed(content, m.id, m.role)
+    assert isinstance(stored, bytes)
+    assert len(stored) < len(content.encode()) / 2
+    assert inflated(stored)[:1] in ('"', ",")
+    assert unpacked(stored, m.id, role_code(m.role)) == content
+    assert stored_message(stored, m.id, role_code(m.role)) == m
+    assert stored_text(stored, m.id, role_code(m.role)) == m.text()
+    parent = appended_data(stored, m.id, role_code(m.role), None, "p1")
+    assert parent == {"message": m.to_dict(), "parent_id": "p1"}
+
+
+def test_what_does_not_deflate_by_a_fifth_stays_text() -> None:
+    m = Message.from_dict(
+        {"id": "n", "role": "user", "parts": [{"type": "text", "text": noise(5000, seed=3)}]}
+    )
+    stored = packed(message_json(m), m.id, m.role)
+    assert isinstance(stored, str)
+    # Just under the bound nothing is deflated, however well it would.
+    short = Message.from_dict(
+        {"id": "s", "role": "user", "parts": [{"type": "text", "text": "a" * (DEFLATE_AT - 3)}]}
+    )
+    assert packed(message_json(short), short.id, short.role) == '"' + "a" * (DEFLATE_AT - 3) + '"'

@@ -7,11 +7,13 @@ import itertools
 import json
 import math
 import os
+import re
 import signal
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -214,9 +216,10 @@ async def test_a_locked_database_never_blocks_the_event_loop(store: SqliteStore,
     assert [m.id for m in await s.get_history()] == ["m0", "m1"]
 
 
-BIG = "lorem ipsum dolor sit amet " * 2400  # ~64 KiB, the size of the issue's report
+BIG = "lorem ipsum dolor sit amet " * 2400  # ~64 KiB, stored whole (keep_rows_whole)
 
 
+@pytest.mark.usefixtures("keep_rows_whole")
 async def test_background_checkpoints_copy_the_wal_without_the_write_lock(db_path: Path) -> None:
     # Under the WAL limit every checkpoint is a passive pass in the checkpointer's thread:
     # pages reach the database file while no pass ever takes the writers' lock.
@@ -232,6 +235,7 @@ async def test_background_checkpoints_copy_the_wal_without_the_write_lock(db_pat
         assert os.path.getsize(db_path) > CHECKPOINT_EVERY * 3 * len(BIG)  # noqa: ASYNC240
 
 
+@pytest.mark.usefixtures("keep_rows_whole")
 async def test_a_passive_pass_finishes_while_another_writer_holds_the_lock(db_path: Path) -> None:
     # Proof the background pass needs no write lock: it completes while another connection
     # sits in a write transaction (a RESTART or TRUNCATE checkpoint would wait for it).
@@ -523,7 +527,7 @@ async def test_migration_6_reads_a_version_5_file_back_the_same(
     # The operator is told before the tables are rewritten (minutes on a big file).
     said = [r.getMessage() for r in caplog.records if "schema version" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith(
-        "upgrading the database from schema version 5 to 6 (~10 messages"
+        "upgrading the database from schema version 5 to 7 (~10 messages"
     )
     try:
         got = await read_back(store)
@@ -692,3 +696,64 @@ async def test_a_session_search_keeps_only_its_own_rows_when_tokens_collide(
         finally:
             conn.close()
     assert [(h.id, h.session_id) for h in hits] == [("m0-0", "s0")]
+
+
+LONG = (
+    "A long answer from the model, the kind that fills a page: it repeats the words of the "
+    "question, explains each step and lists what to do next. "
+) * 14
+
+
+async def _long_history(store: SqliteStore) -> dict[str, Any]:
+    """Long messages through every path that writes or reads a row: append on two branches,
+    update, delete with a child, fork, search, the log and export."""
+    from .fixtures.make_sqlite_v5 import read_back
+
+    await store.create_session("long", session_id="s")
+    await store.append_messages("s", [_m("a1", "short question"), _m("a2", LONG + "one")])
+    await store.append_messages("s", [_m("a3", LONG + "two"), _m("a4", LONG + "three")])
+    await store.append_messages("s", [_m("b1", LONG + "branch")], parent="a2")
+    await store.update_message("s", _m("a3", LONG + "two, edited"))
+    await store.delete_messages("s", ["a3"])  # a4 moves up to a2
+    await store.fork_session("s", "a4", "fork")
+    return await read_back(store)
+
+
+async def test_long_messages_are_deflated_and_read_back_as_if_they_were_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hub.store.sqlite import packing
+
+    deflated, plain = tmp_path / "deflated.db", tmp_path / "plain.db"
+    async with await SqliteStore.open(deflated) as store:
+        got = await _long_history(store)
+    with monkeypatch.context() as patched:
+        patched.setattr(packing, "DEFLATE_AT", 1 << 30)
+        async with await SqliteStore.open(plain) as store:
+            expected = await _long_history(store)
+    # Ids and times differ between the two files; what was read is otherwise the same.
+    assert _without_ids(got) == _without_ids(expected)
+    assert [h["id"] for h in got["sessions"][0]["search"]["answer"]] != []
+    with raw(deflated) as conn:
+        own = "(SELECT sk FROM streams WHERE stream = 's:s')"
+        kinds = dict(conn.execute(f"SELECT id, typeof(content) FROM messages WHERE sk = {own}"))
+        assert kinds == {"a1": "text", "a2": "blob", "a4": "blob", "b1": "blob"}
+        conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('integrity-check')")
+    with raw(plain) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM messages WHERE typeof(content) = 'blob'").fetchone()[0] == 0
+    assert deflated.stat().st_size < plain.stat().st_size
+
+
+def _without_ids(value: Any) -> Any:
+    # Session ids (random per file), epochs and times (the clock) are all that may differ.
+    if isinstance(value, dict):
+        return {_UUID.sub("<sid>", k): "-" if k in _CLOCKED else _without_ids(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_ids(v) for v in value]
+    if isinstance(value, str) and value.startswith("{"):
+        return _without_ids(json.loads(value))  # an export line
+    return _UUID.sub("<sid>", value) if isinstance(value, str) else value
+
+
+_CLOCKED = {"created_at", "updated_at", "createdAt", "epoch"}
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")

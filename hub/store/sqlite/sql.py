@@ -234,7 +234,7 @@ def update_message(tx: SqliteTx, session_id: str, message: Message, *, emit: boo
     return True
 
 
-def path_rows(conn: Conn, leaf_pk: int) -> list[tuple[int, str, str, str]]:
+def path_rows(conn: Conn, leaf_pk: int) -> list[tuple[int, str, int | str, str | bytes]]:
     """``(pk, id, role, stored content)`` from the root down to ``leaf_pk``."""
     # Walk rowids upward; ``m.pk < path.pk`` guarantees termination on any data.
     # Each step yields at most one row (a message has one parent), so the rows come out
