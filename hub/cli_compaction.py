@@ -96,10 +96,15 @@ def compaction_problem(args: argparse.Namespace) -> str | None:
     if args.summarizer_model and not args.summarizer_url:
         return f"{model} needs --summarizer-url BASE_URL (the server to ask)"
     if args.summarizer_url:
-        parts = urlsplit(args.summarizer_url)
+        # Not echoed: a URL may carry credentials.
+        bad = f"{url} must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8080/v1"
+        try:
+            parts = urlsplit(args.summarizer_url)
+            _ = parts.port  # raises on a port that is not one (99999, abc)
+        except ValueError:
+            return bad
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            # Not echoed: a URL may carry credentials.
-            return f"{url} must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8080/v1"
+            return bad
         if parts.username or parts.password:
             return f"{url} must not carry credentials: put the API key in ${API_KEY_ENV}"
     if not (args.summarizer or args.summarizer_url):

@@ -214,6 +214,16 @@ NEEDS = "needs a summarizer: --summarizer workers, or --summarizer-url URL --sum
             "--summarizer-url must be an http:// or https:// URL with a host",
         ),
         (
+            ["--summarizer-url", "http://[::1/v1", "--summarizer-model", "m"],
+            {},
+            "--summarizer-url must be an http:// or https:// URL with a host",
+        ),
+        (
+            ["--summarizer-url", "http://host:99999/v1", "--summarizer-model", "m"],
+            {},
+            "--summarizer-url must be an http:// or https:// URL with a host",
+        ),
+        (
             ["--summarizer-url", "http://me:hunter2@host/v1", "--summarizer-model", "m"],
             {},
             "--summarizer-url must not carry credentials: put the API key in $SESSIONHUB_SUMMARIZER_API_KEY",
