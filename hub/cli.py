@@ -18,6 +18,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from . import cli_compaction
+
 __all__ = ["EXIT_CODES", "main"]
 
 #: The exit codes of every subcommand (also in ``sessionhub --help`` and the README).
@@ -159,6 +161,8 @@ def _parser() -> argparse.ArgumentParser:
         help="prune all but the newest N events of each log (default: keep all)",
     )
 
+    cli_compaction.add_options(serve, _positive)
+
     db_help = (
         "SQLite file (a path or sqlite:///PATH) or postgresql:// DSN (default: $SESSIONHUB_DB or %(default)s)"
     )
@@ -259,7 +263,7 @@ _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 _HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
 
 #: serve options that must be above zero (every other number must not be negative).
-_POSITIVE = ("max_frame_bytes", "ping_interval", "ping_timeout", "presence_ttl")
+_POSITIVE = ("max_frame_bytes", "ping_interval", "ping_timeout", "presence_ttl", "summarizer_timeout")
 
 
 def _secret_problem(secret: str | None, where: str) -> str | None:
@@ -308,7 +312,7 @@ def _serve_problem(args: argparse.Namespace) -> str | None:
         if value < 0 or (value == 0 and name in _POSITIVE):
             return f"{flag} {value} must be {'above' if name in _POSITIVE else 'at least'} 0"
     source = "--auth-secret" if "--auth-secret" in args.typed else "--auth-secret ($SESSIONHUB_AUTH_SECRET)"
-    problem = _secret_problem(args.auth_secret, source)
+    problem = _secret_problem(args.auth_secret, source) or cli_compaction.compaction_problem(args)
     if problem:
         return problem
     try:
@@ -424,7 +428,14 @@ def _serve(args: argparse.Namespace) -> int:
     except (InvalidInput, MissingExtra, BackendUnavailable) as exc:
         print(f"sessionhub: {exc}", file=sys.stderr)
         return 2
-    app = create_app(db=args.db, bus=args.bus, config=config_)
+    compaction = cli_compaction.serve_compaction(args)
+    app = create_app(
+        db=args.db,
+        bus=args.bus,
+        config=config_,
+        worker_summarizer=None if compaction is None else compaction.workers,
+        configure_manager=None if compaction is None else compaction.configure,
+    )
 
     class HubServer(uvicorn.Server):
         """On SIGINT/SIGTERM: drain the hub first (finish in-flight ops, close sockets with

@@ -218,7 +218,8 @@ class SessionManager(SessionBuilder):
 
     async def compact_and_split(self, session_id: str, summary: str, name: str | None = None) -> SessionInfo:
         """End ``session_id`` (``end_reason='compaction'``) and continue in a new session
-        whose first message carries ``summary``; returns the new session."""
+        whose first message carries ``summary``; returns the new session. A session that
+        has ended already is :class:`~protocol.errors.Conflict` (nothing is written)."""
         check_session_id(session_id)
         return await self.store.split_session(session_id, summary, _opt_str(name, "name"))
 

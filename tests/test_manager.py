@@ -217,6 +217,43 @@ async def test_concurrent_ends_end_it_once(manager: SessionManager, store: Sqlit
     assert own[-1].data["session"]["end_reason"] == won[0].end_reason
 
 
+async def test_splitting_an_ended_session_is_a_conflict_and_writes_nothing(
+    manager: SessionManager, store: SqliteStore
+) -> None:
+    """A split used to overwrite the reason of a session that had ended (and to split an
+    already split one again, leaving two continuations)."""
+    a = await manager.create("A")
+    await manager.end(a.id, "done by the user")
+    split = await manager.create("S")
+    await manager.compact_and_split(split.id, "summary")
+    listed = await manager.list()
+    registry = await manager.read_registry_events()
+    for sid, reason in ((a.id, "done by the user"), (split.id, "compaction")):
+        own = await store.read_events(session_stream(sid))
+        before = await manager.get(sid)
+        with pytest.raises(Conflict, match=f"already ended \\({reason}\\)") as info:
+            await manager.compact_and_split(sid, "a second summary", "continued")
+        assert info.value.code == "conflict"
+        assert await manager.get(sid) == before  # the reason and updated_at are kept
+        assert await store.read_events(session_stream(sid)) == own
+    # No continuation was created, and the registry logged nothing.
+    assert await manager.list() == listed
+    assert await manager.read_registry_events() == registry
+
+
+async def test_a_split_racing_an_end_ends_the_session_once(manager: SessionManager) -> None:
+    a = await manager.create("A")
+    racers = [manager.compact_and_split(a.id, f"summary {i}") for i in range(3)]
+    racers += [manager.end(a.id, f"r{i}") for i in range(3)]
+    results = await asyncio.gather(*racers, return_exceptions=True)
+    won = [r for r in results if not isinstance(r, BaseException)]
+    assert len(won) == 1 and all(isinstance(r, Conflict) for r in results if r not in won)
+    ended = await manager.get(a.id)
+    assert ended is not None and ended.end_reason is not None
+    continuations = [s for s in await manager.list() if s.parent_session_id == a.id]
+    assert len(continuations) == (1 if ended.end_reason == "compaction" else 0)
+
+
 @pytest.mark.parametrize(
     ("reason", "problem"),
     [

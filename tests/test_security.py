@@ -3,9 +3,7 @@ serve`` processes: summaries only from workers allowed on their session, nothing
 a token (renewal in band, close 4001 at expiry), and no socket or page for a browser page
 that rebound its DNS name to the hub's address.
 
-``sessionhub serve`` has no option to hand compaction to connected workers (an embedding
-app does that with ``create_app(manager=..., worker_summarizer=...)``): the summarizer
-tests run the same CLI entry point with that wiring added (:data:`WORKER_HUB`).
+The summarizer tests run ``serve --summarizer workers`` (:data:`WORKER_SUMMARIES`).
 """
 
 from __future__ import annotations
@@ -36,28 +34,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SECRET = "a-test-secret-that-is-long-enough-for-hs256"
 OTHER = "another-secret-that-is-long-enough-for-hs256"
 
-#: ``sessionhub serve`` (hub.cli.main) with compaction delegated to connected workers.
-WORKER_HUB = """
-import sys
-from hub import cli, server
-from hub.server import app
-from hub.compaction import create_compact_function
-from hub.workers import WorkerSummarizer
-
-workers = WorkerSummarizer(timeout=5)
-
-
-class Manager(app.SessionManager):
-    def __init__(self, store):
-        super().__init__(store)
-        self.on_compaction(create_compact_function(workers, tail_token_budget=10))
-
-
-app.SessionManager = Manager  # create_app (hub/server/app.py) builds the manager
-plain = server.create_app
-server.create_app = lambda **kwargs: plain(worker_summarizer=workers, **kwargs)
-sys.exit(cli.main(sys.argv[1:]))
-"""
+#: ``sessionhub serve``'s options that hand compaction to connected workers (the sessions
+#: here are short: a small tail leaves a middle to summarize).
+WORKER_SUMMARIES = ("--summarizer", "workers", "--summarizer-timeout", "5", "--compact-tail-tokens", "10")
 
 
 class Serve:
@@ -77,8 +56,9 @@ class Serve:
         return f"ws://127.0.0.1:{self.port}/ws"
 
     async def start(self) -> None:
-        head = ["-c", WORKER_HUB] if self.worker_summaries else ["-m", "hub.cli"]
-        args = [*head, "serve", "--db", str(self.db), "--port", str(self.port), *self.extra]
+        summaries = WORKER_SUMMARIES if self.worker_summaries else ()
+        args = ["-m", "hub.cli", "serve", "--db", str(self.db), "--port", str(self.port), *summaries]
+        args += self.extra
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable,
             *args,

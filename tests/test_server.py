@@ -15,7 +15,8 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from hub import Session, SqliteStore
+from hub import Session, SessionManager, SqliteStore
+from hub.server import create_app
 
 from .hubtest import served as serve
 
@@ -40,6 +41,20 @@ async def test_app_over_a_shared_store(db_path: Path) -> None:
             assert (await client.get(f"{hub.url}/healthz")).status_code == 200
         # The app did not close a store it does not own.
         await Session(store).append_message({"id": "m", "role": "user", "parts": []})
+    finally:
+        await store.close()
+
+
+async def test_configure_manager_sets_up_the_manager_the_app_builds(db_path: Path) -> None:
+    configured: list[SessionManager] = []
+    app = create_app(db=db_path, configure_manager=configured.append)
+    async with serve(app=app):
+        assert configured == [app.state.hub.manager]
+    store = await SqliteStore.open(db_path)
+    try:
+        # A manager the caller passes is theirs to configure: both at once is a mistake.
+        with pytest.raises(ValueError, match="pass manager or configure_manager, not both"):
+            create_app(manager=SessionManager(store), configure_manager=configured.append)
     finally:
         await store.close()
 

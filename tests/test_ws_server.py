@@ -339,6 +339,16 @@ async def _endings(c: Client, store: SqliteStore) -> None:
     ended = await c.call("end", session_id=successor["id"], reason="the user is done")
     assert ended["end_reason"] == "the user is done" and ended == builtins(await twin.get(successor["id"]))
     await same_error(c, lambda: twin.end(successor["id"]), "end", session_id=successor["id"])
+    # Nor is an ended session split (its reason would be overwritten): a conflict too.
+    split = await same_error(
+        c,
+        lambda: twin.compact_and_split(successor["id"], "again"),
+        "compact_and_split",
+        session_id=successor["id"],
+        summary="again",
+    )
+    assert split.code == "conflict" and "already ended (the user is done)" in split.message
+    assert builtins(await twin.get(successor["id"])) == ended
     # Export and import (tests/test_dump.py has the rest): the dump comes in dump frames
     # before the reply; importing it back over itself is refused without replace.
     rid = await c.send("export", session_ids=[successor["id"]])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ def create_app(
     manager: SessionManager | None = None,
     config: HubConfig | None = None,
     worker_summarizer: WorkerSummarizer | None = None,
+    configure_manager: Callable[[SessionManager], object] | None = None,
 ) -> Starlette:
     """The hub as a Starlette app, mountable in your own.
 
@@ -46,8 +47,12 @@ def create_app(
     share ones you own (they are not closed on shutdown), or ``db`` (a SQLite path or a
     ``postgresql://`` DSN) and ``bus`` (``memory``, ``postgres``, a ``redis://`` URL or a
     :class:`~hub.bus.Bus`; see :mod:`hub.backends`) to have the app open and close them.
-    ``app.state.hub`` is the running :class:`Hub`.
+    ``configure_manager(manager)`` is called on the manager the app builds over those,
+    before it serves (compaction, context...: what ``sessionhub serve`` sets from its
+    options). ``app.state.hub`` is the running :class:`Hub`.
     """
+    if manager is not None and configure_manager is not None:
+        raise ValueError("pass manager or configure_manager, not both: configure your manager yourself")
     settings = config or HubConfig()
     # The MCP endpoint (hub/mcp.py); None when the optional `mcp` package is not installed.
     mcp_endpoint = create_mcp_endpoint()
@@ -62,6 +67,8 @@ def create_app(
                     store if store is not None else await stack.enter_async_context(open_backend(db, bus))
                 )
                 active = SessionManager(opened)
+                if configure_manager is not None:
+                    configure_manager(active)
             hub = Hub(active.store, active, settings, worker_summarizer)
             app.state.hub = hub
             if mcp_endpoint is not None:

@@ -348,7 +348,8 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def split_session(self, session_id: str, summary: str, name: str | None = None) -> SessionInfo:
         """End the session (``end_reason='compaction'``) and start its continuation, whose
-        one message carries the summary."""
+        one message carries the summary. A session that has ended already (split or not)
+        is :class:`~protocol.errors.Conflict`, nothing written, as in :meth:`end_session`."""
 
     # -- context blocks and search entries ------------------------------------------------
     @abc.abstractmethod

@@ -16,6 +16,7 @@ from ...overlays import apply_compactions
 from ..base import LATEST, AppendResult, ParentArg, StreamPosition
 from ..policy import (
     REGISTRY,
+    already_ended,
     continuation_message,
     new_compaction,
     not_one_path,
@@ -569,14 +570,16 @@ async def add_usage(tx: PostgresTx, session_id: str, delta: tuple[int, int, floa
 
 
 async def split_session(tx: PostgresTx, session_id: str, summary: str, name: str | None) -> SessionInfo:
+    # One conditional UPDATE, as end_session: of a split and a concurrent end (or two
+    # splits), only one finds the session open; the other writes nothing.
     row = await tx.conn.fetchrow(
-        "UPDATE sessions SET end_reason = 'compaction', updated_at = $2 WHERE id = $1 "
-        f"RETURNING {SESSION_COLS}",
+        "UPDATE sessions SET end_reason = 'compaction', updated_at = $2 "
+        f"WHERE id = $1 AND end_reason IS NULL RETURNING {SESSION_COLS}",
         session_id,
         tx.when,
     )
     if row is None:
-        raise SessionNotFound(session_id)
+        raise already_ended(await tx.session_row(session_id))  # or SessionNotFound
     ended = session_info(row)
     await tx.registry_change(ended, "session.ended")
     info = await create_session(

@@ -555,7 +555,11 @@ class SqliteStore(Store):
         check_summary(summary)
 
         def fn(tx: SqliteTx) -> SessionInfo:
+            # Checked inside BEGIN IMMEDIATE, as end_session does: a split must not replace
+            # the reason of a session that has ended already (nor split it twice).
             old = tx.session_row(session_id)
+            if old.end_reason is not None:
+                raise already_ended(old)
             tx.conn.execute(
                 "UPDATE sessions SET end_reason = 'compaction', updated_at = ? WHERE id = ?",
                 (tx.now, session_id),
