@@ -743,7 +743,11 @@ async def test_streaming_follows_the_growing_message(scene: Scene) -> None:
     )
     async with python_client(h, name="writer-1", role="worker") as writer:
         async with writer.session(info.id).stream_message("s1", role="assistant") as st:
-            await expect(page.locator("#presence")).to_contain_text("writer-1")
+            # The hub says which connection streams which message: the writer's row names it.
+            row = page.locator("#presence li", has_text="writer-1")
+            await expect(row).to_contain_text("streaming s1")
+            await expect(row).to_have_attribute("data-streaming", "s1")
+            await expect(page.locator("#presence li", has_text="inspector")).not_to_contain_text("streaming")
             for i in range(15):
                 await st.text(f"line {i}\n")
             article = page.locator('article[data-id="s1"]')
@@ -761,6 +765,11 @@ async def test_streaming_follows_the_growing_message(scene: Scene) -> None:
             await st.text("the end")
             await expect(article.locator(".part.text")).to_contain_text("the end")
             await page.wait_for_function(at_bottom)
+            # The mark leads to the message: scrolled away again, a click brings it back.
+            await page.locator("#session").evaluate("e => e.scrollTo(0, 0)")
+            await row.get_by_role("button", name="s1").click()
+            await expect(article).to_be_in_viewport()
+            await page.screenshot(path=str(ARTIFACTS / "presence-streaming.png"))
         await expect(page.locator("#presence")).not_to_contain_text("writer-1")
 
 
