@@ -35,7 +35,7 @@ from websockets.asyncio.client import ClientConnection as Socket
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
-from protocol import Event, InvalidInput, SessionHubError
+from protocol import Event, InvalidInput, PresenceEntry, SessionHubError
 from protocol.connection import (
     ClientConnection,
     ClientEffect,
@@ -467,10 +467,11 @@ class HubClient:
         self._presented = token
         return socket
 
-    async def presence(self, session_id: str) -> list[dict[str, Any]]:
-        """Who is on ``session_id``: ``[{"connection_id", "name", "role"}]``."""
+    async def presence(self, session_id: str) -> list[PresenceEntry]:
+        """Who is on ``session_id``: each connection's name, role and the messages it is
+        streaming there (``entry.streaming``)."""
         result = await self.request("presence", session_id=session_id)
-        return list(result)
+        return msgspec.convert(result, list[PresenceEntry])
 
     @staticmethod
     def _open_error(exc: BaseException) -> SessionHubError:

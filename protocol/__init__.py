@@ -16,7 +16,7 @@ from .errors import (
 )
 from .markers import LATEST, Parent, ParentArg
 from .message import Message, coerce_message
-from .records import Compaction, ContextBlock, Event, SearchResult, SessionInfo
+from .records import Compaction, ContextBlock, Event, PresenceEntry, SearchResult, SessionInfo
 
 __all__ = [
     "LATEST",
@@ -33,6 +33,7 @@ __all__ = [
     "Parent",
     "ParentArg",
     "PositionLost",
+    "PresenceEntry",
     "SearchResult",
     "SessionHubError",
     "SessionInfo",

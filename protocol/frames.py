@@ -18,6 +18,8 @@ from typing import Any, Literal, get_args
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from .records import PresenceEntry
+
 __all__ = [
     "ERROR_CODES",
     "REQUEST_TYPES",
@@ -329,7 +331,8 @@ class StreamEnd(_Req, tag="stream_end"):
 
 
 class Presence(_Req, tag="presence"):
-    """Who is on a session: ``[{"connection_id", "name", "role"}]``."""
+    """Who is on a session: a list of :class:`~protocol.records.PresenceEntry`
+    (``{"connection_id", "name", "role", "streaming"}``)."""
 
     session_id: str
 
@@ -494,11 +497,12 @@ class ResetFrame(_Frame, tag="reset"):
 
 class PresenceFrame(_Frame, tag="presence"):
     """A connection joined or left a session (sent to the session's subscribers; not part
-    of the event log). ``entry`` is ``{"connection_id", "name", "role"}``."""
+    of the event log). A ``join`` for a connection already present replaces its entry (a
+    new name or role, a stream started or ended)."""
 
     session_id: str
     action: Literal["join", "leave"]
-    entry: dict[str, Any]
+    entry: PresenceEntry
 
 
 class SummarizeFrame(_Frame, tag="summarize"):

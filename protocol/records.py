@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 import msgspec
 
-__all__ = ["Compaction", "ContextBlock", "Event", "SearchResult", "SessionInfo"]
+__all__ = ["Compaction", "ContextBlock", "Event", "PresenceEntry", "SearchResult", "SessionInfo"]
 
 
 class SessionInfo(msgspec.Struct, kw_only=True):
@@ -34,6 +34,16 @@ class Compaction(msgspec.Struct, kw_only=True):
     from_message_id: str
     to_message_id: str
     created_at: datetime
+
+
+class PresenceEntry(msgspec.Struct, kw_only=True):
+    """One connection on one session. ``streaming``: the ids of the messages it is streaming
+    into that session right now (oldest first; empty when it streams none)."""
+
+    connection_id: str
+    name: str | None = None
+    role: str | None = None
+    streaming: list[str] = msgspec.field(default_factory=list)
 
 
 class SearchResult(msgspec.Struct, kw_only=True):

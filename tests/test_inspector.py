@@ -521,6 +521,89 @@ async def test_the_tree_view_at_10000_messages_and_200_branches(
         assert session_id
 
 
+async def banded_rows(page: Page) -> dict[str, set[str]]:
+    """Compaction id -> the messages whose tree node lies inside that compaction's band (its
+    rectangles as drawn, against each node's centre: both as Chromium lays them out)."""
+    covered: dict[str, list[str]] = await page.evaluate(
+        """() => {
+            const nodes = [...document.querySelectorAll('#tree circle.t-node')].map((c) => {
+                const r = c.getBoundingClientRect();
+                return [c.dataset.id, r.x + r.width / 2, r.y + r.height / 2];
+            });
+            const out = {};
+            for (const rect of document.querySelectorAll('#tree rect.t-overlay')) {
+                const id = rect.closest('[data-compaction]').dataset.compaction;
+                const b = rect.getBoundingClientRect();
+                out[id] ??= [];
+                for (const [node, x, y] of nodes) {
+                    if (x > b.left && x < b.right && y > b.top && y < b.bottom) out[id].push(node);
+                }
+            }
+            return out;
+        }"""
+    )
+    return {cid: set(ids) for cid, ids in covered.items()}
+
+
+async def test_the_tree_draws_compaction_bands_over_exactly_their_rows(scene: Scene) -> None:
+    h, page, hub = scene.served, scene.page, scene.hub
+    info = await hub.sessions.create("banded")
+    s = hub.session(info.id)
+    # A trunk q0 a1 q2 a3 q4 (lane 0) and a branch b2 b3 from a1 (lane 1, rows 2-3).
+    await hub.sessions.append_all(
+        info.id,
+        [
+            text("q0", "q0"),
+            text("a1", "a1", "assistant"),
+            text("q2", "q2"),
+            text("a3", "a3", "assistant"),
+            text("q4", "q4"),
+        ],
+        None,
+    )
+    await hub.sessions.append_all(info.id, [text("b2", "b2"), text("b3", "b3", "assistant")], "a1")
+    # An overlay from the root down into the branch: the trunk's q2 and a3 sit in the same
+    # rows, next to it, and are not covered.
+    across = await s.add_compaction("the start and the branch, summarized", "q0", "b3")
+    await page.goto(h.url + "/")
+    await open_session(page, "banded")
+    tree = page.locator("#tree")
+    await expect(tree).to_have_attribute("data-rows", "5")
+    await expect(page.locator(f'#tree [data-compaction="{across.id}"]')).to_have_count(1)
+    assert await banded_rows(page) == {across.id: {"q0", "a1", "b2", "b3"}}
+    band = page.locator(f'#tree [data-compaction="{across.id}"]')
+    await expect(band.locator("title")).to_have_text(
+        "Compaction of 4 messages (q0 → b3): the start and the branch, summarized"
+    )
+    # The status line says so for a covered message (the SVG itself is hidden from readers).
+    await tree.focus()
+    await page.keyboard.press("Home")
+    await expect(page.locator("#tree-status")).to_contain_text("compacted: the start and the branch")
+    await page.keyboard.press("ArrowDown")
+    await page.keyboard.press("ArrowDown")  # b2, on the active path (the newest leaf's)
+    await expect(page.locator("#tree-status")).to_contain_text("compacted: the start and the branch")
+    await page.keyboard.press("ArrowLeft")  # its sibling q2, on the trunk beside the band
+    await expect(page.locator("#tree-status")).to_contain_text("user q2")
+    await expect(page.locator("#tree-status")).not_to_contain_text("compacted")
+    # A second overlay, written while the page watches: its band appears, over its rows only.
+    trunk = await s.add_compaction("q2 to q4", "q2", "q4")
+    await expect(page.locator(f'#tree [data-compaction="{trunk.id}"]')).to_have_count(1)
+    assert await banded_rows(page) == {across.id: {"q0", "a1", "b2", "b3"}, trunk.id: {"q2", "a3", "q4"}}
+    await page.locator(".tree-box").screenshot(path=str(ARTIFACTS / "tree-bands-box.png"))
+    # A message inside it deleted: its child moves up a row, and the band follows.
+    await s.delete_messages(["a3"])
+    await expect(tree).to_have_attribute("data-rows", "4")
+    assert await banded_rows(page) == {across.id: {"q0", "a1", "b2", "b3"}, trunk.id: {"q2", "q4"}}
+    # The first overlay's last message deleted: the overlay no longer applies, and its band goes.
+    await s.delete_messages(["b3"])
+    await expect(page.locator(f'#tree [data-compaction="{across.id}"]')).to_have_count(0)
+    assert await banded_rows(page) == {trunk.id: {"q2", "q4"}}
+    await page.screenshot(path=str(ARTIFACTS / "tree-bands.png"))
+    # Every overlay gone with the messages: no band is left.
+    await s.clear_messages()
+    await expect(page.locator("#tree rect.t-overlay")).to_have_count(0)
+
+
 async def test_the_event_details_of_a_failed_compaction(
     browser: Browser, request: pytest.FixtureRequest, db_path: Path
 ) -> None:
@@ -743,7 +826,11 @@ async def test_streaming_follows_the_growing_message(scene: Scene) -> None:
     )
     async with python_client(h, name="writer-1", role="worker") as writer:
         async with writer.session(info.id).stream_message("s1", role="assistant") as st:
-            await expect(page.locator("#presence")).to_contain_text("writer-1")
+            # The hub says which connection streams which message: the writer's row names it.
+            row = page.locator("#presence li", has_text="writer-1")
+            await expect(row).to_contain_text("streaming s1")
+            await expect(row).to_have_attribute("data-streaming", "s1")
+            await expect(page.locator("#presence li", has_text="inspector")).not_to_contain_text("streaming")
             for i in range(15):
                 await st.text(f"line {i}\n")
             article = page.locator('article[data-id="s1"]')
@@ -761,6 +848,11 @@ async def test_streaming_follows_the_growing_message(scene: Scene) -> None:
             await st.text("the end")
             await expect(article.locator(".part.text")).to_contain_text("the end")
             await page.wait_for_function(at_bottom)
+            # The mark leads to the message: scrolled away again, a click brings it back.
+            await page.locator("#session").evaluate("e => e.scrollTo(0, 0)")
+            await row.get_by_role("button", name="s1").click()
+            await expect(article).to_be_in_viewport()
+            await page.screenshot(path=str(ARTIFACTS / "presence-streaming.png"))
         await expect(page.locator("#presence")).not_to_contain_text("writer-1")
 
 

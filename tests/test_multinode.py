@@ -215,18 +215,32 @@ async def test_presence_spans_nodes_and_a_dead_node_leaves(database: str, bus: s
         sid = (await dash.sessions.create("chat")).id
         watching = asyncio.create_task(collect(dash, sid, [], asyncio.Event()))
 
-        async def names() -> set[str]:
-            return {e["name"] for e in await dash.presence(sid)}
+        async def names() -> set[str | None]:
+            return {e.name for e in await dash.presence(sid)}
 
         async def listed(name: str, present: bool = True) -> bool:
             return (name in await names()) == present
 
+        async def streaming_on_b_is(expected: list[list[str]]) -> bool:
+            return [e.streaming for e in await dash.presence(sid) if e.name == "writer"] == expected
+
         async with HubClient(a.ws_url, name="worker", role="worker", sessions=[sid]):
             await eventually(lambda: listed("worker"), interval=0.02)
-            await eventually(lambda: any(p.action == "join" and p.entry["name"] == "worker" for p in seen))
+            await eventually(lambda: any(p.action == "join" and p.entry.name == "worker" for p in seen))
         # The worker closed its client on A: B's watcher is told, and B's list drops it.
-        await eventually(lambda: any(p.action == "leave" and p.entry["name"] == "worker" for p in seen))
+        await eventually(lambda: any(p.action == "leave" and p.entry.name == "worker" for p in seen))
         assert await names() == {"dash"}
+
+        # A writer streaming on A: B's list and B's watcher say what it streams, then not.
+        async with HubClient(a.ws_url, name="writer", role="worker") as writer:
+            async with writer.session(sid).stream_message("m-42") as stream:
+                await stream.text("hello")
+                await eventually(lambda: streaming_on_b_is([["m-42"]]), interval=0.02)
+                await eventually(
+                    lambda: ("writer", ["m-42"]) in [(p.entry.name, p.entry.streaming) for p in seen]
+                )
+            await eventually(lambda: streaming_on_b_is([]), interval=0.02)
+        assert [p.entry.streaming for p in seen if p.entry.name == "writer"][-1] == []
 
         # A node that dies cannot say goodbye: its connections leave after --presence-ttl.
         ghost = HubClient(a.ws_url, name="ghost", sessions=[sid], reconnect=False)
@@ -234,7 +248,7 @@ async def test_presence_spans_nodes_and_a_dead_node_leaves(database: str, bus: s
         await eventually(lambda: listed("ghost"), interval=0.02)
         await a.stop(signal.SIGKILL)
         await eventually(lambda: listed("ghost", present=False), interval=0.05)
-        assert any(p.action == "leave" and p.entry["name"] == "ghost" for p in seen)
+        assert any(p.action == "leave" and p.entry.name == "ghost" for p in seen)
         with contextlib.suppress(Exception):
             await ghost.__aexit__(None, None, None)
         watching.cancel()

@@ -81,7 +81,7 @@ async def test_every_op_matches_in_process(store: SqliteStore) -> None:
         hello = await c.call("hello", name="tester", role="observer", sessions=["somewhere"])
         assert isinstance(hello["connection_id"], str)
         assert await c.call("presence", session_id="somewhere") == [
-            {"connection_id": hello["connection_id"], "name": "tester", "role": "observer"}
+            {"connection_id": hello["connection_id"], "name": "tester", "role": "observer", "streaming": []}
         ]
         unasked = await c.request("summary", request_id="nobody-asked", summary="x")
         assert (unasked["frame"], unasked["code"]) == ("error", "not_found")

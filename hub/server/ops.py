@@ -29,7 +29,7 @@ from typing import Any
 
 import msgspec
 
-from protocol import Forbidden, SessionHubError
+from protocol import Forbidden, PresenceEntry, SessionHubError
 from protocol import frames as f
 
 from .. import dump
@@ -139,7 +139,7 @@ async def hello(connection: Connection, request: f.Hello) -> dict[str, Any]:
     return {"connection_id": connection.connection_id}
 
 
-async def present(connection: Connection, request: f.Presence) -> list[dict[str, Any]]:
+async def present(connection: Connection, request: f.Presence) -> list[PresenceEntry]:
     return connection.hub.presence.present(request.session_id)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
+from protocol import PresenceEntry
 from protocol import frames as f
 
 from ..auth import Grant
@@ -87,16 +88,18 @@ class ConnectionRegistry(Protocol):
 
 
 class PresenceBoard(Protocol):
-    """Joining and leaving a session (streams join their writer to the session)."""
+    """Joining and leaving a session (a stream puts its writer on the session, and its
+    entry says what it streams)."""
 
     def join(self, peer: Peer, session_id: str) -> None: ...
-    def leave(self, peer: Peer, session_id: str) -> None: ...
+    def leave(self, peer: Peer, session_id: str, *, streams_done: bool = False) -> None: ...
+    def streams(self, peer: Peer, session_id: str, message_ids: list[str]) -> None: ...
 
 
 class PresenceTable(Protocol):
     """This node's presence as the relay sees it: its table, and telling watchers here."""
 
-    def table(self) -> dict[str, list[dict[str, Any]]]:
+    def table(self) -> dict[str, list[PresenceEntry]]:
         """Session id -> the entries of this node's connections on it."""
         ...
 

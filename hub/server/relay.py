@@ -16,10 +16,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
 
 import msgspec
 
+from protocol import PresenceEntry
 from protocol import frames as f
 from protocol.codec import encode
 
@@ -35,7 +35,7 @@ log = logging.getLogger("sessionhub.relay")
 class Snapshot(msgspec.Struct, tag="presence_snapshot", tag_field="frame"):
     """A node's whole presence table: session id -> entries. ``ask``: reply with yours."""
 
-    sessions: dict[str, list[dict[str, Any]]]
+    sessions: dict[str, list[PresenceEntry]]
     ask: bool = False
 
 
@@ -61,9 +61,9 @@ class NodePresence:
         self.heartbeat = heartbeat
         self.ttl = ttl
         #: node id -> (last heard, session id -> connection id -> entry)
-        self.nodes: dict[str, tuple[float, dict[str, dict[str, dict[str, Any]]]]] = {}
+        self.nodes: dict[str, tuple[float, dict[str, dict[str, PresenceEntry]]]] = {}
 
-    def entries(self, session_id: str) -> list[dict[str, Any]]:
+    def entries(self, session_id: str) -> list[PresenceEntry]:
         return [e for _, table in self.nodes.values() for e in table.get(session_id, {}).values()]
 
     def snapshot(self, ask: bool = False) -> Snapshot:
@@ -72,7 +72,7 @@ class NodePresence:
     def send_snapshot(self, ask: bool = False) -> None:
         self.bus.relay(encode(self.snapshot(ask)).decode())
 
-    def _table(self, node: str) -> dict[str, dict[str, dict[str, Any]]]:
+    def _table(self, node: str) -> dict[str, dict[str, PresenceEntry]]:
         seen = self.nodes.get(node)
         table = {} if seen is None else seen[1]
         self.nodes[node] = (time.monotonic(), table)
@@ -80,7 +80,7 @@ class NodePresence:
 
     def on_frame(self, node: str, frame: f.PresenceFrame) -> None:
         table = self._table(node)
-        cid = str(frame.entry.get("connection_id"))
+        cid = frame.entry.connection_id
         if frame.action == "join":
             table.setdefault(frame.session_id, {})[cid] = frame.entry
         else:
@@ -92,24 +92,24 @@ class NodePresence:
 
     def on_snapshot(self, node: str, snapshot: Snapshot) -> None:
         old = self._table(node)
-        new = {
-            sid: {str(e.get("connection_id")): e for e in entries}
-            for sid, entries in snapshot.sessions.items()
-        }
+        new = {sid: {e.connection_id: e for e in entries} for sid, entries in snapshot.sessions.items()}
         self.nodes[node] = (time.monotonic(), new)
         self._announce_changes(old, new)
         if snapshot.ask:
             self.send_snapshot()
 
     def _announce_changes(
-        self, old: dict[str, dict[str, dict[str, Any]]], new: dict[str, dict[str, dict[str, Any]]]
+        self, old: dict[str, dict[str, PresenceEntry]], new: dict[str, dict[str, PresenceEntry]]
     ) -> None:
         for sid in old.keys() | new.keys():
             before, after = old.get(sid, {}), new.get(sid, {})
             for cid in before.keys() - after.keys():
                 self.local.tell_watchers(f.PresenceFrame(session_id=sid, action="leave", entry=before[cid]))
-            for cid in after.keys() - before.keys():
-                self.local.tell_watchers(f.PresenceFrame(session_id=sid, action="join", entry=after[cid]))
+            # A changed entry (a frame lost on the bus: a stream that started or ended) is a
+            # join too, as on the node that has the connection.
+            for cid in after:
+                if before.get(cid) != after[cid]:
+                    self.local.tell_watchers(f.PresenceFrame(session_id=sid, action="join", entry=after[cid]))
 
     def expire(self) -> None:
         now = time.monotonic()

@@ -166,9 +166,9 @@ class Streams:
         except BaseException:
             self.active.pop(key, None)
             raise
-        # The writer is on the session while it streams (an inspector lists it under presence),
-        # even when it neither subscribed nor announced the session with hello.
-        self.hub.presence.join(connection, request.session_id)
+        # The writer is on the session while it streams (an inspector lists it under presence,
+        # with what it streams), even when it neither subscribed nor announced the session.
+        self.hub.presence.streams(connection, request.session_id, self._ids(connection, request.session_id))
         self._broadcast(
             request.session_id,
             f.StreamFrame(
@@ -270,14 +270,20 @@ class Streams:
             ),
         )
 
+    def _ids(self, owner: Peer, session_id: str) -> list[str]:
+        """The messages ``owner`` streams into the session, oldest first."""
+        return [s.message.id for s in self.active.values() if s.owner is owner and s.session_id == session_id]
+
     def _left(self, stream: LiveStream) -> None:
-        """A writer that was on the session only for its streams leaves it with the last one."""
+        """Presence drops the ended stream from its writer's entry; a writer that was on the
+        session only for its streams leaves it with the last one (a closed connection leaves
+        everything by itself, right after)."""
         owner, sid = stream.owner, stream.session_id
-        if owner.closed or owner.follows(sid) or sid in owner.announced:
-            return  # a closed connection leaves everything by itself
-        if any(s.owner is owner and s.session_id == sid for s in self.active.values()):
-            return
-        self.hub.presence.leave(owner, sid)
+        remaining = self._ids(owner, sid)
+        if remaining or owner.closed or owner.follows(sid) or sid in owner.announced:
+            self.hub.presence.streams(owner, sid, remaining)
+        else:
+            self.hub.presence.leave(owner, sid, streams_done=True)
 
     async def owner_lost(self, connection: Peer) -> None:
         """The writer's connection died: its streams end as ``interrupted``, with what they had."""

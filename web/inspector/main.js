@@ -153,7 +153,7 @@ function init() {
     notice,
     askToken,
     connection: renderConnection,
-    open: (id) => open(id),
+    open: (id, focusMessage = null) => open(id, focusMessage),
   });
   $("token-form").addEventListener("submit", (e) => {
     e.preventDefault();

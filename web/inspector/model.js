@@ -5,7 +5,7 @@
 // the client resubscribes from the last seq, so the view catches up by itself. The token
 // never reaches the URL, the console or a log. Rendering is the views' job: they register
 // in `hooks`.
-import { HubClient, LiveMessages, hubUrlFor } from "../sessionhub.js";
+import { HubClient, LiveMessages, PresenceList, hubUrlFor } from "../sessionhub.js";
 import { allows, tokenClaims } from "./util.js";
 
 export const LOG_KEEP = 2000;
@@ -194,7 +194,7 @@ export const state = {
   pendingFocus: null,
   live: new LiveMessages(),
   streamStatus: new Map(),
-  presence: new Map(),
+  presence: new PresenceList(null), // who is on the current session, and what each streams
   blocks: [],
   tokenRefused: false,
 };
@@ -309,7 +309,7 @@ export function openSession(id, focusMessage = null) {
     state.viewStart = null;
     state.follow = true;
     state.expanded.clear();
-    state.presence.clear();
+    state.presence = new PresenceList(id);
     state.blocks = [];
     state.live = new LiveMessages();
     state.streamStatus = new Map();
@@ -418,7 +418,7 @@ export async function refreshPresence() {
   try {
     const list = await state.client.request("presence", { session_id: model.id });
     if (state.current !== model) return;
-    state.presence = new Map(list.map((e) => [e.connection_id, e]));
+    state.presence.reset(list);
   } catch {
     // forbidden or dropped: the session status says so
   }
@@ -426,10 +426,7 @@ export async function refreshPresence() {
 }
 
 function onPresence(frame) {
-  if (frame.session_id !== state.current?.id) return;
-  if (frame.action === "leave") state.presence.delete(frame.entry.connection_id);
-  else state.presence.set(frame.entry.connection_id, frame.entry);
-  hooks.presence();
+  if (state.current && state.presence.apply(frame)) hooks.presence();
 }
 
 let contextTimer = null;

@@ -49,25 +49,36 @@ export function layout(model) {
       n = n.children.length ? model.nodes.get(n.children[0]) : null;
     }
   }
+  // An overlay covers the path from its first message to its last, which changes lane where
+  // it enters a branch: its band is one box per lane it runs through, so the messages beside
+  // it in the same rows (the trunk next to a branch) stay outside it.
   const overlays = [];
+  const covered = new Map(); // message id -> the overlays covering it
   for (const c of model.compactions) {
-    const from = pos.get(c.from_message_id);
-    if (!from || !pos.get(c.to_message_id)) continue;
-    let lo = Infinity;
-    let hi = -Infinity;
+    if (!pos.get(c.from_message_id) || !pos.get(c.to_message_id)) continue;
+    const ids = [];
     let ok = false;
     for (let n = model.nodes.get(c.to_message_id); n; n = n.parentId ? model.nodes.get(n.parentId) : null) {
-      const p = pos.get(n.id);
-      lo = Math.min(lo, p.lane);
-      hi = Math.max(hi, p.lane);
+      ids.push(n.id);
       if (n.id === c.from_message_id) {
         ok = true;
         break;
       }
     }
-    if (ok) overlays.push({ id: c.id, row0: from.row, row1: pos.get(c.to_message_id).row, lane0: lo, lane1: hi });
+    if (!ok) continue;
+    ids.reverse();
+    const segments = [];
+    for (const id of ids) {
+      const p = pos.get(id);
+      const last = segments.at(-1);
+      if (last && last.lane === p.lane && last.row1 === p.row - 1) last.row1 = p.row;
+      else segments.push({ lane: p.lane, row0: p.row, row1: p.row });
+    }
+    const o = { id: c.id, summary: c.summary, from: c.from_message_id, to: c.to_message_id, count: ids.length, row0: segments[0].row0, row1: segments.at(-1).row1, segments };
+    overlays.push(o);
+    for (const id of ids) (covered.get(id) ?? covered.set(id, []).get(id)).push(o);
   }
-  return { pos, byRow, lanes: laneEnd.length, rows: byRow.length, overlays, version: model.structureVersion };
+  return { pos, byRow, lanes: laneEnd.length, rows: byRow.length, overlays, covered, version: model.structureVersion };
 }
 
 const x = (lane) => PAD + lane * COL;
@@ -163,9 +174,17 @@ export class TreeView {
     const out = svg("svg", { class: "tree-svg", width: lay.lanes * COL + 2 * PAD, height, style: `top:${top}px`, "aria-hidden": "true" });
     for (const o of lay.overlays) {
       if (o.row1 < first || o.row0 > last) continue;
-      const a = Math.max(o.row0, first - 1);
-      const b = Math.min(o.row1, last + 1);
-      out.append(svg("rect", { class: "t-overlay", x: x(o.lane0) - 7, y: y(a) - 8, width: (o.lane1 - o.lane0) * COL + 14, height: (b - a) * ROW + 16, rx: 6, "data-compaction": o.id }));
+      const band = svg("g", { class: "t-band", "data-compaction": o.id });
+      const title = svg("title", {});
+      title.textContent = `Compaction of ${plural(o.count, "message")} (${short(o.from)} → ${short(o.to)}): ${o.summary}`;
+      band.append(title);
+      for (const seg of o.segments) {
+        if (seg.row1 < first || seg.row0 > last) continue;
+        const a = Math.max(seg.row0, first - 1);
+        const b = Math.min(seg.row1, last + 1);
+        band.append(svg("rect", { class: "t-overlay", x: x(seg.lane) - 7, y: y(a) - 8, width: 14, height: (b - a) * ROW + 16, rx: 6 }));
+      }
+      out.append(band);
     }
     const edges = svg("g", { class: "t-edges" });
     const dots = svg("g", { class: "t-nodes" });
@@ -216,6 +235,7 @@ export class TreeView {
       sibs.length > 1 ? `branch ${sibs.indexOf(id) + 1} of ${sibs.length}` : null,
       n.children.length > 1 ? `forks into ${n.children.length}` : null,
       this.path.has(id) ? "on the active branch" : null,
+      ...(this.lay.covered.get(id) ?? []).map((o) => `compacted: ${o.summary.slice(0, 60)}`),
       textOf(n.msg).slice(0, 80) || null,
     ];
     this.status.textContent = parts.filter(Boolean).join(" · ");

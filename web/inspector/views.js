@@ -347,7 +347,16 @@ function partEl(part) {
 export function renderPresence() {
   const streaming = new Set([...state.streamStatus].filter(([, s]) => s === "streaming").map(([id]) => id));
   $("presence").replaceChildren(
-    ...[...state.presence.values()].map((e) => h("li", { "data-connection": e.connection_id }, h("strong", { text: e.name ?? "(anonymous)" }), ` ${e.role ?? ""} · ${short(e.connection_id)}`)),
+    ...[...state.presence.values()].map((e) =>
+      h(
+        "li",
+        { "data-connection": e.connection_id, "data-streaming": e.streaming.join(" ") || null },
+        h("strong", { text: e.name ?? "(anonymous)" }),
+        ` ${e.role ?? ""} · ${short(e.connection_id)}`,
+        // What it streams, each id a way to its message (the hub says which connection writes it).
+        ...e.streaming.flatMap((id, i) => [i ? ", " : " · streaming ", h("button", { type: "button", class: "p-streaming", "data-message": id, title: `Show ${id}`, onclick: () => hooks.open(state.current.id, id), text: short(id) })]),
+      ),
+    ),
   );
   if (!state.presence.size) $("presence").replaceChildren(h("li", { class: "hint", text: "Nobody" }));
   $("presence-title").dataset.streaming = String(streaming.size);

@@ -2,7 +2,7 @@
 // Run: node --test web/test/
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { ClientConnection, ConnectionLost, HubClient, HubError, LiveMessages, nextBackoff } from "../sessionhub.js";
+import { ClientConnection, ConnectionLost, HubClient, HubError, LiveMessages, PresenceList, nextBackoff } from "../sessionhub.js";
 
 /** A fake WebSocket: records what the client sends; the test plays the hub. */
 class FakeSocket {
@@ -269,4 +269,25 @@ test("LiveMessages applies each delta once, in order, after the state it follows
   assert.equal(live.messages.get("m").parts[1].state, "output-available");
   live.applyEvent({ type: "stream.ended", data: { message_id: "m", status: "finished", deltas: 5 } });
   assert.equal(live.status.get("m"), "finished");
+});
+
+test("PresenceList folds the presence reply and frames, with what each connection streams", () => {
+  const list = new PresenceList("s1");
+  list.reset([{ connection_id: "c1", name: "dash", role: "observer" }]); // an older hub: no streaming
+  assert.deepEqual([...list.values()], [{ connection_id: "c1", name: "dash", role: "observer", streaming: [] }]);
+  const writer = { connection_id: "c2", name: "writer-1", role: "worker", streaming: ["m-42"] };
+  assert.equal(list.apply({ frame: "presence", session_id: "s1", action: "join", entry: writer }), true);
+  assert.deepEqual([...list.streaming()], [["m-42", writer]]);
+  // A join for a present connection replaces its entry: a second stream, then one ended.
+  list.apply({ frame: "presence", session_id: "s1", action: "join", entry: { ...writer, streaming: ["m-42", "m-43"] } });
+  assert.deepEqual([...list.streaming().keys()], ["m-42", "m-43"]);
+  list.apply({ frame: "presence", session_id: "s1", action: "join", entry: { ...writer, streaming: ["m-43"] } });
+  assert.deepEqual([...list.streaming().keys()], ["m-43"]);
+  assert.equal(list.size, 2);
+  // Another session's frame changes nothing here.
+  assert.equal(list.apply({ frame: "presence", session_id: "s2", action: "leave", entry: writer }), false);
+  assert.equal(list.size, 2);
+  list.apply({ frame: "presence", session_id: "s1", action: "leave", entry: { ...writer, streaming: [] } });
+  assert.deepEqual([...list.values()].map((e) => e.name), ["dash"]);
+  assert.equal(list.streaming().size, 0);
 });

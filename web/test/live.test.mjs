@@ -63,8 +63,14 @@ test("requests, typed errors, and a subscription that resumes after a drop", { s
     reader.on("stream", (f) => frames.push(f));
     const st = await writer.streamMessage(info.id, "s1");
     st.text("Hel");
+    // Presence says which connection streams it (the writer, not the reader), then stops.
+    const streamers = async () => (await reader.presence(info.id)).filter((p) => p.streaming.includes("s1"));
+    const during = await streamers();
+    assert.equal(during.length, 1);
+    assert.notEqual(during[0].name, "node-reader");
     st.text("lo");
     await st.end();
+    assert.deepEqual(await streamers(), []);
     const history = await writer.request("get_history", { session_id: info.id });
     assert.deepEqual(history.at(-1).parts, [{ type: "text", text: "Hello" }]);
     await waitFor(() => frames.some((f) => f.action === "end"), "the stream's end frame");
