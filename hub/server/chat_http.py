@@ -382,7 +382,10 @@ async def _resume(request: Request) -> Response:
         if request.headers.get("authorization") is None:
             return _error("unauthorized", "this hub needs a token: send Authorization: Bearer <token>", cors)
         return _error("forbidden", "forbidden", cors)
-    turn = hub.turns.in_flight(session_id)
+    try:
+        turn = await hub.turns.find(session_id)
+    except SessionHubError as exc:
+        return _error(_code(exc), str(exc), cors)
     if turn is None:
         return Response(status_code=204, headers=cors)
     return StreamingResponse(turn_stream(hub, turn), headers={**sse_headers, **cors})

@@ -218,6 +218,9 @@ class TurnDesk(Protocol):
         self, session_id: str, message_id: str | None = None, trigger: str | None = None
     ) -> ChatTurn: ...
     def in_flight(self, session_id: str) -> ChatTurn | None: ...
+    async def find(self, session_id: str) -> ChatTurn | None:
+        """The turn in flight in the session on any node (this one's first)."""
+        ...
 
 
 class ChatStreams(Protocol):

@@ -41,6 +41,7 @@ from ..bus import RemoteBus
 from ..store.base import LogEntry
 from .outbox import Evicted
 from .ports import ReplyWriter, Responder, TurnHost
+from .remoteturns import RemoteTurn, latest_turn_event
 from .turnframes import TurnOffer, TurnOutcome, TurnStatus, Watcher
 
 __all__ = ["LiveTurn", "TurnOffer", "TurnOutcome", "TurnStatus", "Turns", "Watcher"]
@@ -187,7 +188,9 @@ class Turns:
         self._by_reply[(session_id, turn.reply_id)] = turn
         self._follow(session_id)
         try:
-            await self._log(turn, "turn.started", {"message_id": turn.message_id, "trigger": trigger})
+            # ``node``: another node resuming the chat follows the turn while this one is heard.
+            started = {"message_id": turn.message_id, "trigger": trigger, "node": self._node_id()}
+            await self._log(turn, "turn.started", started)
         except BaseException:
             self._forget(turn)
             raise
@@ -212,6 +215,37 @@ class Turns:
         """The session's turn that has not ended, if any (the newest)."""
         running = [t for t in self.live.values() if t.session_id == session_id and t.outcome is None]
         return max(running, key=lambda t: t.created) if running else None
+
+    async def find(self, session_id: str) -> LiveTurn | RemoteTurn | None:
+        """The session's turn in flight on this node or, with several nodes, on another one
+        (:mod:`.remoteturns`: found in the session's log, its node still heard from)."""
+        local = self.in_flight(session_id)
+        if local is not None or self._bus is None:
+            return local
+        event = await latest_turn_event(self.host.store, session_id)
+        if event is None or event.type != "turn.started":
+            return None
+        data = event.data
+        node, turn_id, reply_id = data.get("node"), data.get("turn_id"), data.get("reply_id")
+        if not (isinstance(node, str) and isinstance(turn_id, str) and isinstance(reply_id, str)):
+            return None  # logged before turns named their node: long over
+        if node == self._node_id() or not self.node_alive(node):
+            return None  # this node's turns are all in ``live``; a silent node's are over
+        return RemoteTurn(
+            session_id=session_id,
+            turn_id=turn_id,
+            reply_id=reply_id,
+            node=node,
+            seq=event.seq,
+            store=self.host.store,
+            watchers=self.host.streams.watchers,
+            alive=self.node_alive,
+        )
+
+    def node_alive(self, node: str) -> bool:
+        """Whether ``node`` (another hub node) was heard from within the presence ttl."""
+        heard = self.remote_responders.get(node)
+        return heard is not None and time.monotonic() - heard[1] <= self.host.config.presence_ttl
 
     async def _assign(self, turn: LiveTurn, history: list[dict[str, Any]]) -> None:
         loop = asyncio.get_running_loop()
@@ -460,7 +494,10 @@ class Turns:
         """A turn message from another node."""
         me = self._node_id()
         if isinstance(message, TurnStatus) and message.status == "responders":
+            new = node not in self.remote_responders
             self.remote_responders[node] = (message.responders, time.monotonic())
+            if new:  # a node that just started learns of this one now, not a heartbeat later
+                self._announce()
             if message.responders:  # turns waiting for a responder may go there now
                 self._arrived.set()
                 self._arrived = asyncio.Event()
