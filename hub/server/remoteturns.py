@@ -125,10 +125,10 @@ class RemoteTurn:
                         )
                     )
             elif event.type == "turn.ended" and data.get("turn_id") == self.turn_id:
-                status = data.get("status")
-                error = data.get("error")
+                status, error, reason = data.get("status"), data.get("error"), data.get("reason")
                 return TurnOutcome(
                     status if status in ("finished", "failed", "stopped") else "failed",
                     error if isinstance(error, str) else None,
+                    reason if isinstance(reason, str) else None,
                 )
         raise AssertionError("the log follower ended")  # pragma: no cover - follow() never ends
