@@ -11,6 +11,8 @@ from typing import Any
 import httpx2
 import pytest
 
+from clients import HubClient
+
 from .chatkit import responder, sse_chunks
 from .hubtest import text
 from .nodes import Node, scratch_database
@@ -75,3 +77,45 @@ async def test_a_reply_posted_on_a_resumes_on_b_whole_and_once(worker_on: str) -
     # The same chunk kinds as the posting node's stream, in the same order.
     kinds = [c["type"] for c in resumed if isinstance(c, dict) and c["type"] != "text-delta"]
     assert kinds == [c["type"] for c in posted if isinstance(c, dict) and c["type"] != "text-delta"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("stop_on", ["a", "b"])
+async def test_a_stop_on_any_node_stops_a_reply_streaming_on_another(stop_on: str) -> None:
+    async with (
+        scratch_database(postgres_dsn()) as database,
+        Node(database, "postgres", None, "--turn-timeout", "20") as a,
+        Node(database, "postgres", None, "--turn-timeout", "20") as b,
+        httpx2.AsyncClient(timeout=30) as http,
+    ):
+        sid = f"stop-{stop_on}"
+        async with responder(b.ws_url, lambda: True, name="agent-on-b"):
+            body = {"id": sid, "messages": [text("u1", "slow please")]}
+            chunks: list[dict[str, Any] | str] = []
+            async with http.stream("POST", f"{_http(a)}/api/chat", json=body) as r:
+                assert r.status_code == 200
+                async for chunk in sse_chunks(r):
+                    chunks.append(chunk)
+                    if chunk == {"type": "text-delta", "id": "text-0", "delta": "w3 "}:
+                        stopped = await http.post(f"{_http(a if stop_on == 'a' else b)}/api/chat/{sid}/stop")
+                        assert stopped.status_code == 200, stopped.text
+            assert chunks[-2:] == [{"type": "abort", "reason": "stopped by the user"}, "[DONE]"]
+            for _ in range(100):
+                if (await http.get(f"{_http(b)}/api/chat/{sid}/stream")).status_code == 204:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the stopped turn is still in flight on node B")
+        streamed = _text(chunks)
+        assert 0 < len(streamed.split()) < 40
+        async with HubClient(a.ws_url) as user:
+            session = user.session(sid)
+            reply = await session.get_message(str(chunks[0]["messageId"]))  # type: ignore[index]
+            async with asyncio.timeout(10):
+                async for event in session.events():
+                    if event.type == "turn.ended":
+                        ended = event.data
+                        break
+        # Stored as it stood when the stop reached node B (a delta or two may have been on the way).
+        assert reply is not None and reply.text().startswith(streamed)
+        assert ended["status"] == "stopped" and ended["reason"] == "stopped by the user"
