@@ -472,7 +472,18 @@ def test_schema_names_every_request_and_frame() -> None:
         assert schema["$defs"][name]["additionalProperties"] is False  # unknown fields are refused
     frame_refs = {ref["$ref"].rsplit("/", 1)[1] for ref in schema["server_frame"]["anyOf"]}
     tags = {schema["$defs"][name]["properties"]["frame"]["enum"][0] for name in frame_refs}
-    assert tags == {"reply", "error", "event", "reset", "presence", "summarize", "stream", "turn", "turn_stopped", "dump"}
+    assert tags == {
+        "reply",
+        "error",
+        "event",
+        "reset",
+        "presence",
+        "summarize",
+        "stream",
+        "turn",
+        "turn_stopped",
+        "dump",
+    }
     assert set(schema["$defs"]["ErrorFrame"]["properties"]["code"]["enum"]) == set(ERROR_CODES)
 
 

@@ -6,6 +6,7 @@ ended B answers 204, as A does."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import httpx2
@@ -46,7 +47,7 @@ async def test_a_reply_posted_on_a_resumes_on_b_whole_and_once(worker_on: str) -
         sid = f"resume-{worker_on}"
         # Before any turn: 204 on both nodes.
         for node in (a, b):
-            assert (await http.get(f"{_http(node)}/api/chat/{sid}/stream")).status_code in (204, 404)
+            assert (await http.get(f"{_http(node)}/api/chat/{sid}/stream")).status_code == 204
         worker = a if worker_on == "a" else b
         async with responder(worker.ws_url, lambda: True, name=f"agent-on-{worker_on}"):
             body = {"id": sid, "messages": [text("u1", "slow please")]}
@@ -119,3 +120,44 @@ async def test_a_stop_on_any_node_stops_a_reply_streaming_on_another(stop_on: st
         # Stored as it stood when the stop reached node B (a delta or two may have been on the way).
         assert reply is not None and reply.text().startswith(streamed)
         assert ended["status"] == "stopped" and ended["reason"] == "stopped by the user"
+
+
+@pytest.mark.timeout(120)
+async def test_a_resume_ends_when_the_node_running_the_turn_dies() -> None:
+    async with (
+        scratch_database(postgres_dsn()) as database,
+        Node(database, "postgres", None, "--turn-timeout", "20", "--presence-ttl", "2") as a,
+        Node(database, "postgres", None, "--turn-timeout", "20", "--presence-ttl", "2") as b,
+        httpx2.AsyncClient(timeout=30) as http,
+        HubClient(a.ws_url, name="endless", role="worker") as agent,
+    ):
+
+        async def endless() -> None:
+            async for turn in agent.turns():
+                async with turn.reply() as st:
+                    while True:
+                        await st.text("more ")
+                        await asyncio.sleep(0.02)
+
+        worker = asyncio.create_task(endless())
+        try:
+            body = {"id": "dies", "messages": [text("u1", "go on")]}
+            async with http.stream("POST", f"{_http(a)}/api/chat", json=body) as posted:
+                assert posted.status_code == 200
+                async with http.stream("GET", f"{_http(b)}/api/chat/dies/stream") as r:
+                    assert r.status_code == 200
+                    chunks: list[dict[str, Any] | str] = []
+                    async for chunk in sse_chunks(r):
+                        chunks.append(chunk)
+                        if len(chunks) == 5:
+                            assert a.proc is not None
+                            a.proc.kill()  # node A dies mid-reply: no turn.ended is ever logged
+            assert chunks[-2:] == [
+                {"type": "error", "errorText": "the hub node running this turn went away"},
+                "[DONE]",
+            ]
+            assert (await http.get(f"{_http(b)}/api/chat/dies/stream")).status_code == 204
+        finally:
+            worker.cancel()
+            with contextlib.suppress(BaseException):
+                await worker
