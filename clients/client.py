@@ -52,6 +52,7 @@ from protocol.connection import (
     SubscribeFailed,
     SummaryWanted,
     TurnGiven,
+    TurnStopped,
 )
 from protocol.frames import EventFrame, PresenceFrame, StreamFrame, SummarizeFrame
 
@@ -625,6 +626,9 @@ class HubClient:
         elif isinstance(effect, TurnGiven):
             if self._turns is not None:
                 self._turns.given(effect.frame)
+        elif isinstance(effect, TurnStopped):
+            if self._turns is not None:
+                self._turns.stopped(effect.frame)
         elif isinstance(effect, Subscribed):
             pass  # the epoch is in the position already; the events follow
         elif isinstance(effect, Ignored):

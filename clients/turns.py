@@ -6,22 +6,33 @@ again on every reconnect) and yields a :class:`Turn` for each ``turn`` frame. An
 reply id and parent; a block that raises tells the hub why, then aborts the reply), or
 decline with :meth:`Turn.fail`. The hub hands a turn this client never starts to another
 responder if this one disconnects.
+
+A turn can be stopped (op ``stop_turn``, from a chat's Stop): the hub ends the reply as it
+stands and sends a ``turn_stopped`` frame. The task inside ``turn.reply()`` is then
+cancelled where it waits (a model request in flight is closed with it) and the block is
+left quietly: code after it runs, with :attr:`Turn.stopped` set.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, Protocol
 
 from protocol import Message, SessionHubError
-from protocol.frames import TurnFrame
+from protocol.frames import TurnFrame, TurnStoppedFrame
 
 from .api import RemoteSession, RemoteSessions
 from .streaming import MessageStream
 
-__all__ = ["Turn", "TurnClient", "TurnQueue", "iterate_turns"]
+__all__ = ["Turn", "TurnClient", "TurnQueue", "TurnStoppedError", "iterate_turns"]
+
+
+class TurnStoppedError(SessionHubError):
+    """:meth:`Turn.reply` on a turn stopped before it was answered."""
+
+    code = "conflict"
 
 
 class _End:
@@ -33,9 +44,20 @@ class TurnQueue:
 
     def __init__(self) -> None:
         self.queue: asyncio.Queue[TurnFrame | _End] = asyncio.Queue()
+        #: The turns handed out and not yet answered, by turn id (a stop finds them here).
+        self.open: dict[str, Turn] = {}
+        #: Stops that came before their turn was handed out.
+        self.early: dict[str, str] = {}
 
     def given(self, frame: TurnFrame) -> None:
         self.queue.put_nowait(frame)
+
+    def stopped(self, frame: TurnStoppedFrame) -> None:
+        turn = self.open.get(frame.turn_id)
+        if turn is None:
+            self.early[frame.turn_id] = frame.reason
+        else:
+            turn._stop(frame.reason)
 
     def end(self) -> None:
         self.queue.put_nowait(_End())
@@ -71,6 +93,20 @@ class Turn:
         self.trigger = frame.trigger
         self.regenerates = frame.regenerates
         self.history = [Message.from_dict(m) for m in frame.history]
+        #: Set when the turn was stopped (``stop_turn``); :attr:`stop_reason` says why.
+        self.stopped = asyncio.Event()
+        self.stop_reason: str | None = None
+        self._replying: asyncio.Task[Any] | None = None
+        #: Called once the turn is answered or declined (the queue forgets it).
+        self._done: Callable[[], object] = lambda: None
+
+    def _stop(self, reason: str) -> None:
+        if self.stopped.is_set():
+            return
+        self.stop_reason = reason
+        self.stopped.set()
+        if self._replying is not None:
+            self._replying.cancel("turn stopped")
 
     @property
     def session(self) -> RemoteSession:
@@ -80,6 +116,8 @@ class Turn:
     async def reply(self, metadata: Any = None) -> AsyncIterator[MessageStream]:
         """Stream the reply; leaving the block finishes it, an exception aborts it."""
         session = self.session
+        if self.stopped.is_set():
+            raise TurnStoppedError(f"turn {self.turn_id} was stopped: {self.stop_reason}")
         await session._call(
             "stream_start",
             message_id=self.reply_id,
@@ -89,9 +127,16 @@ class Turn:
             turn_id=self.turn_id,
         )
         stream = MessageStream(session, self.reply_id)
+        self._replying = asyncio.current_task()
         try:
             yield stream
         except BaseException as exc:
+            if self.stopped.is_set() and isinstance(exc, asyncio.CancelledError | SessionHubError):
+                # The hub ended the reply already: the stop is this block's end, not an error.
+                if isinstance(exc, asyncio.CancelledError) and self._replying is not None:
+                    self._replying.uncancel()
+                await asyncio.gather(*stream._in_flight, return_exceptions=True)  # refused now
+                return
             if isinstance(exc, Exception):
                 # Said first, so the chat's error chunk carries the reason, not "aborted".
                 with contextlib.suppress(SessionHubError):
@@ -99,10 +144,21 @@ class Turn:
             with contextlib.suppress(SessionHubError):
                 await stream.__aexit__(type(exc), exc, exc.__traceback__)
             raise
-        await stream.__aexit__(None, None, None)
+        finally:
+            self._replying = None
+            self._done()
+        if self.stopped.is_set():
+            await asyncio.gather(*stream._in_flight, return_exceptions=True)
+            return
+        try:
+            await stream.__aexit__(None, None, None)
+        except SessionHubError:
+            if not self.stopped.is_set():  # stopped meanwhile: the hub ended it
+                raise
 
     async def fail(self, error: str) -> None:
         """This responder cannot answer: the turn ends with ``error`` (shown to the chat)."""
+        self._done()
         await self.client.request("turn_failed", turn_id=self.turn_id, error=error)
 
     def __repr__(self) -> str:
@@ -120,6 +176,12 @@ async def iterate_turns(client: TurnClient) -> AsyncGenerator[Turn, None]:
             item = await queue.queue.get()
             if isinstance(item, _End):
                 return
-            yield Turn(client, item)
+            turn = Turn(client, item)
+            queue.open[turn.turn_id] = turn
+            early = queue.early.pop(turn.turn_id, None)
+            if early is not None:
+                turn._stop(early)
+            turn._done = lambda t=turn: queue.open.pop(t.turn_id, None)  # type: ignore[misc]
+            yield turn
     finally:
         client._turns = None

@@ -86,6 +86,7 @@ OP_LEVELS: dict[str, Level] = {
     # not a request: being sent this session's summary prompts (hello ``summarizer: true``)
     "summarize": "write",
     "start_turn": "write",
+    "stop_turn": "write",
     # admin
     "create": "admin",
     "rename": "admin",

@@ -30,6 +30,7 @@ from .frames import (
     Subscribe,
     SummarizeFrame,
     TurnFrame,
+    TurnStoppedFrame,
     Unsubscribe,
 )
 
@@ -49,6 +50,7 @@ __all__ = [
     "Subscribed",
     "SummaryWanted",
     "TurnGiven",
+    "TurnStopped",
 ]
 
 #: A subscription's stream: a session id, or None for the registry.
@@ -187,6 +189,11 @@ class TurnGiven:
     frame: TurnFrame
 
 
+@dataclass(frozen=True)
+class TurnStopped:
+    frame: TurnStoppedFrame
+
+
 ClientEffect = (
     Resolved
     | Failed
@@ -198,6 +205,7 @@ ClientEffect = (
     | SummaryWanted
     | Streamed
     | TurnGiven
+    | TurnStopped
     | Dumped
     | Ignored
 )
@@ -346,6 +354,8 @@ class ClientConnection:
             return Streamed(frame)
         if isinstance(frame, TurnFrame):
             return TurnGiven(frame)
+        if isinstance(frame, TurnStoppedFrame):
+            return TurnStopped(frame)
         if isinstance(frame, DumpFrame):
             if frame.id not in self.pending:
                 return Ignored("dump lines for an unknown request")

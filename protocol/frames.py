@@ -34,6 +34,7 @@ __all__ = [
     "StreamFrame",
     "SummarizeFrame",
     "TurnFrame",
+    "TurnStoppedFrame",
 ]
 
 #: Error codes, a closed set. ``reset`` is not among them: it is its own frame.
@@ -369,6 +370,18 @@ class TurnFailed(_Req, tag="turn_failed"):
     error: str
 
 
+class StopTurn(_Req, tag="stop_turn"):
+    """Stop the session's turn in flight (``turn_id``: that one, which must be in flight),
+    on whichever node it runs: its reply ends as it stands (stream status ``stopped``), its
+    responder gets a ``turn_stopped`` frame, and ``turn.ended`` says ``status: stopped``
+    with ``reason``. Answered with ``{"turn_id", "reply_id", "started"}``; ``not_found``
+    when no such turn is in flight."""
+
+    session_id: str
+    turn_id: str | None = None
+    reason: str = "stopped by request"
+
+
 # -- export and import (admin on ``*``; docs/protocol.md) -----------------------------------
 
 
@@ -439,6 +452,7 @@ Request = (
     | StartTurn
     | GetTurn
     | TurnFailed
+    | StopTurn
     | Export
     | Import
 )
@@ -524,8 +538,9 @@ class StreamFrame(_Frame, tag="stream"):
     since the previous frame, each ``{"index", "kind", "text" | "part"}``, coalesced over a
     few milliseconds so a fast stream costs each subscriber tens of frames a second, not
     thousands), ``state`` (``message`` as accumulated so far: sent to a subscriber that
-    catches up while the stream runs), or ``end`` (``status``: ``finished``, ``aborted`` or
-    ``interrupted`` when the writer's connection died; ``message`` is what was stored).
+    catches up while the stream runs), or ``end`` (``status``: ``finished``, ``aborted``,
+    ``interrupted`` when the writer's connection died, or ``stopped`` when its turn was
+    stopped; ``message`` is what was stored).
     ``index`` counts deltas (the last one, in a ``delta`` frame): apply a delta only if its
     index is one more than what you hold.
     """
@@ -556,6 +571,17 @@ class TurnFrame(_Frame, tag="turn"):
     regenerates: str | None = None
 
 
+class TurnStoppedFrame(_Frame, tag="turn_stopped"):
+    """A turn given to this responder was stopped (``stop_turn``): stop answering it. Its
+    reply, if started, was already ended by the hub as it stood (further deltas are
+    refused); a turn not started must not be."""
+
+    turn_id: str
+    session_id: str
+    reply_id: str
+    reason: str
+
+
 class DumpFrame(_Frame, tag="dump"):
     """Lines of the dump an ``export`` request (``id``) asked for, in order, before its
     reply; a batch is bounded in bytes, well under the frame limit."""
@@ -573,5 +599,6 @@ ServerFrame = (
     | SummarizeFrame
     | StreamFrame
     | TurnFrame
+    | TurnStoppedFrame
     | DumpFrame
 )

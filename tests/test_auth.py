@@ -141,6 +141,7 @@ def request_for(op: str, session_id: str) -> dict[str, Any]:
         "take_turns": {},
         "start_turn": {"session_id": session_id},
         "get_turn": {"session_id": session_id},
+        "stop_turn": {"session_id": session_id},
         "turn_failed": {"turn_id": "nothing-was-given", "error": "x"},
         "export": {"session_ids": [session_id]},
         "import": {"lines": ['{"sessionhub_dump": 1, "sessions": 0}'], "final": True},

@@ -67,7 +67,7 @@ async def test_the_ai_sdk_against_the_hub(tmp_path: Path) -> None:
     assert proc.returncode == 0, report
     assert "fail 0" in report, report
     assert "skipped 0" in report, report
-    assert "pass 6" in report, report
+    assert "pass 8" in report, report
 
 
 async def test_no_responder_ends_with_an_error_chunk(tmp_path: Path) -> None:

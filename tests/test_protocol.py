@@ -87,6 +87,7 @@ VALID: dict[str, dict[str, Any]] = {
     "take_turns": {},
     "start_turn": {"session_id": "s1", "message_id": "m1", "trigger": "regenerate-message"},
     "get_turn": {"session_id": "s1"},
+    "stop_turn": {"session_id": "s1", "turn_id": "t1"},
     "turn_failed": {"turn_id": "t1", "error": "no model"},
     "export": {"session_ids": ["s1"]},
     "import": {"lines": ['{"sessionhub_dump": 1, "sessions": 0}'], "final": True, "replace": False},
@@ -471,7 +472,18 @@ def test_schema_names_every_request_and_frame() -> None:
         assert schema["$defs"][name]["additionalProperties"] is False  # unknown fields are refused
     frame_refs = {ref["$ref"].rsplit("/", 1)[1] for ref in schema["server_frame"]["anyOf"]}
     tags = {schema["$defs"][name]["properties"]["frame"]["enum"][0] for name in frame_refs}
-    assert tags == {"reply", "error", "event", "reset", "presence", "summarize", "stream", "turn", "dump"}
+    assert tags == {
+        "reply",
+        "error",
+        "event",
+        "reset",
+        "presence",
+        "summarize",
+        "stream",
+        "turn",
+        "turn_stopped",
+        "dump",
+    }
     assert set(schema["$defs"]["ErrorFrame"]["properties"]["code"]["enum"]) == set(ERROR_CODES)
 
 

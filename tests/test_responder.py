@@ -303,3 +303,54 @@ def test_respond_command_says_when_the_hub_is_unreachable() -> None:
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("sessionhub: cannot connect to the hub"), done.stderr
+
+
+async def test_stopping_the_chat_stops_the_model_request(tmp_path: Path) -> None:
+    sent: list[int] = []
+    cut = asyncio.Event()
+
+    async def trickle(writer: asyncio.StreamWriter, body: dict[str, Any]) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n")
+        try:
+            for i in range(200):
+                writer.write(f"data: {json.dumps(_delta(content=f'w{i} '))}\n\n".encode())
+                await writer.drain()
+                sent.append(i)
+                await asyncio.sleep(0.03)
+        except ConnectionError:
+            cut.set()  # the responder closed the request
+
+    async with (
+        model_server(trickle) as model,
+        chat_backend(tmp_path, ChatCompletionsResponder(model.base_url, "m")) as (h, _),
+    ):
+        body = {
+            "id": "s-stop",
+            "messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "go"}]}],
+        }
+        async with (
+            httpx2.AsyncClient(timeout=10) as http,
+            http.stream("POST", f"{h.url}/api/chat", json=body) as r,
+        ):
+            chunks: list[dict[str, Any] | str] = []
+            async for chunk in sse_chunks(r):
+                chunks.append(chunk)
+                if chunk == {"type": "text-delta", "id": "text-0", "delta": "w2 "}:
+                    stopped = await http.post(f"{h.url}/api/chat/s-stop/stop")
+                    assert stopped.status_code == 200, stopped.text
+                    assert stopped.json()["started"] is True
+            # Once stopped, no turn is in flight: a second stop is a typed 404.
+            again = await http.post(f"{h.url}/api/chat/s-stop/stop")
+            assert again.status_code == 404 and again.json()["error"]["code"] == "not_found"
+        assert chunks[-2:] == [{"type": "abort", "reason": "stopped by the user"}, "[DONE]"]
+        async with asyncio.timeout(5):
+            await cut.wait()
+        assert len(sent) < 100  # the model was not read to the end
+        session = h.hub.manager.get_session("s-stop")
+        reply = await session.get_message(str(chunks[0]["messageId"]))  # type: ignore[index]
+        streamed = "".join(c["delta"] for c in chunks if isinstance(c, dict) and c["type"] == "text-delta")
+        assert reply is not None and reply.text() == streamed  # stored as it stood
+        ended = [e.data for e in await session.read_events() if e.type == "turn.ended"]
+        assert ended[-1]["status"] == "stopped" and ended[-1]["reason"] == "stopped by the user"
+        stream_ended = [e.data for e in await session.read_events() if e.type == "stream.ended"]
+        assert stream_ended[-1]["status"] == "stopped"

@@ -262,3 +262,86 @@ async def test_a_turn_with_a_long_history_reaches_a_worker_on_another_node_whole
                     await task
         assert len(given) == 1 and given[0].message_id == "h30"
         assert [m.to_dict() for m in given[0].history] == history
+
+
+async def test_stop_turn_ends_the_reply_as_it_stood_and_tells_the_responder_first(tmp_path: Path) -> None:
+    async with served(db=tmp_path / "hub.db") as h, h.client() as agent, h.client() as user:
+        await _session(h)
+        await _taker(agent)
+        none = await user.request("stop_turn", session_id="s1")
+        assert none["frame"] == "error" and none["code"] == "not_found"  # nothing in flight
+        turn = await user.call("start_turn", session_id="s1")
+        given = await agent.take(lambda f: f["frame"] == "turn")
+        fields = {"session_id": "s1", "message_id": given["reply_id"]}
+        await agent.call("stream_start", **fields, parent_id="u1", turn_id=given["turn_id"])
+        await agent.call("stream_delta", **fields, kind="text", text="Half")
+        wrong = await user.request("stop_turn", session_id="s1", turn_id="not-this-one")
+        assert wrong["frame"] == "error" and wrong["code"] == "not_found"
+        stopped = await user.call("stop_turn", session_id="s1", turn_id=turn["turn_id"], reason="enough")
+        assert stopped == {"turn_id": turn["turn_id"], "reply_id": turn["reply_id"], "started": True}
+        told = await agent.take(lambda f: f["frame"] == "turn_stopped")
+        assert told == {
+            "frame": "turn_stopped",
+            "turn_id": turn["turn_id"],
+            "session_id": "s1",
+            "reply_id": turn["reply_id"],
+            "reason": "enough",
+        }
+        late = await agent.request("stream_delta", **fields, kind="text", text=" more")
+        assert late["frame"] == "error" and late["code"] == "invalid"  # the hub ended it
+        outcome = await _outcome(h, "s1")
+        assert outcome["status"] == "stopped" and outcome["reason"] == "enough"
+        stored = await h.hub.manager.get_session("s1").get_message(turn["reply_id"])
+        assert stored is not None and stored.text() == "Half"
+        again = await user.request("stop_turn", session_id="s1", turn_id=turn["turn_id"])
+        assert again["frame"] == "error" and again["code"] == "not_found"  # finished turns too
+
+
+async def test_a_stopped_turn_not_yet_started_ends_at_once_and_cannot_start(tmp_path: Path) -> None:
+    async with served(db=tmp_path / "hub.db") as h, h.client() as agent, h.client() as user:
+        await _session(h)
+        await _taker(agent)
+        turn = await user.call("start_turn", session_id="s1")
+        given = await agent.take(lambda f: f["frame"] == "turn")
+        stopped = await user.call("stop_turn", session_id="s1")
+        assert stopped["started"] is False
+        assert (await agent.take(lambda f: f["frame"] == "turn_stopped"))["turn_id"] == turn["turn_id"]
+        assert (await _outcome(h, "s1"))["status"] == "stopped"
+        fields = {"session_id": "s1", "message_id": given["reply_id"], "parent_id": "u1"}
+        late = await agent.request("stream_start", **fields, turn_id=given["turn_id"])
+        assert late["frame"] == "error" and late["code"] == "not_found"
+        assert await user.call("get_turn", session_id="s1") is None
+
+
+async def test_a_stop_cancels_the_python_responders_reply_block(tmp_path: Path) -> None:
+    async with served(db=tmp_path / "hub.db") as h, HubClient(h.ws_url, name="agent", role="worker") as agent:
+        await _session(h)
+        seen: list[Turn] = []
+        after = asyncio.Event()
+
+        async def serve() -> None:
+            async for turn in agent.turns():
+                seen.append(turn)
+                async with turn.reply() as st:
+                    for i in range(1000):
+                        await st.text(f"w{i} ")
+                        await asyncio.sleep(0.01)
+                after.set()  # the block was left quietly
+
+        task = asyncio.create_task(serve())
+        try:
+            await eventually(lambda: bool(h.hub.turns.responders))
+            async with HubClient(h.ws_url) as user:
+                turn = await user.session("s1").start_turn()
+                await eventually(lambda: h.hub.streams.current("s1", turn["reply_id"]) is not None)
+                await asyncio.sleep(0.1)
+                await user.request("stop_turn", session_id="s1")
+                async with asyncio.timeout(5):
+                    await after.wait()
+            assert seen[0].stopped.is_set() and seen[0].stop_reason == "stopped by request"
+            stored = await h.hub.manager.get_session("s1").get_message(turn["reply_id"])
+            assert stored is not None and 0 < len(stored.text().split()) < 1000
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -103,6 +103,8 @@ async def test_every_op_matches_in_process(store: SqliteStore) -> None:
         empty = (await c.call("create", name="empty"))["id"]
         nothing = await c.request("start_turn", session_id=empty)
         assert (nothing["frame"], nothing["code"]) == ("error", "invalid")
+        idle = await c.request("stop_turn", session_id=empty)
+        assert (idle["frame"], idle["code"]) == ("error", "not_found")  # no turn in flight
         await _registry_and_messages(c, store)
         await _context_tools_and_compaction(c, store)
         await _subscriptions(c, store)

@@ -133,11 +133,24 @@ export class UIMessageChunks {
  * flight from its start (everything so far, then live) or null. The chat id is a hub session
  * id (create it first: HubClient.request("create", ...)). The socket resumes by itself
  * after a drop, without losing a delta.
+ *
+ * The SDK's stop() aborts sendMessages' abortSignal: the transport then stops the turn
+ * (op stop_turn; the reply is stored as it stood, the responder stops) unless it was made
+ * with stopOnAbort: false. A page reload does not abort anything here (the socket just
+ * closes), so the reply goes on and the next page resumes it. stopTurn(chatId) stops the
+ * chat's turn in flight from anywhere (a resumed stream included).
  */
 export class SessionHubChatTransport {
-  constructor({ url, token = null, client = null, ...options } = {}) {
+  constructor({ url, token = null, client = null, stopOnAbort = true, ...options } = {}) {
     this.client = client ?? new HubClient(url, { token, name: options.name ?? "chat", role: options.role ?? "user", ...options });
     this.connecting = null;
+    this.stopOnAbort = stopOnAbort;
+  }
+
+  /** Stop the chat's turn in flight (turn_id: that one); resolves to {turn_id, reply_id, started}. */
+  async stopTurn(chatId, turnId = null) {
+    await this._connected();
+    return this.client.request("stop_turn", { session_id: chatId, turn_id: turnId, reason: "stopped by the user" });
   }
 
   _connected() {
@@ -155,6 +168,12 @@ export class SessionHubChatTransport {
       }
       const last = messages[messages.length - 1];
       const turn = await this.client.request("start_turn", { session_id: chatId, message_id: last?.id ?? null, trigger });
+      if (this.stopOnAbort && abortSignal) {
+        // The SDK's stop(): the turn itself stops (an abort before the turn started too).
+        const stopIt = () => this.stopTurn(chatId, turn.turn_id).catch(() => {}); // ended already: nothing to stop
+        if (abortSignal.aborted) stopIt();
+        else abortSignal.addEventListener("abort", stopIt, { once: true });
+      }
       return follow.stream(turn);
     } catch (err) {
       follow.stop();
@@ -242,6 +261,7 @@ export class SessionHubChatTransport {
               if (final) out.push(...chunks.update(final));
               out.push(...chunks.close());
               if (ended.data.status === "finished") out.push({ type: "finish", finishReason: "stop" });
+              else if (ended.data.status === "stopped") out.push({ type: "abort", reason: ended.data.reason ?? "stopped" });
               else out.push({ type: "error", errorText: ended.data.error ?? "the turn failed" });
               for (const c of out) controller.enqueue(c);
               controller.close();

@@ -13,8 +13,9 @@ it is new (with ``admin``), appends the messages it does not hold yet (idempoten
 chain from the root), starts a turn (:mod:`.turns`) and streams the reply. The chunks are
 derived from the reply's stream frames by :class:`UIMessageEncoder`, which diffs the message
 as the hub holds it: what the SDK rebuilds is what the hub stores. ``GET
-/api/chat/{id}/stream`` resumes: ``204`` when no turn is in flight, else the message from its
-``start`` (everything so far, in one go) and then live.
+/api/chat/{id}/stream`` resumes: ``204`` when no turn is in flight on any node, else the
+message from its ``start`` (everything so far, in one go) and then live. ``POST
+/api/chat/{id}/stop`` stops the turn in flight: the stream ends with an ``abort`` chunk.
 
 The endpoints see the running hub as a :class:`~hub.server.ports.ChatHost`
 (``request.app.state.hub``), a turn as a :class:`~hub.server.ports.ChatTurn`.
@@ -246,6 +247,9 @@ async def turn_stream(hub: ChatHost, turn: ChatTurn) -> AsyncIterator[bytes]:
                 chunks = encoder.close()
                 if item.status == "finished":
                     chunks.append({"type": "finish", "finishReason": "stop"})
+                elif item.status == "stopped":
+                    # What the SDK's own streamText sends when its generation is aborted.
+                    chunks.append({"type": "abort", "reason": item.reason or "stopped"})
                 else:
                     chunks.append({"type": "error", "errorText": item.error or "the turn failed"})
                 yield _sse(chunks) + b"data: [DONE]\n\n"
@@ -382,10 +386,34 @@ async def _resume(request: Request) -> Response:
         if request.headers.get("authorization") is None:
             return _error("unauthorized", "this hub needs a token: send Authorization: Bearer <token>", cors)
         return _error("forbidden", "forbidden", cors)
-    turn = hub.turns.in_flight(session_id)
+    try:
+        turn = await hub.turns.find(session_id)
+    except SessionHubError as exc:
+        return _error(_code(exc), str(exc), cors)
     if turn is None:
         return Response(status_code=204, headers=cors)
     return StreamingResponse(turn_stream(hub, turn), headers={**sse_headers, **cors})
+
+
+async def _stop(request: Request) -> Response:
+    """``POST /api/chat/{id}/stop``: stop the turn in flight (the SDK's own ``stop()``
+    only closes the reader's connection, which a resumable chat treats as a disconnect)."""
+    hub: ChatHost = request.app.state.hub
+    cors = _cors(request, hub)
+    if cors is None:
+        return _error("forbidden", "origin not allowed")
+    session_id = request.path_params["session_id"]
+    try:
+        _check(_grant(request, hub), hub, "stop_turn", session_id)
+        await hub.session(session_id)
+        stopped = await hub.turns.stop(session_id, request.query_params.get("turn_id"), "stopped by the user")
+    except Forbidden:
+        if request.headers.get("authorization") is None:
+            return _error("unauthorized", "this hub needs a token: send Authorization: Bearer <token>", cors)
+        return _error("forbidden", "forbidden", cors)
+    except SessionHubError as exc:
+        return _error(_code(exc), str(exc), cors)
+    return JSONResponse(stopped, headers=cors)
 
 
 async def _preflight(request: Request) -> Response:
@@ -402,4 +430,6 @@ def chat_routes() -> list[BaseRoute]:
         Route("/api/chat", _preflight, methods=["OPTIONS"]),
         Route("/api/chat/{session_id}/stream", _resume, methods=["GET"]),
         Route("/api/chat/{session_id}/stream", _preflight, methods=["OPTIONS"]),
+        Route("/api/chat/{session_id}/stop", _stop, methods=["POST"]),
+        Route("/api/chat/{session_id}/stop", _preflight, methods=["OPTIONS"]),
     ]

@@ -319,6 +319,10 @@ def operations(hub: Sessions, turns: Turns) -> dict[str, Op]:
     async def start_turn(r: f.StartTurn) -> dict[str, Any] | None:
         return turns.describe(await turns.start(r.session_id, r.message_id or r.leaf_id, r.trigger))
 
+    async def stop_turn(r: f.StopTurn) -> dict[str, Any]:
+        await hub.session(r.session_id)
+        return await turns.stop(r.session_id, r.turn_id, r.reason)
+
     calls: dict[str, Call] = {
         "create": lambda r: m.create(r.name, r.parent_session_id, r.model, r.source),
         "get": lambda r: m.get(r.session_id),
@@ -345,6 +349,7 @@ def operations(hub: Sessions, turns: Turns) -> dict[str, Op]:
         "ping": ping,
         "start_turn": start_turn,
         "get_turn": get_turn,
+        "stop_turn": stop_turn,
     }
 
     def on_session(name: str, call: Callable[[Session, Any], Awaitable[Any]]) -> None:

@@ -176,6 +176,9 @@ class TurnStreams(Protocol):
         ...
 
     async def start(self, connection: Peer, request: f.StreamStart) -> dict[str, Any]: ...
+    async def stop(self, session_id: str, message_id: str) -> bool:
+        """End the stream as it stands (``stopped``) if it runs on this node."""
+        ...
 
 
 class TurnHost(Sessions, Protocol):
@@ -221,6 +224,15 @@ class TurnDesk(Protocol):
         self, session_id: str, message_id: str | None = None, trigger: str | None = None
     ) -> ChatTurn: ...
     def in_flight(self, session_id: str) -> ChatTurn | None: ...
+    async def stop(
+        self, session_id: str, turn_id: str | None = None, reason: str = "stopped by request"
+    ) -> dict[str, Any]:
+        """Stop the session's turn in flight on any node; NotFound when there is none."""
+        ...
+
+    async def find(self, session_id: str) -> ChatTurn | None:
+        """The turn in flight in the session on any node (this one's first)."""
+        ...
 
 
 class ChatStreams(Protocol):

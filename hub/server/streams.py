@@ -285,6 +285,15 @@ class Streams:
         else:
             self.hub.presence.leave(owner, sid, streams_done=True)
 
+    async def stop(self, session_id: str, message_id: str) -> bool:
+        """End a stream running on this node as it stands, with status ``stopped`` (its
+        turn was stopped); False when it does not run here."""
+        stream = self.active.get((session_id, message_id))
+        if stream is None:
+            return False
+        await self.end(None, stream, "stopped")
+        return True
+
     async def owner_lost(self, connection: Peer) -> None:
         """The writer's connection died: its streams end as ``interrupted``, with what they had."""
         for stream in [s for s in self.active.values() if s.owner is connection]:

@@ -20,10 +20,12 @@ __all__ = ["TurnOffer", "TurnOutcome", "TurnStatus", "Watcher"]
 
 @dataclass(frozen=True)
 class TurnOutcome:
-    """How a turn ended: ``finished`` (the reply is stored), or ``failed`` with why."""
+    """How a turn ended: ``finished`` (the reply is stored), ``failed`` with why, or
+    ``stopped`` (``stop_turn``: the reply is stored as it stood) with the stop's reason."""
 
-    status: Literal["finished", "failed"]
+    status: Literal["finished", "failed", "stopped"]
     error: str | None = None
+    reason: str | None = None
 
 
 #: Called with each stream frame of a turn's reply, then its outcome.
@@ -40,12 +42,13 @@ class TurnOffer(msgspec.Struct, tag="turn_offer", tag_field="frame", kw_only=Tru
 
 class TurnStatus(msgspec.Struct, tag="turn_status", tag_field="frame", kw_only=True):
     """The answering node's word on an offered turn: ``taken`` (given to a responder),
-    ``declined`` (none could take it), ``started``, or ``failed`` with ``error``. Also a
+    ``declined`` (none could take it), ``started``, or ``failed`` with ``error``; or any
+    node's ``stop`` of a turn (``error``: the reason) to the node holding it. Also a
     node's count of responders (``turn_id`` empty), so others know where to offer turns."""
 
     origin: str
     to: str
     turn_id: str
-    status: Literal["taken", "declined", "started", "failed", "responders"]
+    status: Literal["taken", "declined", "started", "failed", "responders", "stop"]
     error: str | None = None
     responders: int = 0

@@ -41,6 +41,7 @@ from ..bus import RemoteBus
 from ..store.base import LogEntry
 from .outbox import Evicted
 from .ports import ReplyWriter, Responder, TurnHost
+from .remoteturns import RemoteTurn, latest_turn_event
 from .turnframes import TurnOffer, TurnOutcome, TurnStatus, Watcher
 
 __all__ = ["LiveTurn", "TurnOffer", "TurnOutcome", "TurnStatus", "Turns", "Watcher"]
@@ -63,6 +64,8 @@ class LiveTurn:
     remote: str | None = None
     started: bool = False
     error: str | None = None
+    #: Set by ``stop_turn``: the reason its ``turn.ended`` gives.
+    stopped: str | None = None
     outcome: TurnOutcome | None = None
     watchers: list[Watcher] = field(default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -187,7 +190,9 @@ class Turns:
         self._by_reply[(session_id, turn.reply_id)] = turn
         self._follow(session_id)
         try:
-            await self._log(turn, "turn.started", {"message_id": turn.message_id, "trigger": trigger})
+            # ``node``: another node resuming the chat follows the turn while this one is heard.
+            started = {"message_id": turn.message_id, "trigger": trigger, "node": self._node_id()}
+            await self._log(turn, "turn.started", started)
         except BaseException:
             self._forget(turn)
             raise
@@ -212,6 +217,37 @@ class Turns:
         """The session's turn that has not ended, if any (the newest)."""
         running = [t for t in self.live.values() if t.session_id == session_id and t.outcome is None]
         return max(running, key=lambda t: t.created) if running else None
+
+    async def find(self, session_id: str) -> LiveTurn | RemoteTurn | None:
+        """The session's turn in flight on this node or, with several nodes, on another one
+        (:mod:`.remoteturns`: found in the session's log, its node still heard from)."""
+        local = self.in_flight(session_id)
+        if local is not None or self._bus is None:
+            return local
+        event = await latest_turn_event(self.host.store, session_id)
+        if event is None or event.type != "turn.started":
+            return None
+        data = event.data
+        node, turn_id, reply_id = data.get("node"), data.get("turn_id"), data.get("reply_id")
+        if not (isinstance(node, str) and isinstance(turn_id, str) and isinstance(reply_id, str)):
+            return None  # logged before turns named their node: long over
+        if node == self._node_id() or not self.node_alive(node):
+            return None  # this node's turns are all in ``live``; a silent node's are over
+        return RemoteTurn(
+            session_id=session_id,
+            turn_id=turn_id,
+            reply_id=reply_id,
+            node=node,
+            seq=event.seq,
+            store=self.host.store,
+            watchers=self.host.streams.watchers,
+            alive=self.node_alive,
+        )
+
+    def node_alive(self, node: str) -> bool:
+        """Whether ``node`` (another hub node) was heard from within the presence ttl."""
+        heard = self.remote_responders.get(node)
+        return heard is not None and time.monotonic() - heard[1] <= self.host.config.presence_ttl
 
     async def _assign(self, turn: LiveTurn, history: list[dict[str, Any]]) -> None:
         loop = asyncio.get_running_loop()
@@ -323,6 +359,85 @@ class Turns:
         if not turn.started:
             self.fail(turn, turn.error)
 
+    # -- stopping ------------------------------------------------------------------------
+    async def stop(
+        self, session_id: str, turn_id: str | None = None, reason: str = "stopped by request"
+    ) -> dict[str, Any]:
+        """``stop_turn``: stop the session's turn in flight (``turn_id``: that one), on
+        whichever node holds it. The reply ends as it stands (stream status ``stopped``),
+        the responder is told first (``turn_stopped``), and the turn ends ``stopped``."""
+        turn = self.in_flight(session_id)
+        if turn is None:
+            turn = next(
+                (t for _, t in self.foreign.values() if t.session_id == session_id and t.outcome is None),
+                None,
+            )
+        if turn is not None and turn_id is not None and turn.turn_id != turn_id:
+            turn = None
+        if turn is not None:
+            await self._stop(turn, reason, by=None)
+            return {**self._summary(turn.turn_id, turn.reply_id), "started": turn.started}
+        remote = await self.find(session_id)
+        if (
+            remote is None
+            or isinstance(remote, LiveTurn)
+            or (turn_id is not None and remote.turn_id != turn_id)
+        ):
+            what = "no turn" if turn_id is None else f"turn {turn_id!r} is not"
+            raise NotFound(f"{what} in flight in session {session_id!r}")
+        self._relay(
+            TurnStatus(
+                origin=self._node_id(), to=remote.node, turn_id=remote.turn_id, status="stop", error=reason
+            )
+        )
+        return {**self._summary(remote.turn_id, remote.reply_id), "started": None}
+
+    @staticmethod
+    def _summary(turn_id: str, reply_id: str) -> dict[str, Any]:
+        return {"turn_id": turn_id, "reply_id": reply_id}
+
+    async def _stop(self, turn: LiveTurn, reason: str, by: str | None) -> None:
+        """Stop a turn this node holds (its own, or one it answers for ``origin``)."""
+        if turn.stopped is not None:
+            return
+        turn.stopped = reason
+        origin = self._origin_of(turn)
+        if origin is not None and origin != by:
+            # The posting node logs the end: it should give this reason.
+            self._relay(
+                TurnStatus(
+                    origin=self._node_id(), to=origin, turn_id=turn.turn_id, status="stop", error=reason
+                )
+            )
+        if turn.remote is not None and turn.remote != by:
+            self._relay(
+                TurnStatus(
+                    origin=self._node_id(), to=turn.remote, turn_id=turn.turn_id, status="stop", error=reason
+                )
+            )
+        responder = turn.responder
+        if responder is not None and not responder.closed:
+            # Before the stream ends: the responder learns of the stop before any refusal
+            # of a delta it sent meanwhile.
+            with contextlib.suppress(Evicted):
+                await responder.send(
+                    f.TurnStoppedFrame(
+                        turn_id=turn.turn_id,
+                        session_id=turn.session_id,
+                        reply_id=turn.reply_id,
+                        reason=reason,
+                    )
+                )
+        ended = turn.started and await self.host.streams.stop(turn.session_id, turn.reply_id)
+        if origin is not None:
+            if not turn.started:
+                self._drop_foreign(turn)
+            return
+        if not ended and (not turn.started or turn.remote is None):
+            # Nothing streams (not started), or its stream is gone: end the turn now. A
+            # stream on another node ends there; its relayed end ends the turn here.
+            self._finish(turn, TurnOutcome("stopped", reason=reason))
+
     # -- following the reply -------------------------------------------------------------
     def _follow(self, session_id: str) -> None:
         count = self._watched.get(session_id, 0)
@@ -352,7 +467,9 @@ class Turns:
         for watcher in list(turn.watchers):
             watcher(frame)
         if frame.action == "end" and turn.outcome is None:
-            if frame.status == "finished":
+            if frame.status == "stopped" or turn.stopped is not None:
+                self._finish(turn, TurnOutcome("stopped", reason=turn.stopped or "stopped"))
+            elif frame.status == "finished":
                 self._finish(turn, TurnOutcome("finished"))
             elif frame.status == "interrupted":
                 self._finish(turn, TurnOutcome("failed", "the responder disconnected mid-reply"))
@@ -373,6 +490,8 @@ class Turns:
         data: dict[str, Any] = {"status": outcome.status}
         if outcome.error is not None:
             data["error"] = outcome.error
+        if outcome.reason is not None:
+            data["reason"] = outcome.reason
         self._spawn(self._log(turn, "turn.ended", data))
 
     def _forget(self, turn: LiveTurn) -> None:
@@ -446,7 +565,7 @@ class Turns:
         self,
         origin: str,
         turn: LiveTurn,
-        status: Literal["taken", "declined", "started", "failed"],
+        status: Literal["taken", "declined", "started", "failed", "stop"],
         error: str | None = None,
     ) -> TurnStatus:
         return TurnStatus(origin=self._node_id(), to=origin, turn_id=turn.turn_id, status=status, error=error)
@@ -460,7 +579,10 @@ class Turns:
         """A turn message from another node."""
         me = self._node_id()
         if isinstance(message, TurnStatus) and message.status == "responders":
+            new = node not in self.remote_responders
             self.remote_responders[node] = (message.responders, time.monotonic())
+            if new:  # a node that just started learns of this one now, not a heartbeat later
+                self._announce()
             if message.responders:  # turns waiting for a responder may go there now
                 self._arrived.set()
                 self._arrived = asyncio.Event()
@@ -469,6 +591,12 @@ class Turns:
             return
         if isinstance(message, TurnOffer):
             self._spawn(self._answer_offer(message))
+            return
+        if message.status == "stop":
+            held = self.foreign.get(message.turn_id)
+            stopping = self.live.get(message.turn_id) or (held[1] if held is not None else None)
+            if stopping is not None:
+                self._spawn(self._stop(stopping, message.error or "stopped", by=node))
             return
         turn = self.live.get(message.turn_id)
         if turn is None or turn.remote != node:

@@ -1,0 +1,134 @@
+"""A turn in flight on another hub node, as a chat resume on this node follows it.
+
+Nothing new travels between nodes for it: the turn is found in the session's log (the
+newest ``turn.started`` with no ``turn.ended`` after it, logged by a node that is still
+heard from), its reply's stream frames come through the stream relay (this node mirrors
+every running stream), and its end is read from the log: ``stream.ended`` (logged with the
+final message, in one transaction) brings the whole reply, so a relayed frame lost or late
+costs nothing, and ``turn.ended`` says how the turn ended, with the same ``error`` the
+posting node shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from protocol import PositionLost
+from protocol import frames as f
+from protocol.records import Event
+
+from ..events import follow
+from ..store.base import Store, session_stream
+from .turnframes import TurnOutcome, Watcher
+
+__all__ = ["RemoteTurn", "latest_turn_event"]
+
+log = logging.getLogger("sessionhub.turns")
+
+#: How far back a resume looks for the session's newest turn event (events, newest first).
+SCAN_LIMIT = 4096
+_WINDOW = 256
+
+#: The error a reply followed here ends with when the node running its turn stops being heard.
+NODE_LOST = "the hub node running this turn went away"
+
+
+async def latest_turn_event(store: Store, session_id: str) -> Event | None:
+    """The session's newest ``turn.started`` or ``turn.ended``, looking back at most
+    :data:`SCAN_LIMIT` events; None when there is none."""
+    stream = session_stream(session_id)
+    position = await store.stream_position(stream)
+    high, floor = position.last_seq, max(position.first_seq - 1, position.last_seq - SCAN_LIMIT)
+    while high > floor:
+        low = max(floor, high - _WINDOW)
+        try:
+            events = await store.read_events(stream, low, high - low)
+        except PositionLost:  # pruned under us: nothing older to find
+            return None
+        for event in reversed(events):
+            if event.type in ("turn.started", "turn.ended"):
+                return event
+        high = low
+    return None
+
+
+@dataclass(eq=False)
+class RemoteTurn:
+    """A turn another node runs (see the module): a :class:`~hub.server.ports.ChatTurn`."""
+
+    session_id: str
+    turn_id: str
+    reply_id: str
+    node: str
+    #: The seq of its ``turn.started``: its end is logged after it.
+    seq: int
+    store: Store
+    watchers: dict[str, list[Callable[[f.StreamFrame], None]]]
+    alive: Callable[[str], bool]
+    check_every: float = 1.0
+
+    def watch(self, watcher: Watcher) -> Callable[[], None]:
+        def relayed(frame: f.StreamFrame) -> None:
+            if frame.message_id == self.reply_id:
+                watcher(frame)
+
+        self.watchers.setdefault(self.session_id, []).append(relayed)
+        task = asyncio.get_running_loop().create_task(self._follow(watcher), name=f"turn {self.turn_id}")
+
+        def stop() -> None:
+            task.cancel()
+            watchers = self.watchers.get(self.session_id, [])
+            if relayed in watchers:
+                watchers.remove(relayed)
+            if not watchers:
+                self.watchers.pop(self.session_id, None)
+
+        return stop
+
+    async def _follow(self, watcher: Watcher) -> None:
+        ended = asyncio.ensure_future(self._ended(watcher))
+        try:
+            while not ended.done():
+                await asyncio.wait([ended], timeout=self.check_every)
+                if not ended.done() and not self.alive(self.node):
+                    watcher(TurnOutcome("failed", NODE_LOST))
+                    return
+            outcome = ended.result()
+            watcher(outcome)
+        except Exception:
+            log.exception("following turn %s of another node failed", self.turn_id)
+            watcher(TurnOutcome("failed", "the hub could not follow this turn's log"))
+        finally:
+            ended.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await ended
+
+    async def _ended(self, watcher: Watcher) -> TurnOutcome:
+        """Read the log from the turn's start to its end; hand on the reply's stored end."""
+        async for event in follow(self.store, session_stream(self.session_id), self.seq):
+            data = event.data
+            if event.type == "stream.ended" and data.get("message_id") == self.reply_id:
+                final = await self.store.get_message(self.session_id, self.reply_id)
+                if final is not None:
+                    watcher(
+                        f.StreamFrame(
+                            session_id=self.session_id,
+                            message_id=self.reply_id,
+                            action="end",
+                            index=int(data.get("deltas", 0)),
+                            message=final.to_dict(),
+                            status=str(data.get("status")),
+                        )
+                    )
+            elif event.type == "turn.ended" and data.get("turn_id") == self.turn_id:
+                status, error, reason = data.get("status"), data.get("error"), data.get("reason")
+                return TurnOutcome(
+                    status if status in ("finished", "failed", "stopped") else "failed",
+                    error if isinstance(error, str) else None,
+                    reason if isinstance(reason, str) else None,
+                )
+        raise AssertionError("the log follower ended")  # pragma: no cover - follow() never ends

@@ -1,0 +1,163 @@
+"""A chat resumed on another node (hub/server/remoteturns.py): two real ``sessionhub serve``
+processes on one real Postgres, a real responder, real HTTP. The reply is posted on node A
+and resumed on node B mid-reply, from its start, once, in order, to its end; after the turn
+ended B answers 204, as A does."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import httpx2
+import pytest
+
+from clients import HubClient
+
+from .chatkit import responder, sse_chunks
+from .hubtest import text
+from .nodes import Node, scratch_database
+from .services import postgres_dsn
+
+
+def _http(node: Node) -> str:
+    return f"http://127.0.0.1:{node.port}"
+
+
+def _text(chunks: list[dict[str, Any] | str]) -> str:
+    return "".join(c["delta"] for c in chunks if isinstance(c, dict) and c["type"] == "text-delta")
+
+
+async def _resume(http: httpx2.AsyncClient, node: Node, sid: str) -> list[dict[str, Any] | str]:
+    async with http.stream("GET", f"{_http(node)}/api/chat/{sid}/stream") as r:
+        assert r.status_code == 200, await r.aread()
+        assert r.headers["x-vercel-ai-ui-message-stream"] == "v1"
+        return [c async for c in sse_chunks(r)]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("worker_on", ["a", "b"])
+async def test_a_reply_posted_on_a_resumes_on_b_whole_and_once(worker_on: str) -> None:
+    async with (
+        scratch_database(postgres_dsn()) as database,
+        Node(database, "postgres", None, "--turn-timeout", "20") as a,
+        Node(database, "postgres", None, "--turn-timeout", "20") as b,
+        httpx2.AsyncClient(timeout=30) as http,
+    ):
+        sid = f"resume-{worker_on}"
+        # Before any turn: 204 on both nodes.
+        for node in (a, b):
+            assert (await http.get(f"{_http(node)}/api/chat/{sid}/stream")).status_code == 204
+        worker = a if worker_on == "a" else b
+        async with responder(worker.ws_url, lambda: True, name=f"agent-on-{worker_on}"):
+            body = {"id": sid, "messages": [text("u1", "slow please")]}
+            posted: list[dict[str, Any] | str] = []
+            resumed: list[dict[str, Any] | str] = []
+            async with http.stream("POST", f"{_http(a)}/api/chat", json=body) as r:
+                assert r.status_code == 200
+                chunks = sse_chunks(r)
+                # Mid-reply: some words out, most to come (40 words, 40 ms apart).
+                while len([c for c in posted if isinstance(c, dict) and c["type"] == "text-delta"]) < 5:
+                    posted.append(await anext(chunks))
+                resume = asyncio.create_task(_resume(http, b, sid))
+                posted += [c async for c in chunks]
+                resumed = await resume
+            # Once the turn ended (A logged turn.ended), B says nothing is in flight.
+            for _ in range(100):
+                gone = await http.get(f"{_http(b)}/api/chat/{sid}/stream")
+                if gone.status_code == 204:
+                    break
+                await asyncio.sleep(0.05)
+            assert gone.status_code == 204
+            assert (await http.get(f"{_http(a)}/api/chat/{sid}/stream")).status_code == 204
+    whole = " ".join(f"w{i}" for i in range(40)) + " "
+    assert _text(posted) == whole
+    assert resumed[0] == posted[0]  # the same reply id
+    assert _text(resumed) == whole, resumed  # from its start, each word once, in order
+    assert resumed[-2:] == [{"type": "finish", "finishReason": "stop"}, "[DONE]"]
+    # The same chunk kinds as the posting node's stream, in the same order.
+    kinds = [c["type"] for c in resumed if isinstance(c, dict) and c["type"] != "text-delta"]
+    assert kinds == [c["type"] for c in posted if isinstance(c, dict) and c["type"] != "text-delta"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("stop_on", ["a", "b"])
+async def test_a_stop_on_any_node_stops_a_reply_streaming_on_another(stop_on: str) -> None:
+    async with (
+        scratch_database(postgres_dsn()) as database,
+        Node(database, "postgres", None, "--turn-timeout", "20") as a,
+        Node(database, "postgres", None, "--turn-timeout", "20") as b,
+        httpx2.AsyncClient(timeout=30) as http,
+    ):
+        sid = f"stop-{stop_on}"
+        async with responder(b.ws_url, lambda: True, name="agent-on-b"):
+            body = {"id": sid, "messages": [text("u1", "slow please")]}
+            chunks: list[dict[str, Any] | str] = []
+            async with http.stream("POST", f"{_http(a)}/api/chat", json=body) as r:
+                assert r.status_code == 200
+                async for chunk in sse_chunks(r):
+                    chunks.append(chunk)
+                    if chunk == {"type": "text-delta", "id": "text-0", "delta": "w3 "}:
+                        stopped = await http.post(f"{_http(a if stop_on == 'a' else b)}/api/chat/{sid}/stop")
+                        assert stopped.status_code == 200, stopped.text
+            assert chunks[-2:] == [{"type": "abort", "reason": "stopped by the user"}, "[DONE]"]
+            for _ in range(100):
+                if (await http.get(f"{_http(b)}/api/chat/{sid}/stream")).status_code == 204:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the stopped turn is still in flight on node B")
+        streamed = _text(chunks)
+        assert 0 < len(streamed.split()) < 40
+        async with HubClient(a.ws_url) as user:
+            session = user.session(sid)
+            reply = await session.get_message(str(chunks[0]["messageId"]))  # type: ignore[index]
+            async with asyncio.timeout(10):
+                async for event in session.events():
+                    if event.type == "turn.ended":
+                        ended = event.data
+                        break
+        # Stored as it stood when the stop reached node B (a delta or two may have been on the way).
+        assert reply is not None and reply.text().startswith(streamed)
+        assert ended["status"] == "stopped" and ended["reason"] == "stopped by the user"
+
+
+@pytest.mark.timeout(120)
+async def test_a_resume_ends_when_the_node_running_the_turn_dies() -> None:
+    async with (
+        scratch_database(postgres_dsn()) as database,
+        Node(database, "postgres", None, "--turn-timeout", "20", "--presence-ttl", "2") as a,
+        Node(database, "postgres", None, "--turn-timeout", "20", "--presence-ttl", "2") as b,
+        httpx2.AsyncClient(timeout=30) as http,
+        HubClient(a.ws_url, name="endless", role="worker") as agent,
+    ):
+
+        async def endless() -> None:
+            async for turn in agent.turns():
+                async with turn.reply() as st:
+                    while True:
+                        await st.text("more ")
+                        await asyncio.sleep(0.02)
+
+        worker = asyncio.create_task(endless())
+        try:
+            body = {"id": "dies", "messages": [text("u1", "go on")]}
+            async with http.stream("POST", f"{_http(a)}/api/chat", json=body) as posted:
+                assert posted.status_code == 200
+                async with http.stream("GET", f"{_http(b)}/api/chat/dies/stream") as r:
+                    assert r.status_code == 200
+                    chunks: list[dict[str, Any] | str] = []
+                    async for chunk in sse_chunks(r):
+                        chunks.append(chunk)
+                        if len(chunks) == 5:
+                            assert a.proc is not None
+                            a.proc.kill()  # node A dies mid-reply: no turn.ended is ever logged
+            assert chunks[-2:] == [
+                {"type": "error", "errorText": "the hub node running this turn went away"},
+                "[DONE]",
+            ]
+            assert (await http.get(f"{_http(b)}/api/chat/dies/stream")).status_code == 204
+        finally:
+            worker.cancel()
+            with contextlib.suppress(BaseException):
+                await worker
