@@ -701,7 +701,7 @@ async def test_a_session_search_keeps_only_its_own_rows_when_tokens_collide(
 LONG = (
     "A long answer from the model, the kind that fills a page: it repeats the words of the "
     "question, explains each step and lists what to do next. "
-) * 14
+) * 20
 
 
 async def _long_history(store: SqliteStore) -> dict[str, Any]:

@@ -108,10 +108,12 @@ TEXT_TAIL: Final = "}]}"
 
 #: A stored form of this many characters or more is kept deflated, as a BLOB (the column's
 #: type tells the two apart), when that saves at least a fifth. SQLite keeps a row of up to a
-#: page whole in one page, so rows of 2-4 KB (messages of ~2,000 characters) took a 4 KB page
-#: each: 2.4x the JSON, against 1.3x deflated. Shorter rows share pages well and would only
-#: pay the inflate on every read (docs/operations.md, "Sizes").
-DEFLATE_AT: Final = 1024
+#: page whole in one page, so rows of 2-4 KB (messages of ~2,000 characters) took a 4 KB
+#: page each: 2.4x the JSON, against 1.2x deflated. Shorter rows share pages (two or more to
+#: a page), so deflating them would save less than it costs: an inflate is ~80,000
+#: instructions for 2 KB, against ~5,000 to read the row (Postgres's TOAST also compresses
+#: from ~2 KB; docs/operations.md, "Sizes").
+DEFLATE_AT: Final = 2000
 
 
 def _deflated(stored: str) -> str | bytes:
