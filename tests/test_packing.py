@@ -105,7 +105,12 @@ PROSE = (
             "role": "assistant",
             "parts": [
                 {"type": "text", "text": PROSE * 6},
-                {"type": "tool-search", "toolCallId": "c1", "state": "output-available", "output": PROSE * 12},
+                {
+                    "type": "tool-search",
+                    "toolCallId": "c1",
+                    "state": "output-available",
+                    "output": PROSE * 12,
+                },
             ],
         },
         {"id": "ü", "role": "user", "parts": [{"type": "text", "text": "Grüße, 世界 🙂 " * 200}]},
