@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from typing import Any
 
 import httpx2
 import pytest
 
 from clients import HubClient
+from protocol import Conflict
 
 from .chatkit import responder, sse_chunks
 from .hubtest import text
@@ -161,3 +163,96 @@ async def test_a_resume_ends_when_the_node_running_the_turn_dies() -> None:
             worker.cancel()
             with contextlib.suppress(BaseException):
                 await worker
+
+
+async def _post(http: httpx2.AsyncClient, node: Node, body: dict[str, Any]) -> httpx2.Response:
+    """``POST /api/chat``, its body left unread (a reply streams on)."""
+    return await http.send(http.build_request("POST", f"{_http(node)}/api/chat", json=body), stream=True)
+
+
+@pytest.mark.timeout(120)
+async def test_a_turn_streaming_on_a_refuses_a_second_turn_on_b_until_it_ended() -> None:
+    async with (
+        scratch_database(postgres_dsn()) as database,
+        Node(database, "postgres", None, "--turn-timeout", "20") as a,
+        Node(database, "postgres", None, "--turn-timeout", "20") as b,
+        httpx2.AsyncClient(timeout=30) as http,
+        responder(a.ws_url, lambda: True, name="agent-on-a"),
+        HubClient(b.ws_url) as user_b,
+    ):
+        body = {"id": "busy", "messages": [text("u1", "slow please")]}
+        async with http.stream("POST", f"{_http(a)}/api/chat", json=body) as r:
+            assert r.status_code == 200
+            chunks = sse_chunks(r)
+            assert (await anext(chunks))["type"] == "start"  # type: ignore[index]
+            second = await http.post(f"{_http(b)}/api/chat", json=body)
+            assert second.status_code == 409, second.text
+            error = second.json()["error"]
+            assert error["code"] == "conflict"
+            assert "still in flight in this session (on hub node" in error["message"]
+            with pytest.raises(Conflict, match="still in flight"):
+                await user_b.session("busy").start_turn("u1")
+            rest = [c async for c in chunks]
+        assert rest[-2:] == [{"type": "finish", "finishReason": "stop"}, "[DONE]"]
+        # At once (the stream ends after turn.ended is written): B takes the next turn.
+        again = {"id": "busy", "messages": [text("u1", "slow please"), text("u2", "hi")]}
+        async with http.stream("POST", f"{_http(b)}/api/chat", json=again) as r:
+            assert r.status_code == 200, await r.aread()
+            after = [c async for c in sse_chunks(r)]
+        assert after[-2:] == [{"type": "finish", "finishReason": "stop"}, "[DONE]"]
+        assert (await user_b.session("busy").start_turn("u2"))["trigger"] == "submit-message"
+
+
+@pytest.mark.timeout(180)
+async def test_two_posts_at_once_on_two_nodes_start_one_turn() -> None:
+    rounds = 12
+    async with (
+        scratch_database(postgres_dsn()) as database,
+        Node(database, "postgres", None, "--turn-timeout", "20") as a,
+        Node(database, "postgres", None, "--turn-timeout", "20") as b,
+        httpx2.AsyncClient(timeout=30) as http,
+        responder(a.ws_url, lambda: True, name="agent-on-a"),
+        HubClient(a.ws_url) as user,
+    ):
+        sids = []
+        for i in range(rounds):
+            info = await user.sessions.create(f"race {i}")
+            await user.sessions.append(info.id, text("u1", "slow please"))
+            sids.append(info.id)
+        # Both nodes must have heard of each other (a silent node's turns count as over).
+        await asyncio.sleep(1.0)
+        for sid in sids:
+            body = {"id": sid, "messages": [text("u1", "slow please")]}
+            responses = await asyncio.gather(_post(http, a, body), _post(http, b, body))
+            try:
+                codes = sorted(r.status_code for r in responses)
+                assert codes == [200, 409], (sid, codes)
+                loser = next(r for r in responses if r.status_code == 409)
+                assert json.loads(await loser.aread())["error"]["code"] == "conflict"
+                stopped = await http.post(f"{_http(b)}/api/chat/{sid}/stop")
+                assert stopped.status_code == 200, stopped.text
+                winner = next(r for r in responses if r.status_code == 200)
+                chunks = [c async for c in sse_chunks(winner)]
+                assert chunks[-2:] == [{"type": "abort", "reason": "stopped by the user"}, "[DONE]"]
+            finally:
+                for r in responses:
+                    await r.aclose()
+            # The refused turn's pair is in the log, and no scan mistakes it for the turn.
+            async with http.stream("GET", f"{_http(b)}/api/chat/{sid}/stream") as r:
+                assert r.status_code == 204
+        # A start refused before it logged anything leaves nothing; one that lost the race
+        # after both logged turn.started leaves its pair, ended ``refused``.
+        raced = 0
+        for sid in sids:
+            ended = []
+            async with asyncio.timeout(10):
+                async for event in user.session(sid).events():
+                    if event.type == "turn.ended":
+                        ended.append(event.data)
+                        if event.data["status"] == "stopped":
+                            break
+            assert [d["status"] for d in ended] in (["stopped"], ["failed", "stopped"]), ended
+            if len(ended) == 2:
+                raced += 1
+                assert ended[0]["refused"] is True and "still in flight" in ended[0]["error"]
+        print(f"{raced} of {rounds} rounds were decided after both nodes logged turn.started")

@@ -25,7 +25,7 @@ from ..events import follow
 from ..store.base import Store, session_stream
 from .turnframes import TurnOutcome, Watcher
 
-__all__ = ["RemoteTurn", "latest_turn_event"]
+__all__ = ["REFUSED", "RemoteTurn", "latest_turn_event"]
 
 log = logging.getLogger("sessionhub.turns")
 
@@ -36,13 +36,21 @@ _WINDOW = 256
 #: The error a reply followed here ends with when the node running its turn stops being heard.
 NODE_LOST = "the hub node running this turn went away"
 
+#: The key a ``turn.ended`` carries (true) when its turn lost a start race to another node's
+#: turn: it never ran, and a scan of the log looks past the pair.
+REFUSED = "refused"
 
-async def latest_turn_event(store: Store, session_id: str) -> Event | None:
-    """The session's newest ``turn.started`` or ``turn.ended``, looking back at most
-    :data:`SCAN_LIMIT` events; None when there is none."""
+
+async def latest_turn_event(store: Store, session_id: str, below: int | None = None) -> Event | None:
+    """The session's newest ``turn.started`` or ``turn.ended`` (with a seq under ``below``),
+    looking back at most :data:`SCAN_LIMIT` events; None when there is none. The pair of a
+    turn refused for a start race (:data:`REFUSED`) is skipped: the turn that won it may be
+    older, and still running."""
     stream = session_stream(session_id)
     position = await store.stream_position(stream)
-    high, floor = position.last_seq, max(position.first_seq - 1, position.last_seq - SCAN_LIMIT)
+    top = position.last_seq if below is None else min(position.last_seq, below - 1)
+    high, floor = top, max(position.first_seq - 1, top - SCAN_LIMIT)
+    refused: set[object] = set()
     while high > floor:
         low = max(floor, high - _WINDOW)
         try:
@@ -50,7 +58,11 @@ async def latest_turn_event(store: Store, session_id: str) -> Event | None:
         except PositionLost:  # pruned under us: nothing older to find
             return None
         for event in reversed(events):
-            if event.type in ("turn.started", "turn.ended"):
+            if event.type == "turn.ended" and event.data.get(REFUSED) is True:
+                refused.add(event.data.get("turn_id"))
+            elif event.type == "turn.started" and event.data.get("turn_id") in refused:
+                continue
+            elif event.type in ("turn.started", "turn.ended"):
                 return event
         high = low
     return None

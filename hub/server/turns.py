@@ -36,12 +36,13 @@ import msgspec
 from protocol import Conflict, Forbidden, InvalidInput, NotFound
 from protocol import frames as f
 from protocol.codec import encode
+from protocol.records import Event
 
 from ..bus import RemoteBus
 from ..store.base import LogEntry
 from .outbox import Evicted
 from .ports import ReplyWriter, Responder, TurnHost
-from .remoteturns import RemoteTurn, latest_turn_event
+from .remoteturns import REFUSED, RemoteTurn, latest_turn_event
 from .turnframes import TurnOffer, TurnOutcome, TurnStatus, Watcher
 
 __all__ = ["LiveTurn", "TurnOffer", "TurnOutcome", "TurnStatus", "Turns", "Watcher"]
@@ -173,9 +174,12 @@ class Turns:
         trigger = trigger or "submit-message"
         if trigger not in ("submit-message", "regenerate-message"):
             raise InvalidInput(f"trigger must be submit-message or regenerate-message; got {trigger!r}")
-        running = self.in_flight(session_id)
-        if running is not None:
-            raise Conflict(f"turn {running.turn_id} is still in flight in this session")
+        self._refuse_local(session_id)
+        if self._bus is not None:
+            elsewhere = await self.find(session_id)
+            if isinstance(elsewhere, RemoteTurn):
+                raise Conflict(_in_flight(elsewhere.turn_id, elsewhere.node))
+            self._refuse_local(session_id)  # one may have started here meanwhile
         answered = path[-1]
         turn = LiveTurn(
             turn_id=uuid.uuid4().hex,
@@ -192,10 +196,12 @@ class Turns:
         try:
             # ``node``: another node resuming the chat follows the turn while this one is heard.
             started = {"message_id": turn.message_id, "trigger": trigger, "node": self._node_id()}
-            await self._log(turn, "turn.started", started)
+            seq = await self._log(turn, "turn.started", started)
         except BaseException:
             self._forget(turn)
             raise
+        if self._bus is not None:
+            await self._race(turn, seq)
         self._spawn(self._assign(turn, [m.to_dict() for m in await session.get_history(answered.id)]))
         return turn
 
@@ -213,6 +219,44 @@ class Turns:
             "started": turn.started,
         }
 
+    def _refuse_local(self, session_id: str) -> None:
+        running = self.in_flight(session_id)
+        if running is not None:
+            raise Conflict(_in_flight(running.turn_id))
+
+    async def _race(self, turn: LiveTurn, seq: int) -> None:
+        """Two nodes that started a turn in one session at once both logged ``turn.started``:
+        the log's order (one counter per stream, taken under its row lock, so every lower
+        seq is committed when ours is) decides. Ours loses when a turn of another node that
+        is heard from is open below ``seq``: it is forgotten, ended ``refused`` in the log
+        (so that scans look past it), and the start answers ``conflict``."""
+        try:
+            event = await latest_turn_event(self.host.store, turn.session_id, below=seq)
+        except BaseException:
+            self._forget(turn)
+            self._spawn(self._refused(turn, "the hub could not check for a turn in flight on another node"))
+            raise
+        rival = None if event is None else self._open_elsewhere(event)
+        if rival is not None:
+            error = _in_flight(*rival)
+            self._forget(turn)
+            await self._refused(turn, error)  # before the answer: a 409 leaves no open turn behind
+            raise Conflict(error)
+
+    async def _refused(self, turn: LiveTurn, error: str) -> None:
+        await self._log(turn, "turn.ended", {"status": "failed", "error": error, REFUSED: True})
+
+    def _open_elsewhere(self, event: Event) -> tuple[str, str] | None:
+        """``(turn_id, node)`` of a ``turn.started`` still running on another node, else None."""
+        if event.type != "turn.started":
+            return None
+        node, turn_id = event.data.get("node"), event.data.get("turn_id")
+        if not (isinstance(node, str) and isinstance(turn_id, str)):
+            return None  # logged before turns named their node: long over
+        if node == self._node_id() or not self.node_alive(node):
+            return None  # this node's turns are all in ``live``; a silent node's are over
+        return turn_id, node
+
     def in_flight(self, session_id: str) -> LiveTurn | None:
         """The session's turn that has not ended, if any (the newest)."""
         running = [t for t in self.live.values() if t.session_id == session_id and t.outcome is None]
@@ -225,14 +269,11 @@ class Turns:
         if local is not None or self._bus is None:
             return local
         event = await latest_turn_event(self.host.store, session_id)
-        if event is None or event.type != "turn.started":
+        open_ = None if event is None else self._open_elsewhere(event)
+        reply_id = None if event is None else event.data.get("reply_id")
+        if event is None or open_ is None or not isinstance(reply_id, str):
             return None
-        data = event.data
-        node, turn_id, reply_id = data.get("node"), data.get("turn_id"), data.get("reply_id")
-        if not (isinstance(node, str) and isinstance(turn_id, str) and isinstance(reply_id, str)):
-            return None  # logged before turns named their node: long over
-        if node == self._node_id() or not self.node_alive(node):
-            return None  # this node's turns are all in ``live``; a silent node's are over
+        turn_id, node = open_
         return RemoteTurn(
             session_id=session_id,
             turn_id=turn_id,
@@ -484,34 +525,46 @@ class Turns:
         turn.outcome = outcome
         turn.changed.set()
         self._release(turn)
-        for watcher in list(turn.watchers):
-            watcher(outcome)
         self._forget(turn)
         data: dict[str, Any] = {"status": outcome.status}
         if outcome.error is not None:
             data["error"] = outcome.error
         if outcome.reason is not None:
             data["reason"] = outcome.reason
-        self._spawn(self._log(turn, "turn.ended", data))
+
+        def tell(_: object) -> None:
+            for watcher in list(turn.watchers):
+                watcher(outcome)
+
+        # The watchers (the chat streams) hear of the end once ``turn.ended`` is written (or
+        # its write failed, or the hub closed): a client that saw its reply end, and posts
+        # the next message on another node, finds no turn in flight there. A done-callback
+        # runs even for a task cancelled before it ran.
+        self._spawn(self._log(turn, "turn.ended", data)).add_done_callback(tell)
 
     def _forget(self, turn: LiveTurn) -> None:
         if self.live.pop(turn.turn_id, None) is not None:
             self._by_reply.pop((turn.session_id, turn.reply_id), None)
             self._unfollow(turn.session_id)
 
-    async def _log(self, turn: LiveTurn, type_: str, data: dict[str, Any]) -> None:
+    async def _log(self, turn: LiveTurn, type_: str, data: dict[str, Any]) -> int:
+        """Log a turn event; its seq (0 when the write failed, for all but ``turn.started``)."""
         entry = {"turn_id": turn.turn_id, "reply_id": turn.reply_id, **data}
         try:
-            await self.host.store.log_event(LogEntry(session_id=turn.session_id, type=type_, data=entry))
+            return await self.host.store.log_event(
+                LogEntry(session_id=turn.session_id, type=type_, data=entry)
+            )
         except Exception:
             if type_ == "turn.started":
                 raise
             log.exception("logging %s of turn %s failed", type_, turn.turn_id)
+            return 0
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def close(self) -> None:
         for turn in list(self.live.values()):
@@ -672,6 +725,11 @@ async def _wait(event: asyncio.Event, timeout: float) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+def _in_flight(turn_id: str, node: str | None = None) -> str:
+    where = "" if node is None else f" (on hub node {node})"
+    return f"turn {turn_id} is still in flight in this session{where}"
 
 
 def _label(connection: Responder) -> str:
