@@ -12,11 +12,10 @@ import asyncio
 import builtins
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
 import msgspec
-
-from datetime import datetime, timedelta
 
 from protocol import Compaction, ContextBlock, Event, Message, PruneResult, SearchResult, SessionInfo
 from protocol.markers import LATEST as _LATEST
@@ -342,14 +341,18 @@ class RemoteSessions:
             age = older_than.total_seconds()
         elif isinstance(older_than, datetime):
             age = older_than.isoformat()  # the hub's clock judges an age; a time is exact
-        data = await self._call("prune_events", older_than=age, keep_per_session=keep_per_session, batch=batch)
+        data = await self._call(
+            "prune_events", older_than=age, keep_per_session=keep_per_session, batch=batch
+        )
         return _convert(data, PruneResult)
 
     # -- events --------------------------------------------------------------------------
     async def read_registry_events(self, after_seq: int = 0, limit: int = 1000) -> builtins.list[Event]:
         """Registry changes after ``after_seq``, at most ``limit`` (at most 10,000 over the
         socket); one read, not a subscription. A lost position raises ``PositionLost``."""
-        return _convert_list(await self._call("read_events", session_id=None, after_seq=after_seq, limit=limit), Event)
+        return _convert_list(
+            await self._call("read_events", session_id=None, after_seq=after_seq, limit=limit), Event
+        )
 
     def registry_events(
         self, after_seq: int = 0, *, epoch: str | None = None, reload: bool = False

@@ -492,7 +492,9 @@ class Session(SessionBuilder):
                 parts.append(part)
             if hit:
                 # The original's internal rewrite: no status event, unlike update_message.
-                await self.store.update_message(self.session_id, msgspec.structs.replace(message, parts=parts))
+                await self.store.update_message(
+                    self.session_id, msgspec.structs.replace(message, parts=parts)
+                )
                 return
 
     # -- events --------------------------------------------------------------------------

@@ -212,7 +212,9 @@ async def test_every_op_against_every_scope(tmp_path: Path) -> None:
                     assert (frame.get("code") == "forbidden") != registry_ok, f"{name}: registry -> {frame}"
                     # So does reading the registry's log.
                     frame = await client.request("read_events", session_id=None)
-                    assert (frame.get("code") == "forbidden") != registry_ok, f"{name}: registry read -> {frame}"
+                    assert (frame.get("code") == "forbidden") != registry_ok, (
+                        f"{name}: registry read -> {frame}"
+                    )
 
 
 async def test_a_token_for_a_cannot_see_b(tmp_path: Path) -> None:

@@ -764,7 +764,7 @@ async def test_prune_events_over_the_socket(app: Starlette, client: HubClient) -
         {"older_than": 1e300},
     ):
         with pytest.raises(InvalidInput):
-            await client.sessions.prune_events(**kwargs)  # type: ignore[arg-type]
+            await client.sessions.prune_events(**kwargs)
     with pytest.raises(InvalidInput) as engine_error:
         await local.prune_events(keep_per_session=-1)
     with pytest.raises(InvalidInput) as remote_error:
@@ -781,6 +781,10 @@ async def test_estimate_tokens_matches_the_engine(app: Starlette, client: HubCli
     await remote.append_message(text_message("m1", "assistant", "and a few more words in reply"))
     estimate = await remote.estimate_tokens()
     assert estimate > 0 and estimate == await local.get_session(info.id).estimate_tokens()
-    assert await remote.estimate_tokens("m0") == await local.get_session(info.id).estimate_tokens("m0") < estimate
+    assert (
+        await remote.estimate_tokens("m0")
+        == await local.get_session(info.id).estimate_tokens("m0")
+        < estimate
+    )
     with pytest.raises(SessionNotFound):
         await client.session("no-such-session").estimate_tokens()

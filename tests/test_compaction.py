@@ -320,7 +320,11 @@ async def test_append_does_not_auto_compact_without_function(store: SqliteStore)
     # A threshold alone still reports the fill level after each append, and never compacts.
     statuses = await status_events(s)
     assert [d["phase"] for _, d in statuses] == ["idle"] * 6
-    assert statuses[-1][1] == {"phase": "idle", "token_estimate": await s.estimate_tokens(), "token_threshold": 10}
+    assert statuses[-1][1] == {
+        "phase": "idle",
+        "token_estimate": await s.estimate_tokens(),
+        "token_threshold": 10,
+    }
 
 
 async def test_auto_compaction_estimate_includes_system_prompt(store: SqliteStore) -> None:

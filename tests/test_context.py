@@ -1513,7 +1513,10 @@ async def test_prompt_events(store: SqliteStore) -> None:
         ("prompt.updated", {"prompt": refreshed}),
     ]
     uncached = (
-        Session(store).for_session("ev6").with_context("soul", provider=ReadonlyText("S")).with_context("memory")
+        Session(store)
+        .for_session("ev6")
+        .with_context("soul", provider=ReadonlyText("S"))
+        .with_context("memory")
     )
     first = await uncached.freeze_system_prompt()
     again = await uncached.refresh_system_prompt()

@@ -4,8 +4,9 @@
 step against our :class:`hub.Session`, and every value it recorded is compared with ours.
 Not compared: ``getHistoryRowStats`` / ``getRecentHistory`` (not part of our API),
 ``rawRows`` / ``schema`` (the original's table layout). ``broadcastFrames`` are compared
-as our ``status`` events (logged only with a threshold; the recording had none). Where we depart from the original on purpose, the test asserts our behavior and
-says what the original did.
+as our ``status`` events (logged only with a threshold; the recording had none). Where we
+depart from the original on purpose, the test asserts our behavior and says what the
+original did.
 """
 
 from __future__ import annotations
@@ -270,5 +271,6 @@ async def test_status_after_every_write_as_the_broadcast_frames(store: SqliteSto
     assert {f["type"] for f in frames} == {"cf_agent_session"}
     assert {f["tokenThreshold"] for f in frames} == {None}
     assert ours == [
-        {"phase": f["phase"], "token_estimate": f["tokenEstimate"], "token_threshold": threshold} for f in frames
+        {"phase": f["phase"], "token_estimate": f["tokenEstimate"], "token_threshold": threshold}
+        for f in frames
     ]

@@ -25,11 +25,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime, timedelta
 from typing import Any
 
 import msgspec
-
-from datetime import datetime, timedelta
 
 from protocol import Event, Forbidden, InvalidInput, PresenceEntry, SessionHubError, SessionNotFound
 from protocol import frames as f
