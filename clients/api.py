@@ -12,11 +12,12 @@ import asyncio
 import builtins
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
 import msgspec
 
-from protocol import Compaction, ContextBlock, Event, Message, SearchResult, SessionInfo
+from protocol import Compaction, ContextBlock, Event, Message, PruneResult, SearchResult, SessionInfo
 from protocol.markers import LATEST as _LATEST
 from protocol.markers import ParentArg
 
@@ -157,7 +158,9 @@ def _tools(client: Requester, session_id: str | None, data: Any) -> list[RemoteT
 
 class RemoteSessions:
     """``SessionManager`` over the socket: the same method names, arguments and result
-    types. Departure: :meth:`tools` is a coroutine (it asks the hub)."""
+    types. Departures: :meth:`tools` is a coroutine (it asks the hub; the engine's is
+    sync); :meth:`prune_events` returns a :class:`protocol.PruneResult` (the engine's
+    fields) and also takes an age in seconds."""
 
     def __init__(self, client: Requester) -> None:
         self._client = client
@@ -322,7 +325,35 @@ class RemoteSessions:
                 raise _dropped()
             return dict(result)
 
+    # -- retention (admin on "*"; docs/operations.md) -------------------------------------
+    async def prune_events(
+        self,
+        *,
+        older_than: datetime | timedelta | float | None = None,
+        keep_per_session: int | None = None,
+        batch: int = 1000,
+    ) -> PruneResult:
+        """Prune every event log of the hub, as ``SessionManager.prune_events``: events
+        stored before ``older_than`` (a time, an age as a ``timedelta``, or an age in
+        seconds) and those beyond the newest ``keep_per_session`` of each log."""
+        age: Any = older_than
+        if isinstance(older_than, timedelta):
+            age = older_than.total_seconds()
+        elif isinstance(older_than, datetime):
+            age = older_than.isoformat()  # the hub's clock judges an age; a time is exact
+        data = await self._call(
+            "prune_events", older_than=age, keep_per_session=keep_per_session, batch=batch
+        )
+        return _convert(data, PruneResult)
+
     # -- events --------------------------------------------------------------------------
+    async def read_registry_events(self, after_seq: int = 0, limit: int = 1000) -> builtins.list[Event]:
+        """Registry changes after ``after_seq``, at most ``limit`` (at most 10,000 over the
+        socket); one read, not a subscription. A lost position raises ``PositionLost``."""
+        return _convert_list(
+            await self._call("read_events", session_id=None, after_seq=after_seq, limit=limit), Event
+        )
+
     def registry_events(
         self, after_seq: int = 0, *, epoch: str | None = None, reload: bool = False
     ) -> AsyncGenerator[Event, None]:
@@ -338,7 +369,13 @@ class RemoteSession:
     the frozen prompt, tools, compaction and events.
 
     Departure: :meth:`append_message` returns the message id, not whether it was inserted
-    (the hub's ``append`` op answers with the id)."""
+    (the hub's ``append`` op answers with the id).
+
+    In-process only (no op): ``add_context`` / ``remove_context`` (a block is configuration
+    of the hub's engine, often with a provider object, and would live in one node's memory
+    until it restarts: configure blocks on the ``SessionManager`` the hub serves), and
+    ``unload_skill`` / ``get_loaded_skill_keys`` (per-node memory of the hub; over the
+    socket the model unloads with the ``unload_context`` tool, :meth:`tools`)."""
 
     def __init__(self, client: Requester, session_id: str) -> None:
         self._client = client
@@ -390,6 +427,11 @@ class RemoteSession:
 
     async def get_compactions(self) -> list[Compaction]:
         return _convert_list(await self._call("get_compactions"), Compaction)
+
+    async def estimate_tokens(self, leaf_id: str | None = None) -> int:
+        """The hub's token estimate of the branch ending at ``leaf_id`` (default: the latest
+        leaf) plus the system prompt, as compaction decisions use it."""
+        return int(await self._call("estimate_tokens", leaf_id=leaf_id))
 
     async def compact(self, leaf_id: str | None = None) -> dict[str, str] | None:
         """Run the hub's compaction on the branch ending at ``leaf_id`` (default: the latest
@@ -457,6 +499,12 @@ class RemoteSession:
         return _tools(self._client, self.session_id, await self._call("tools"))
 
     # -- events --------------------------------------------------------------------------
+    async def read_events(self, after_seq: int = 0, limit: int = 1000) -> list[Event]:
+        """This session's logged changes after ``after_seq``, at most ``limit`` (at most
+        10,000 over the socket), as ``Session.read_events``: one read, not a subscription.
+        A position the log cannot serve raises :class:`~protocol.errors.PositionLost`."""
+        return _convert_list(await self._call("read_events", after_seq=after_seq, limit=limit), Event)
+
     def subscribe(
         self, after_seq: int = 0, *, epoch: str | None = None, reload: bool = False
     ) -> AsyncGenerator[Event, None]:

@@ -2,7 +2,7 @@
 
 ``HubClient.turns()`` tells the hub this connection answers turns (op ``take_turns``, sent
 again on every reconnect) and yields a :class:`Turn` for each ``turn`` frame. Answer with
-``async with turn.reply() as st`` (a :class:`~clients.hub.MessageStream` on the turn's
+``async with turn.reply() as st`` (a :class:`~clients.streaming.MessageStream` on the turn's
 reply id and parent; a block that raises tells the hub why, then aborts the reply), or
 decline with :meth:`Turn.fail`. The hub hands a turn this client never starts to another
 responder if this one disconnects.

@@ -7,7 +7,8 @@ levels, each including the ones before it:
 - ``write``: every mutation inside a session (append, upsert, update, delete, clear,
   context writes, tool execution, compaction, usage);
 - ``admin``: what creates, renames, ends or deletes sessions (create, rename, end,
-  delete, fork, compact_and_split) and the registry stream.
+  delete, fork, compact_and_split), the registry stream (subscribed to or read) and, on
+  ``*``, export, import and pruning the event logs.
 
 Operations not about one session (``list``, cross-session ``search``, the manager's tools)
 need the level on ``*``. Being sent a session's summary prompts (a ``hello`` with
@@ -53,6 +54,9 @@ OP_LEVELS: dict[str, Level] = {
     "get_context_blocks": "read",
     "get_context_block": "read",
     "tools": "read",
+    "estimate_tokens": "read",
+    # a session's log needs read on it; the registry's (session_id null) admin on "*"
+    "read_events": "read",
     "subscribe": "read",
     "unsubscribe": "read",
     "presence": "read",
@@ -96,6 +100,7 @@ OP_LEVELS: dict[str, Level] = {
     "compact_and_split": "admin",
     "export": "admin",  # every session (or those named): judged on "*"
     "import": "admin",
+    "prune_events": "admin",  # every session's log: judged on "*"
 }
 
 

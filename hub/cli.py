@@ -30,7 +30,7 @@ exit codes:
   2    bad arguments or configuration (one line says which); serve: store or bus unusable
   3    the hub cannot be reached (sessions, tail); serve: startup failed (e.g. port taken)
   4    the hub refused the request: no token, or one it does not accept (--token)
-  5    the session does not exist (tail)
+  5    the session does not exist (tail, export)
   6    the log no longer holds --after SEQ (pruned, or another epoch): pick another --after
   7    import: a session in the dump is already stored (pass --replace to overwrite it)
   130  interrupted (Ctrl-C)

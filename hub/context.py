@@ -307,13 +307,20 @@ class ContextBlocks:
             return prompt
 
     async def refresh_system_prompt(self) -> str:
-        """Reload every provider, re-render, persist and return the new frozen prompt."""
+        """Reload every provider, re-render, persist and return the new frozen prompt.
+
+        Without a prompt store, ``prompt.updated`` is logged only when the prompt changed:
+        a compaction or a clear refreshes every session that has blocks, and a session
+        whose prompt stayed the same (often empty) must not show subscribers a change."""
         async with self._prompt_lock:
+            before = self._snapshot
+            if before is None and self._loaded:
+                before = render_system_prompt(self._blocks.values())
             await self.load()
             self._snapshot = render_system_prompt(self._blocks.values())
             if self.prompt_store is not None:
                 await self._store_prompt(self._snapshot)
-            elif self._on_change is not None:
+            elif self._on_change is not None and (before or "") != self._snapshot:
                 await self._on_change("prompt.updated", {"prompt": self._snapshot})
             return self._snapshot
 

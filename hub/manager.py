@@ -195,7 +195,9 @@ class SessionManager(SessionBuilder):
 
     async def delete_messages(self, session_id: str, ids: Sequence[str]) -> builtins.list[str]:
         check_session_id(session_id)
-        return await self.store.delete_messages(session_id, check_ids(ids), managed=True)
+        deleted = await self.store.delete_messages(session_id, check_ids(ids), managed=True)
+        await self.get_session(session_id).after_change()
+        return deleted
 
     # -- forks, overlays, usage ----------------------------------------------------------
     async def fork(self, session_id: str, at_message_id: str, name: str) -> SessionInfo:

@@ -148,12 +148,16 @@ class Session(SessionBuilder):
 
     async def update_message(self, message: MessageInput) -> bool:
         """Replace a stored message; an unknown id changes nothing (returns False)."""
-        return await self.store.update_message(self.session_id, coerce_message(message))
+        updated = await self.store.update_message(self.session_id, coerce_message(message))
+        await self.after_change()
+        return updated
 
     async def delete_messages(self, ids: Sequence[str]) -> list[str]:
         """Delete messages. Departure: children move to the deleted message's parent
         instead of being cut off. Returns the ids that existed and were deleted."""
-        return await self.store.delete_messages(self.session_id, check_ids(ids))
+        deleted = await self.store.delete_messages(self.session_id, check_ids(ids))
+        await self.after_change()
+        return deleted
 
     async def clear_messages(self) -> None:
         """Delete every message and compaction overlay of this session; loaded skills are
@@ -163,11 +167,13 @@ class Session(SessionBuilder):
 
     async def after_clear(self) -> None:
         """What follows clearing the messages (also when the manager cleared them): loaded
-        skills are forgotten and the frozen prompt re-rendered, if the session has context."""
+        skills are forgotten and the frozen prompt re-rendered, if the session has context;
+        then the ``status`` of :meth:`after_change`."""
         if self._config.contexts or self._config.cached_prompt or self._context is not None:
             blocks = await self._blocks()
             blocks.clear_skill_state()
             await blocks.refresh_system_prompt()
+        await self.after_change()
 
     async def get_history(self, leaf_id: str | None = None) -> list[Message]:
         """Root → ``leaf_id`` (default: the latest leaf), overlays applied; unknown → []."""
@@ -304,10 +310,28 @@ class Session(SessionBuilder):
             return CompactResult(start, result.to_message_id, result.summary)
 
     async def after_append(self) -> None:
-        """Auto-compaction's check, run after every append (by the manager too). Never
-        raises: failures go to ``on_compaction_error`` and the log."""
-        if self._config.threshold is not None and self._config.compact_fn is not None:
+        """Auto-compaction's check, run after every append (by the manager too): with a
+        threshold (``compact_after``), a ``status`` idle event, then a compaction if the
+        estimate is over it and there is a function. Never raises: failures go to
+        ``on_compaction_error`` and the log."""
+        if self._config.threshold is not None:
             await self._maybe_auto_compact()
+
+    async def after_change(self) -> None:
+        """The ``status`` idle event after an update, a delete or a clear (by the manager
+        too), as the original sends one after every write, so that a fill level drawn from
+        the log is never stale. Only with a threshold (``compact_after``): a session that
+        does not compact has no fill level to show. Never raises."""
+        if self._config.threshold is None:
+            return
+        try:
+            await self._status("idle", await self.estimate_tokens())
+        except Exception as exc:  # the write is done: a failed estimate must not undo it
+            log.warning("Session status estimate failed: %s", exc)
+            try:
+                await self._log_change("error", {"error": str(exc)})
+            except Exception as log_exc:  # the store itself may be what failed
+                log.warning("could not log the estimate error: %s", log_exc)
 
     async def _maybe_auto_compact(self) -> None:
         if self._compacting.locked():
@@ -317,7 +341,11 @@ class Session(SessionBuilder):
         try:
             estimate = await self.estimate_tokens()
             await self._status("idle", estimate)
-            if self._config.threshold is None or estimate <= self._config.threshold:
+            if (
+                self._config.threshold is None
+                or estimate <= self._config.threshold
+                or self._config.compact_fn is None
+            ):
                 return
             result = await self.compact()
             if result is not None:
@@ -463,7 +491,10 @@ class Session(SessionBuilder):
                     hit = True
                 parts.append(part)
             if hit:
-                await self.update_message(msgspec.structs.replace(message, parts=parts))
+                # The original's internal rewrite: no status event, unlike update_message.
+                await self.store.update_message(
+                    self.session_id, msgspec.structs.replace(message, parts=parts)
+                )
                 return
 
     # -- events --------------------------------------------------------------------------

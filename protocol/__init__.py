@@ -16,7 +16,7 @@ from .errors import (
 )
 from .markers import LATEST, Parent, ParentArg
 from .message import Message, coerce_message
-from .records import Compaction, ContextBlock, Event, PresenceEntry, SearchResult, SessionInfo
+from .records import Compaction, ContextBlock, Event, PresenceEntry, PruneResult, SearchResult, SessionInfo
 
 __all__ = [
     "LATEST",
@@ -34,6 +34,7 @@ __all__ = [
     "ParentArg",
     "PositionLost",
     "PresenceEntry",
+    "PruneResult",
     "SearchResult",
     "SessionHubError",
     "SessionInfo",

@@ -161,11 +161,22 @@ def _text(detail: dict[str, Any], key: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _position(detail: dict[str, Any]) -> PositionLost | None:
+    stream, epoch = _text(detail, "stream"), _text(detail, "epoch")
+    seqs = [detail.get(k) for k in ("after_seq", "first_seq", "last_seq")]
+    if stream is None or epoch is None or not all(type(n) is int for n in seqs):
+        return None
+    after, first, last = seqs
+    assert isinstance(after, int) and isinstance(first, int) and isinstance(last, int)
+    return PositionLost(stream, after, epoch=epoch, first_seq=first, last_seq=last)
+
+
 def from_wire(code: str, message: str, detail: dict[str, Any] | None = None) -> SessionHubError | None:
     """The exception the engine raised, rebuilt from an error frame's ``code``, ``message``
     and ``detail``; None for a code the client answers with its own ``HubError`` (``bad_frame``,
     ``too_many``, ``forbidden``...).
-    The subclass (``SessionNotFound``, ``InvalidMessage``) comes from ``detail`` only."""
+    The subclass (``SessionNotFound``, ``InvalidMessage``, and ``PositionLost`` for a
+    ``not_found`` carrying a position) comes from ``detail`` only."""
     detail = detail if isinstance(detail, dict) else {}
     if code == "invalid":
         field, problem = _text(detail, "field"), _text(detail, "problem")
@@ -173,6 +184,9 @@ def from_wire(code: str, message: str, detail: dict[str, Any] | None = None) -> 
             return InvalidMessage(field, problem)
         return InvalidInput(message)
     if code == "not_found":
+        lost = _position(detail)
+        if lost is not None:
+            return lost
         session_id = _text(detail, "session_id")
         return NotFound(message) if session_id is None else SessionNotFound(session_id)
     if code == "conflict":

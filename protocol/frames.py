@@ -13,6 +13,7 @@ hits, blocks) as JSON objects with the field names of :mod:`protocol.records`.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal, get_args
 
 import msgspec
@@ -246,6 +247,36 @@ class Compact(_Req, tag="compact"):
     leaf_id: str | None = None
 
 
+class EstimateTokens(_Req, tag="estimate_tokens"):
+    """The token estimate compaction decisions use (``Session.estimate_tokens``)."""
+
+    session_id: str
+    leaf_id: str | None = None
+
+
+# -- event logs (one read, not a subscription) ---------------------------------------------
+
+
+class ReadEvents(_Req, tag="read_events"):
+    """At most ``limit`` logged events of the session (``session_id``) or of the registry
+    (``null``) after ``after_seq``, oldest first: ``Session.read_events`` /
+    ``SessionManager.read_registry_events``. A position the log cannot serve is
+    ``not_found`` with the position's ``detail`` (the clients raise ``PositionLost``)."""
+
+    session_id: str | None
+    after_seq: int = 0
+    limit: int = 1000
+
+
+class PruneEvents(_Req, tag="prune_events"):
+    """``SessionManager.prune_events``: ``older_than`` is an age in seconds or an
+    ISO-8601 time (naive: UTC). Answered with ``{"events", "streams"}``."""
+
+    older_than: float | datetime | None = None
+    keep_per_session: int | None = None
+    batch: int = 1000
+
+
 # -- subscriptions -----------------------------------------------------------------------
 
 
@@ -438,6 +469,9 @@ Request = (
     | Tools
     | RunTool
     | Compact
+    | EstimateTokens
+    | ReadEvents
+    | PruneEvents
     | Subscribe
     | Unsubscribe
     | Ping

@@ -7,7 +7,15 @@ from typing import Any, Literal
 
 import msgspec
 
-__all__ = ["Compaction", "ContextBlock", "Event", "PresenceEntry", "SearchResult", "SessionInfo"]
+__all__ = [
+    "Compaction",
+    "ContextBlock",
+    "Event",
+    "PresenceEntry",
+    "PruneResult",
+    "SearchResult",
+    "SessionInfo",
+]
 
 
 class SessionInfo(msgspec.Struct, kw_only=True):
@@ -84,3 +92,12 @@ class ContextBlock(msgspec.Struct, kw_only=True):
     writable: bool
     is_skill: bool
     is_searchable: bool
+
+
+class PruneResult(msgspec.Struct, kw_only=True):
+    """What pruning the event logs removed over the socket (``hub.sessions.prune_events``):
+    the fields of the engine's ``hub.store.base.PruneResult``, events and the streams
+    whose first seq moved."""
+
+    events: int = 0
+    streams: int = 0

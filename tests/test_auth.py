@@ -128,6 +128,9 @@ def request_for(op: str, session_id: str) -> dict[str, Any]:
             "arguments": {"label": "memory", "content": "y"},
         },
         "compact": {"session_id": session_id},
+        "estimate_tokens": {"session_id": session_id},
+        "read_events": {"session_id": session_id},
+        "prune_events": {"older_than": 3600},
         "subscribe": {"session_id": session_id},
         "unsubscribe": {"session_id": session_id},
         "ping": {},
@@ -150,7 +153,7 @@ def request_for(op: str, session_id: str) -> dict[str, Any]:
 
 
 RANK = {"read": 0, "write": 1, "admin": 2}
-GLOBAL_OPS = {"create", "list", "search", "export", "import"}  # not about one session: judged on "*"
+GLOBAL_OPS = {"create", "list", "search", "export", "import", "prune_events"}  # not about one session: on "*"
 
 
 def expected_allowed(op: str, scopes: dict[str, str], target: str) -> bool:
@@ -207,6 +210,11 @@ async def test_every_op_against_every_scope(tmp_path: Path) -> None:
                     frame = await client.request("subscribe", session_id=None)
                     registry_ok = scopes.get("*") == "admin"
                     assert (frame.get("code") == "forbidden") != registry_ok, f"{name}: registry -> {frame}"
+                    # So does reading the registry's log.
+                    frame = await client.request("read_events", session_id=None)
+                    assert (frame.get("code") == "forbidden") != registry_ok, (
+                        f"{name}: registry read -> {frame}"
+                    )
 
 
 async def test_a_token_for_a_cannot_see_b(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from protocol import (
     Message,
     NotFound,
     PositionLost,
+    PruneResult,
     SearchResult,
     SessionHubError,
     SessionInfo,
@@ -295,6 +297,11 @@ def test_error_mapping() -> None:
     assert type(error_from("conflict", "moved")) is Conflict
     assert type(error_from("upstream", "llm down")) is SummarizerError
     assert type(error_from("unavailable", "draining")) is HubError
+    position = {"stream": "s:x", "after_seq": 9, "epoch": "e", "first_seq": 1, "last_seq": 3}
+    gone = error_from("not_found", "cannot serve", position)
+    assert type(gone) is PositionLost and gone.detail == position
+    # A detail that is not a whole position (a seq that is not an integer) stays NotFound.
+    assert type(error_from("not_found", "x", {**position, "last_seq": "3"})) is NotFound
 
 
 async def test_concurrent_requests(client: HubClient) -> None:
@@ -679,3 +686,105 @@ def test_public_names_are_where_the_docs_say() -> None:
     for name, module in expected.items():
         assert getattr(clients, name) is getattr(module, name), name
     assert clients.LATEST is ENGINE_LATEST
+
+
+# -- event logs: read_events, read_registry_events, prune_events, estimate_tokens -----------
+
+
+async def test_read_events_matches_the_engine(app: Starlette, client: HubClient) -> None:
+    local = manager_of(app)
+    info = await client.sessions.create("log")
+    remote = client.session(info.id)
+    for i in range(5):
+        await remote.append_message(text_message(f"m{i}", "user", f"message {i}"))
+    await remote.update_message(text_message("m1", "user", "edited"))
+    await remote.delete_messages(["m3"])
+    engine = local.get_session(info.id)
+    for after_seq, limit in [(0, 1000), (0, 3), (2, 2), (6, 1000), (8, 1000), (0, 0)]:
+        ours = await remote.read_events(after_seq, limit)
+        theirs = await engine.read_events(after_seq, limit)
+        assert ours == theirs, (after_seq, limit)
+        assert all(isinstance(e, Event) for e in ours)
+    everything = await remote.read_events()
+    assert [e.seq for e in everything] == list(range(1, 9))
+    assert [e.type for e in everything][-2:] == ["message.updated", "message.deleted"]
+    # The registry's log, as the manager reads it.
+    assert await client.sessions.read_registry_events() == await local.read_registry_events()
+    assert await client.sessions.read_registry_events(0, 1) == await local.read_registry_events(0, 1)
+    # A position the log cannot serve is the engine's PositionLost, fields and all.
+    with pytest.raises(PositionLost) as in_process:
+        await engine.read_events(50)
+    with pytest.raises(PositionLost) as over_socket:
+        await remote.read_events(50)
+    assert over_socket.value.detail == in_process.value.detail
+    assert str(over_socket.value) == str(in_process.value)
+    # Bad input: typed, as in-process; an unknown session is SessionNotFound.
+    with pytest.raises(InvalidInput, match="limit must be at most 10000"):
+        await remote.read_events(0, 10_001)
+    with pytest.raises(InvalidInput):
+        await remote.read_events("0")  # type: ignore[arg-type]
+    with pytest.raises(SessionNotFound):
+        await client.session("no-such-session").read_events()
+    # A deleted session keeps its final event, and it can still be read.
+    await client.sessions.delete(info.id)
+    [deleted] = await remote.read_events(8)
+    assert (deleted.seq, deleted.type) == (9, "session.deleted")
+    assert [deleted] == await engine.read_events(8)
+
+
+async def test_prune_events_over_the_socket(app: Starlette, client: HubClient) -> None:
+    local = manager_of(app)
+    info = await client.sessions.create("prune")
+    for i in range(6):
+        await client.sessions.append(info.id, text_message(f"m{i}", "user", f"message {i}"))
+    last = (await client.session(info.id).read_events())[-1].seq
+    result = await client.sessions.prune_events(keep_per_session=2)
+    assert isinstance(result, PruneResult)
+    assert result.events >= last - 2 and result.streams >= 1
+    assert [e.seq for e in await client.session(info.id).read_events(last - 2)] == [last - 1, last]
+    with pytest.raises(PositionLost):
+        await client.session(info.id).read_events(0)
+    # An age as a timedelta, in seconds, or a time: nothing is that old here.
+    for age in (timedelta(days=1), 3600, 0.5, datetime.now(UTC) - timedelta(hours=1)):
+        assert await client.sessions.prune_events(older_than=age) == PruneResult(events=0, streams=0)
+    # A cutoff in the future prunes what is left, as the engine's would.
+    before = await local.read_registry_events()
+    assert before
+    done = await client.sessions.prune_events(older_than=datetime.now(UTC) + timedelta(minutes=1))
+    assert done.events >= len(before) + 2
+    # Typed errors, as the engine raises them (or the wire's, for what the wire refuses).
+    for kwargs in (
+        {},
+        {"older_than": -5},
+        {"older_than": timedelta(0)},
+        {"keep_per_session": -1},
+        {"keep_per_session": 2, "batch": 0},
+        {"older_than": True},
+        {"older_than": "yesterday"},
+        {"older_than": 1e300},
+    ):
+        with pytest.raises(InvalidInput):
+            await client.sessions.prune_events(**kwargs)
+    with pytest.raises(InvalidInput) as engine_error:
+        await local.prune_events(keep_per_session=-1)
+    with pytest.raises(InvalidInput) as remote_error:
+        await client.sessions.prune_events(keep_per_session=-1)
+    assert str(remote_error.value) == str(engine_error.value)
+
+
+async def test_estimate_tokens_matches_the_engine(app: Starlette, client: HubClient) -> None:
+    local = manager_of(app)
+    info = await client.sessions.create("estimate")
+    remote = client.session(info.id)
+    assert await remote.estimate_tokens() == await local.get_session(info.id).estimate_tokens() == 0
+    await remote.append_message(text_message("m0", "user", "a few words to count"))
+    await remote.append_message(text_message("m1", "assistant", "and a few more words in reply"))
+    estimate = await remote.estimate_tokens()
+    assert estimate > 0 and estimate == await local.get_session(info.id).estimate_tokens()
+    assert (
+        await remote.estimate_tokens("m0")
+        == await local.get_session(info.id).estimate_tokens("m0")
+        < estimate
+    )
+    with pytest.raises(SessionNotFound):
+        await client.session("no-such-session").estimate_tokens()

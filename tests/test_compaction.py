@@ -317,7 +317,14 @@ async def test_append_does_not_auto_compact_without_function(store: SqliteStore)
     await append_all(s, numbered(6, "message {i} with plenty of words in it"))
     assert len(await s.get_history()) == 6
     assert await s.get_compactions() == []
-    assert await status_events(s) == []
+    # A threshold alone still reports the fill level after each append, and never compacts.
+    statuses = await status_events(s)
+    assert [d["phase"] for _, d in statuses] == ["idle"] * 6
+    assert statuses[-1][1] == {
+        "phase": "idle",
+        "token_estimate": await s.estimate_tokens(),
+        "token_threshold": 10,
+    }
 
 
 async def test_auto_compaction_estimate_includes_system_prompt(store: SqliteStore) -> None:
@@ -1246,3 +1253,61 @@ def test_sanitize_keeps_complete_pairs() -> None:
     out = sanitize_tool_pairs(messages)
     assert out == messages
     assert all(a is b for a, b in zip(out, messages, strict=True))
+
+
+# -- status after edits, deletes and clears (the original's idle frames) ----------------------
+
+
+async def test_status_after_update_delete_and_clear_through_the_manager(store: SqliteStore) -> None:
+    manager = SessionManager(store).compact_after(1000)
+    sid = (await manager.create("fill")).id
+    await manager.append(sid, text_message("m0", "user", "one two three four"))
+    await manager.append(sid, text_message("m1", "assistant", "five six"))
+    s = manager.get_session(sid)
+    seq = await last_seq(s)
+    await s.update_message(text_message("m1", "assistant", "five six seven eight nine ten eleven"))
+    after_update = await s.estimate_tokens()
+    await manager.delete_messages(sid, ["m1"])
+    after_delete = await s.estimate_tokens()
+    await manager.clear_messages(sid)
+    statuses = await status_events(s, seq)
+    assert statuses == [
+        ("status", {"phase": "idle", "token_estimate": after_update, "token_threshold": 1000}),
+        ("status", {"phase": "idle", "token_estimate": after_delete, "token_threshold": 1000}),
+        ("status", {"phase": "idle", "token_estimate": 0, "token_threshold": 1000}),
+    ]
+    assert after_update > after_delete > 0
+    # Without a threshold there is no fill level to report.
+    plain = Session(store).for_session("plain")
+    await plain.append_message(text_message("p0", "user", "hi"))
+    await plain.update_message(text_message("p0", "user", "hello"))
+    await plain.delete_messages(["p0"])
+    await plain.clear_messages()
+    assert await status_events(plain) == []
+
+
+async def test_compaction_without_context_logs_no_prompt_update(store: SqliteStore) -> None:
+    s = Session(store).on_compaction(Recorder(CompactResult("m0", "m2", "the summary")))
+    await append_all(s, numbered(6))
+    assert await s.compact() is not None
+    types = [e.type for e in await s.read_events()]
+    assert "compaction.added" in types
+    assert "prompt.updated" not in types  # no context and no prompt: nothing changed
+
+
+async def test_compaction_logs_a_prompt_that_changed(store: SqliteStore) -> None:
+    s = (
+        Session(store)
+        .for_session("changed")
+        .with_context("memory")
+        .on_compaction(Recorder(CompactResult("m0", "m2", "the summary")))
+    )
+    await append_all(s, numbered(6))
+    frozen = await s.freeze_system_prompt()
+    await s.replace_context_block("memory", "User likes tea.")
+    assert await s.freeze_system_prompt() == frozen  # a block write keeps the frozen prompt
+    seq = await last_seq(s)
+    assert await s.compact() is not None
+    refreshed = [e.data for e in await s.read_events(seq) if e.type == "prompt.updated"]
+    assert len(refreshed) == 1 and "User likes tea." in refreshed[0]["prompt"]
+    assert refreshed[0]["prompt"] == await s.freeze_system_prompt() != frozen

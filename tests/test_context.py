@@ -1512,11 +1512,24 @@ async def test_prompt_events(store: SqliteStore) -> None:
         ("context.updated", {"label": "memory", "content": "fact"}),
         ("prompt.updated", {"prompt": refreshed}),
     ]
-    uncached = Session(store).for_session("ev6").with_context("soul", provider=ReadonlyText("S"))
+    uncached = (
+        Session(store)
+        .for_session("ev6")
+        .with_context("soul", provider=ReadonlyText("S"))
+        .with_context("memory")
+    )
     first = await uncached.freeze_system_prompt()
     again = await uncached.refresh_system_prompt()
+    # Without a prompt store, a refresh that renders the same prompt is no change to log.
     assert first == again
-    assert [(e.type, e.data) for e in await uncached.read_events()] == [("prompt.updated", {"prompt": again})]
+    assert await uncached.read_events() == []
+    await uncached.replace_context_block("memory", "fact")
+    changed = await uncached.refresh_system_prompt()
+    assert changed != first and "fact" in changed
+    assert [(e.type, e.data) for e in await uncached.read_events()] == [
+        ("context.updated", {"label": "memory", "content": "fact"}),
+        ("prompt.updated", {"prompt": changed}),
+    ]
 
 
 async def test_add_and_remove_context_events(store: SqliteStore) -> None:

@@ -3,9 +3,10 @@
 ``golden-exp.mjs::tree()`` (agents@0.22.0, ``Session.create(agent)``) is replayed step by
 step against our :class:`hub.Session`, and every value it recorded is compared with ours.
 Not compared: ``getHistoryRowStats`` / ``getRecentHistory`` (not part of our API),
-``rawRows`` / ``schema`` (the original's table layout) and ``broadcastFrames`` (a later
-issue). Where we depart from the original on purpose, the test asserts our behavior and
-says what the original did.
+``rawRows`` / ``schema`` (the original's table layout). ``broadcastFrames`` are compared
+as our ``status`` events (logged only with a threshold; the recording had none). Where we
+depart from the original on purpose, the test asserts our behavior and says what the
+original did.
 """
 
 from __future__ import annotations
@@ -240,3 +241,36 @@ async def test_same_message_id_in_two_sessions(store: SqliteStore) -> None:
     assert in_y.to_dict() == text_message("same-id", "user", "in y")
     # The default session ("") shares the store but sees neither.
     assert await Session.create(store).get_message("same-id") is None
+
+
+async def test_status_after_every_write_as_the_broadcast_frames(store: SqliteStore) -> None:
+    """The original sent an idle frame after every append (duplicates included), update
+    (of an unknown id too), delete and clear; ours are ``status`` events with the same
+    estimates, logged when the session has a threshold (the recording's was null)."""
+    threshold = 1_000_000
+    s = Session.create(store).compact_after(threshold)
+    await s.append_message(text_message("r1", "user", "Plan the deployment"))
+    await s.append_message(text_message("a1", "assistant", "Sure, which strategy?"))
+    await s.append_message(text_message("u2", "user", "Use blue/green"))
+    await s.append_message(text_message("a2a", "assistant", "Variant A"))
+    await s.append_message(text_message("a2b", "assistant", "Variant B (regenerated)"), "u2")
+    await s.append_message(text_message("u3", "user", "Continue with A"), "a2a")
+    await s.append_message(text_message("a2b-2", "user", "Actually B"), "a2b")
+    await s.append_message(text_message("a1", "assistant", "DIFFERENT CONTENT"))
+    await s.append_message(text_message("orphan", "user", "parent is missing"), "ghost")
+    await s.append_message(text_message("root2", "user", "second root"), None)
+    await s.update_message(text_message("a2a", "assistant", "Variant A (edited)"))
+    await s.update_message(text_message("never-stored", "assistant", "x"))
+    await s.delete_messages(["u2"])
+    await s.clear_messages()
+    x = Session.create(store).for_session("chat-x").compact_after(threshold)
+    await x.append_message(text_message("same-id", "user", "in x"))
+    ours = [e.data for e in [*await s.read_events(), *await x.read_events()] if e.type == "status"]
+    frames = GOLDEN["broadcastFrames"]
+    assert len(frames) == 15
+    assert {f["type"] for f in frames} == {"cf_agent_session"}
+    assert {f["tokenThreshold"] for f in frames} == {None}
+    assert ours == [
+        {"phase": f["phase"], "token_estimate": f["tokenEstimate"], "token_threshold": threshold}
+        for f in frames
+    ]

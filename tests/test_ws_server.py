@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -109,8 +110,36 @@ async def test_every_op_matches_in_process(store: SqliteStore) -> None:
         await _context_tools_and_compaction(c, store)
         await _subscriptions(c, store)
         await _endings(c, store)
+        await _event_logs(c, store)
         missing = set(REQUEST_TYPES) - c.sent_ops
         assert not missing, f"ops never sent over the socket: {sorted(missing)}"
+
+
+async def _event_logs(c: Client, store: SqliteStore) -> None:
+    twin = configured(store)
+    sid = (await c.call("create", name="logs"))["id"]
+    await c.call("append", session_id=sid, message=text("e1", "one two three"))
+    await c.call("append", session_id=sid, message=text("e2", "four five", "assistant"))
+    events = await c.call("read_events", session_id=sid)
+    assert events == builtins(await twin.get_session(sid).read_events())
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert await c.call("read_events", session_id=sid, after_seq=1, limit=1) == builtins(
+        await twin.get_session(sid).read_events(1, 1)
+    )
+    assert await c.call("read_events", session_id=None) == builtins(await twin.read_registry_events())
+    lost = await c.request("read_events", session_id=sid, after_seq=99)
+    assert (lost["frame"], lost["code"]) == ("error", "not_found")
+    assert lost["detail"]["last_seq"] == len(events) and lost["detail"]["after_seq"] == 99
+    assert await c.call("estimate_tokens", session_id=sid) == await twin.get_session(sid).estimate_tokens()
+    assert await c.call("estimate_tokens", session_id=sid, leaf_id="e1") == (
+        await twin.get_session(sid).estimate_tokens("e1")
+    )
+    # Nothing is an hour old: a pass that prunes nothing, answered as the engine's result.
+    assert await c.call("prune_events", older_than=3600) == builtins(
+        await twin.prune_events(older_than=timedelta(hours=1))
+    )
+    refused = await c.request("prune_events")
+    assert (refused["frame"], refused["code"]) == ("error", "invalid")
 
 
 async def _registry_and_messages(c: Client, store: SqliteStore) -> None:

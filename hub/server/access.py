@@ -43,7 +43,7 @@ def allowed(connection: Connection, request: f.Request) -> bool:
         return True
     op = str(type(request).__struct_config__.tag)
     session_id = getattr(request, "session_id", None)
-    registry = isinstance(request, f.Subscribe | f.Unsubscribe) and session_id is None
+    registry = isinstance(request, f.Subscribe | f.Unsubscribe | f.ReadEvents) and session_id is None
     return connection.grant.allows(op, session_id if isinstance(session_id, str) else None, registry=registry)
 
 

@@ -25,17 +25,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime, timedelta
 from typing import Any
 
 import msgspec
 
-from protocol import Forbidden, PresenceEntry, SessionHubError
+from protocol import Event, Forbidden, InvalidInput, PresenceEntry, SessionHubError, SessionNotFound
 from protocol import frames as f
 
 from .. import dump
 from ..manager import SessionManager
 from ..session import Session
-from ..store.base import SessionDump, Store
+from ..store.base import PruneResult, SessionDump, Store, session_stream
 from ..tools import Tool, dispatch
 from .access import allowed, auth
 from .connection import Connection
@@ -44,7 +45,16 @@ from .subscriptions import subscribe, unsubscribe
 from .turns import Turns
 from .wire import error_frame, parent_arg, wire
 
-__all__ = ["DUMP_BATCH_BYTES", "IMPORT_MAX_BYTES", "Op", "engine", "local", "operations", "receive"]
+__all__ = [
+    "DUMP_BATCH_BYTES",
+    "IMPORT_MAX_BYTES",
+    "READ_EVENTS_MAX",
+    "Op",
+    "engine",
+    "local",
+    "operations",
+    "receive",
+]
 
 log = logging.getLogger("sessionhub.server")
 
@@ -292,6 +302,44 @@ async def _write_import(
     await connection.send(frame)
 
 
+# -- event logs ------------------------------------------------------------------------------
+
+#: The most events one ``read_events`` reply carries: a bigger read would be one reply of
+#: many megabytes in the connection's outbox (read on from the last seq instead).
+READ_EVENTS_MAX = 10_000
+
+
+async def read_events(manager: SessionManager, request: f.ReadEvents) -> list[Event]:
+    if request.limit > READ_EVENTS_MAX:
+        raise InvalidInput(f"limit must be at most {READ_EVENTS_MAX} over the socket, got {request.limit}")
+    if request.session_id is None:
+        return await manager.read_registry_events(request.after_seq, request.limit)
+    if await manager.get(request.session_id) is not None:
+        return await manager.get_session(request.session_id).read_events(request.after_seq, request.limit)
+    # A deleted session's log keeps its final session.deleted, which subscribe serves too.
+    stream = session_stream(request.session_id)
+    if (await manager.store.stream_position(stream)).last_seq == 0:
+        raise SessionNotFound(request.session_id)
+    return await manager.store.read_events(stream, request.after_seq, request.limit)
+
+
+def _age(older_than: float | datetime | None) -> datetime | timedelta | None:
+    if older_than is None or isinstance(older_than, datetime):
+        return older_than
+    if not older_than > 0:
+        raise InvalidInput(f"older_than must be more than 0 seconds, got {older_than}")
+    try:
+        return timedelta(seconds=older_than)
+    except OverflowError:
+        raise InvalidInput(f"older_than of {older_than} seconds is too long") from None
+
+
+async def prune_events(manager: SessionManager, request: f.PruneEvents) -> PruneResult:
+    return await manager.prune_events(
+        older_than=_age(request.older_than), keep_per_session=request.keep_per_session, batch=request.batch
+    )
+
+
 # -- the table -------------------------------------------------------------------------------
 
 
@@ -344,6 +392,8 @@ def operations(hub: Sessions, turns: Turns) -> dict[str, Op]:
         "compact_and_split": lambda r: m.compact_and_split(r.session_id, r.summary, r.name),
         "add_usage": lambda r: m.add_usage(r.session_id, r.input_tokens, r.output_tokens, r.cost),
         "search": lambda r: m.search(r.query, r.limit),
+        "read_events": lambda r: read_events(m, r),
+        "prune_events": lambda r: prune_events(m, r),
         "tools": tools,
         "run_tool": run_tool,
         "ping": ping,
@@ -370,6 +420,7 @@ def operations(hub: Sessions, turns: Turns) -> dict[str, Op]:
     on_session("freeze_system_prompt", lambda s, r: s.freeze_system_prompt())
     on_session("refresh_system_prompt", lambda s, r: s.refresh_system_prompt())
     on_session("compact", lambda s, r: s.compact(r.leaf_id))
+    on_session("estimate_tokens", lambda s, r: s.estimate_tokens(r.leaf_id))
     ops: dict[str, Op] = {name: engine(name, call) for name, call in calls.items()}
     ops |= {
         "subscribe": subscribe,

@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from protocol import Event, Message, SessionHubError
+from protocol import Event, Message, PositionLost, SessionHubError
 from protocol import frames as f
 
 from ..compaction import CompactResult
@@ -56,6 +56,10 @@ def parent_arg(value: Any) -> ParentArg:
 
 
 def _code(exc: SessionHubError) -> f.ErrorCode:
+    if isinstance(exc, PositionLost):
+        # "reset" is a frame, not an error code: a read of a lost position (read_events)
+        # finds no events there; its detail lets the clients rebuild PositionLost.
+        return "not_found"
     code = exc.code
     return code if code in f.ERROR_CODES else "internal"  # type: ignore[return-value]
 
