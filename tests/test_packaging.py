@@ -7,17 +7,23 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import shutil
+import signal
 import subprocess
 import sys
 import tomllib
 import urllib.error
 import urllib.request
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
+
+from hub.server.static import is_shipped
 
 from .hubtest import served
 
@@ -193,23 +199,172 @@ def test_sessionhub_and_openai_agents_resolve_together(tmp_path: Path) -> None:
     assert "sessionhub" in chosen
 
 
-@pytest.mark.network
-@NETWORK
-def test_the_wheel_builds_quietly_and_ships_no_js_tests(tmp_path: Path) -> None:
+# -- the wheel: built, installed into a fresh venv, served -------------------------------------
+
+#: The wheel's import packages, and all it may put at the top of site-packages: a `web`
+#: there would clash with other distributions' (web.py installs one).
+IMPORT_PACKAGES = {"hub", "protocol", "clients"}
+#: Where the wheel carries the inspector's files (pyproject.toml maps web/ there).
+PACKAGED_WEB = "hub/server/web/"
+
+
+def _served_files() -> set[str]:
+    """The repository's web/ files the hub serves (hub/server/static.py's allow-list)."""
+    web = ROOT / "web"
+    files = {p.relative_to(web).as_posix() for p in web.rglob("*") if p.is_file()}
+    return {path for path in files if is_shipped(path)}
+
+
+def _copy_tree(dst: Path) -> Path:
+    """The project as a fresh checkout has it: a wheel built in ROOT itself would pick up
+    whatever a stale build/ holds (an older layout's files), and would leave one behind."""
+    shutil.copytree(ROOT, dst, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", "build", "dist", "*.egg-info", "node_modules", "__pycache__",
+        "*.db", "*.db-*", "test-artifacts", ".*_cache",
+    ))  # fmt: skip
+    return dst
+
+
+@pytest.fixture(scope="module")
+def wheel_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The wheel built from a copy of the tree, and pip's output."""
+    tree = _copy_tree(tmp_path_factory.mktemp("tree") / "sessionhub")
+    out = tmp_path_factory.mktemp("wheel")
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-v", "-w", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-v", "-w", str(out), str(tree)],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
+    (wheel,) = out.glob("sessionhub-*.whl")
+    return wheel, result.stdout + result.stderr
+
+
+#: Where the installed hub finds the inspector's files, and what `import web` does.
+PROBE = """
+import hub.server.static
+print(hub.server.static.WEB_DIR)
+try:
+    import web
+except ImportError as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+def _venv(path: Path, *install: str) -> Path:
+    """A fresh venv at ``path`` with ``pip install *install`` (dependencies from PyPI, at the
+    development pins)."""
+    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True, timeout=120)
+    constraints = str(ROOT / "constraints.txt")
+    result = _in_venv(path, "pip", "install", "--quiet", *install, "-c", constraints, cwd=path)
+    assert result.returncode == 0, result.stderr
+    return path
+
+
+def _clean_env() -> dict[str, str]:
+    # Nothing of this checkout or this venv: the venv's python sees only what it installed.
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+
+
+def _in_venv(venv: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    # cwd matters: `python -c` puts it on sys.path, and ROOT has a web/ directory.
+    return subprocess.run(
+        [str(venv / "bin" / args[0]), *args[1:]],
+        capture_output=True, text=True, timeout=600, env=_clean_env(), cwd=cwd,
+    )  # fmt: skip
+
+
+def _serve_and_get(venv: Path, tmp_path: Path, paths: Sequence[str]) -> dict[str, tuple[int, bytes]]:
+    """``sessionhub serve`` from the venv on a free port, and what it answers to GET ``paths``."""
+    proc = subprocess.Popen(
+        [str(venv / "bin" / "sessionhub"), "serve", "--db", str(tmp_path / "hub.db"), "--port", "0"],
+        stderr=subprocess.PIPE, text=True, env=_clean_env(), cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    try:
+        seen: list[str] = []
+        while not seen or not (found := re.search(r"Uvicorn running on (http://127\.0\.0\.1:\d+)", seen[-1])):
+            seen.append(proc.stderr.readline())
+            assert seen[-1], "serve exited before listening: " + "".join(seen)
+        return {path: _get(found.group(1) + path) for path in paths}
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=20)
+
+
+@pytest.mark.network
+@NETWORK
+def test_the_wheel_builds_quietly_and_ships_no_js_tests(wheel_build: tuple[Path, str]) -> None:
+    wheel, output = wheel_build
     noisy = [
         line
-        for line in (result.stdout + result.stderr).splitlines()
+        for line in output.splitlines()
         if "Warning" in line or "deprecated" in line.lower() or "is absent from" in line
     ]
     assert [line for line in noisy if "Location 'file:" not in line] == []
-    (wheel,) = tmp_path.glob("sessionhub-*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
-    shipped = {"web/index.html", "web/inspector/main.js", "web/sessionhub.js", "web/chat-transport.js"}
-    shipped.add("web/examples/chat.html")
-    assert shipped <= set(names)
-    assert not [n for n in names if n.startswith("web/test")]
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        (dist_info,) = {n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info")}
+        top_level = archive.read(f"{dist_info}/top_level.txt").decode().split()
+        record = [row.split(",")[0] for row in archive.read(f"{dist_info}/RECORD").decode().splitlines()]
+    # No top-level `web` (nor anything else but the three import packages), in the archive,
+    # in what pip will install (RECORD) or in what the wheel says it provides (top_level.txt).
+    for paths in (names, record):
+        assert {p.split("/")[0] for p in paths} - {dist_info} == IMPORT_PACKAGES
+    assert sorted(top_level) == sorted(IMPORT_PACKAGES)
+    # The inspector's files are under hub/server/web/: exactly the ones the hub serves.
+    served = _served_files()
+    assert {"index.html", "inspector/main.js", "sessionhub.js", "chat-transport.js"} <= served
+    assert "examples/chat.html" in served
+    assert {n.removeprefix(PACKAGED_WEB) for n in names if n.startswith(PACKAGED_WEB)} == served
+    assert not [n for n in names if "/test/" in n or n.endswith(".mjs")]
+
+
+@pytest.mark.network
+@NETWORK
+@pytest.mark.timeout(600)
+def test_the_installed_wheel_serves_the_inspector_and_installs_no_web_package(
+    wheel_build: tuple[Path, str], tmp_path: Path
+) -> None:
+    wheel, _ = wheel_build
+    venv = _venv(tmp_path / "venv", str(wheel))
+
+    result = _in_venv(venv, "python", "-c", PROBE, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    web_dir, *imported = result.stdout.splitlines()
+    assert imported == ["ModuleNotFoundError No module named 'web'"]
+    assert Path(web_dir).is_relative_to(venv) and Path(web_dir).as_posix().endswith("/hub/server/web")
+
+    paths = ["/", "/sessionhub.js", "/inspector/main.js", "/examples/chat.html", "/test/client.test.mjs"]
+    answers = _serve_and_get(venv, tmp_path, paths)
+    assert answers["/"] == (200, (ROOT / "web" / "index.html").read_bytes())
+    for path in paths[1:-1]:
+        assert answers[path] == (200, (ROOT / "web" / path.lstrip("/")).read_bytes()), path
+    assert answers["/test/client.test.mjs"][0] == 404
+
+    # Were the packaged files gone, a web/ beside hub/ in site-packages (another
+    # distribution's, even one with a sessionhub.js) is still not served.
+    packaged = Path(web_dir)
+    packaged.rename(packaged.with_name("web-away"))
+    foreign = packaged.parents[2] / "web"
+    foreign.mkdir()
+    (foreign / "__init__.py").write_text("")
+    (foreign / "sessionhub.js").write_text("// not ours")
+    result = _in_venv(venv, "python", "-c", "import hub.server.static as s; print(s.WEB_DIR.is_dir())",
+                      cwd=tmp_path)  # fmt: skip
+    assert result.stdout.strip() == "False", result.stderr
+
+
+@pytest.mark.network
+@NETWORK
+@pytest.mark.timeout(600)
+def test_an_editable_install_serves_the_checkouts_web_and_installs_no_web_package(tmp_path: Path) -> None:
+    tree = _copy_tree(tmp_path / "sessionhub")
+    venv = _venv(tmp_path / "venv", "-e", str(tree))
+    result = _in_venv(venv, "python", "-c", PROBE, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [str(tree / "web"), "ModuleNotFoundError No module named 'web'"]
+    # An edit in the checkout is what the hub serves: no copy in between.
+    (tree / "web" / "sessionhub.js").write_text("// edited\n")
+    answers = _serve_and_get(venv, tmp_path, ["/", "/sessionhub.js"])
+    assert answers["/"] == (200, (ROOT / "web" / "index.html").read_bytes())
+    assert answers["/sessionhub.js"] == (200, b"// edited\n")

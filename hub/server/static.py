@@ -1,5 +1,10 @@
 """The browser inspector's files (web/), served from an allow-list: what the inspector and
-the examples need, never the JS tests (web/test/) or anything else put beside them."""
+the examples need, never the JS tests (web/test/) or anything else put beside them.
+
+Where they are: an installed wheel carries them as ``hub/server/web/`` beside this module
+(pyproject.toml maps the repository's web/ there, so that the wheel installs no top-level
+``web`` package); a checkout, or an editable install of one, has them in the repository's
+web/."""
 
 from __future__ import annotations
 
@@ -14,7 +19,22 @@ from starlette.types import Scope
 
 __all__ = ["WEB_DIR", "InspectorFiles", "is_shipped"]
 
-WEB_DIR = Path(__file__).resolve().parents[2] / "web"
+
+def _web_dir() -> Path:
+    here = Path(__file__).resolve().parent
+    packaged = here / "web"
+    if packaged.is_dir():
+        return packaged
+    # The checkout's web/ only if it is ours: beside an installed hub/ (site-packages), a
+    # web/ is another distribution's package (web.py installs one), never to be served.
+    checkout = here.parents[1] / "web"
+    if (checkout / "sessionhub.js").is_file() and (here.parents[1] / "pyproject.toml").is_file():
+        return checkout
+    # Neither: nothing to serve (create_app mounts no files when WEB_DIR is not a directory).
+    return packaged
+
+
+WEB_DIR = _web_dir()
 
 #: Paths under web/ the hub serves ("." is the directory, i.e. index.html).
 SHIPPED = frozenset({".", "index.html", "inspector.css", "sessionhub.js", "chat-transport.js"})
