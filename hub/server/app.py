@@ -126,7 +126,8 @@ def create_app(
         routes.append(mcp_endpoint.route())
     # The browser inspector and the JS client (web/, see docs/inspector.md): static files,
     # no build step, mounted last so that every other route wins.
-    # Only the files the inspector needs (hub/static.py), not web/test/.
+    # Only the files the inspector needs (hub/server/static.py), not web/test/; in a wheel
+    # they are hub/server/web/.
     if WEB_DIR.is_dir():
         routes.append(Mount("/", app=InspectorFiles(WEB_DIR), name="web"))
     # uvicorn's traceback per invalid UTF-8 frame becomes one rate-limited line.
