@@ -366,12 +366,17 @@ async def _post(request: Request) -> Response:
         last = body.messages[-1].get("id")
         turn = await hub.turns.start(body.id, str(last), body.trigger)
     except Forbidden:
-        if request.headers.get("authorization") is None:
-            return _error("unauthorized", "this hub needs a token: send Authorization: Bearer <token>", cors)
-        return _error("forbidden", "forbidden", cors)
+        return _refused(request, cors)
     except SessionHubError as exc:
         return _error(_code(exc), str(exc), cors)
     return StreamingResponse(turn_stream(hub, turn), headers={**sse_headers, **cors})
+
+
+def _refused(request: Request, cors: dict[str, str]) -> Response:
+    # Without a token at all the page learns what to send; with a wrong one, only no.
+    if request.headers.get("authorization") is None:
+        return _error("unauthorized", "this hub needs a token: send Authorization: Bearer <token>", cors)
+    return _error("forbidden", "forbidden", cors)
 
 
 async def _resume(request: Request) -> Response:
@@ -383,9 +388,7 @@ async def _resume(request: Request) -> Response:
     try:
         _check(_grant(request, hub), hub, "get_history", session_id)
     except Forbidden:
-        if request.headers.get("authorization") is None:
-            return _error("unauthorized", "this hub needs a token: send Authorization: Bearer <token>", cors)
-        return _error("forbidden", "forbidden", cors)
+        return _refused(request, cors)
     try:
         turn = await hub.turns.find(session_id)
     except SessionHubError as exc:
@@ -408,9 +411,7 @@ async def _stop(request: Request) -> Response:
         await hub.session(session_id)
         stopped = await hub.turns.stop(session_id, request.query_params.get("turn_id"), "stopped by the user")
     except Forbidden:
-        if request.headers.get("authorization") is None:
-            return _error("unauthorized", "this hub needs a token: send Authorization: Bearer <token>", cors)
-        return _error("forbidden", "forbidden", cors)
+        return _refused(request, cors)
     except SessionHubError as exc:
         return _error(_code(exc), str(exc), cors)
     return JSONResponse(stopped, headers=cors)
