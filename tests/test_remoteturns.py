@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx2
@@ -17,13 +18,35 @@ from clients import HubClient
 from protocol import Conflict
 
 from .chatkit import responder, sse_chunks
-from .hubtest import text
+from .hubtest import eventually, text
 from .nodes import Node, scratch_database
 from .services import postgres_dsn
 
 
 def _http(node: Node) -> str:
     return f"http://127.0.0.1:{node.port}"
+
+
+@contextlib.asynccontextmanager
+async def _two_nodes(*options: str) -> AsyncIterator[tuple[Node, Node, httpx2.AsyncClient]]:
+    """Nodes A and B (``serve --turn-timeout 20`` and ``options``) on one scratch Postgres
+    database, and an HTTP client for both."""
+    async with (
+        scratch_database(postgres_dsn()) as database,
+        Node(database, "postgres", None, "--turn-timeout", "20", *options) as a,
+        Node(database, "postgres", None, "--turn-timeout", "20", *options) as b,
+        httpx2.AsyncClient(timeout=30) as http,
+    ):
+        yield a, b, http
+
+
+async def _until_no_turn(http: httpx2.AsyncClient, node: Node, sid: str) -> None:
+    """Wait until ``node`` answers 204 to a resume: no turn of ``sid`` is in flight."""
+
+    async def idle() -> bool:
+        return (await http.get(f"{_http(node)}/api/chat/{sid}/stream")).status_code == 204
+
+    await eventually(idle)
 
 
 def _text(chunks: list[dict[str, Any] | str]) -> str:
@@ -40,12 +63,7 @@ async def _resume(http: httpx2.AsyncClient, node: Node, sid: str) -> list[dict[s
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("worker_on", ["a", "b"])
 async def test_a_reply_posted_on_a_resumes_on_b_whole_and_once(worker_on: str) -> None:
-    async with (
-        scratch_database(postgres_dsn()) as database,
-        Node(database, "postgres", None, "--turn-timeout", "20") as a,
-        Node(database, "postgres", None, "--turn-timeout", "20") as b,
-        httpx2.AsyncClient(timeout=30) as http,
-    ):
+    async with _two_nodes() as (a, b, http):
         sid = f"resume-{worker_on}"
         # Before any turn: 204 on both nodes.
         for node in (a, b):
@@ -65,12 +83,7 @@ async def test_a_reply_posted_on_a_resumes_on_b_whole_and_once(worker_on: str) -
                 posted += [c async for c in chunks]
                 resumed = await resume
             # Once the turn ended (A logged turn.ended), B says nothing is in flight.
-            for _ in range(100):
-                gone = await http.get(f"{_http(b)}/api/chat/{sid}/stream")
-                if gone.status_code == 204:
-                    break
-                await asyncio.sleep(0.05)
-            assert gone.status_code == 204
+            await _until_no_turn(http, b, sid)
             assert (await http.get(f"{_http(a)}/api/chat/{sid}/stream")).status_code == 204
     whole = " ".join(f"w{i}" for i in range(40)) + " "
     assert _text(posted) == whole
@@ -85,12 +98,7 @@ async def test_a_reply_posted_on_a_resumes_on_b_whole_and_once(worker_on: str) -
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("stop_on", ["a", "b"])
 async def test_a_stop_on_any_node_stops_a_reply_streaming_on_another(stop_on: str) -> None:
-    async with (
-        scratch_database(postgres_dsn()) as database,
-        Node(database, "postgres", None, "--turn-timeout", "20") as a,
-        Node(database, "postgres", None, "--turn-timeout", "20") as b,
-        httpx2.AsyncClient(timeout=30) as http,
-    ):
+    async with _two_nodes() as (a, b, http):
         sid = f"stop-{stop_on}"
         async with responder(b.ws_url, lambda: True, name="agent-on-b"):
             body = {"id": sid, "messages": [text("u1", "slow please")]}
@@ -103,12 +111,7 @@ async def test_a_stop_on_any_node_stops_a_reply_streaming_on_another(stop_on: st
                         stopped = await http.post(f"{_http(a if stop_on == 'a' else b)}/api/chat/{sid}/stop")
                         assert stopped.status_code == 200, stopped.text
             assert chunks[-2:] == [{"type": "abort", "reason": "stopped by the user"}, "[DONE]"]
-            for _ in range(100):
-                if (await http.get(f"{_http(b)}/api/chat/{sid}/stream")).status_code == 204:
-                    break
-                await asyncio.sleep(0.05)
-            else:
-                raise AssertionError("the stopped turn is still in flight on node B")
+            await _until_no_turn(http, b, sid)
         streamed = _text(chunks)
         assert 0 < len(streamed.split()) < 40
         async with HubClient(a.ws_url) as user:
@@ -127,10 +130,7 @@ async def test_a_stop_on_any_node_stops_a_reply_streaming_on_another(stop_on: st
 @pytest.mark.timeout(120)
 async def test_a_resume_ends_when_the_node_running_the_turn_dies() -> None:
     async with (
-        scratch_database(postgres_dsn()) as database,
-        Node(database, "postgres", None, "--turn-timeout", "20", "--presence-ttl", "2") as a,
-        Node(database, "postgres", None, "--turn-timeout", "20", "--presence-ttl", "2") as b,
-        httpx2.AsyncClient(timeout=30) as http,
+        _two_nodes("--presence-ttl", "2") as (a, b, http),
         HubClient(a.ws_url, name="endless", role="worker") as agent,
     ):
 
@@ -173,10 +173,7 @@ async def _post(http: httpx2.AsyncClient, node: Node, body: dict[str, Any]) -> h
 @pytest.mark.timeout(120)
 async def test_a_turn_streaming_on_a_refuses_a_second_turn_on_b_until_it_ended() -> None:
     async with (
-        scratch_database(postgres_dsn()) as database,
-        Node(database, "postgres", None, "--turn-timeout", "20") as a,
-        Node(database, "postgres", None, "--turn-timeout", "20") as b,
-        httpx2.AsyncClient(timeout=30) as http,
+        _two_nodes() as (a, b, http),
         responder(a.ws_url, lambda: True, name="agent-on-a"),
         HubClient(b.ws_url) as user_b,
     ):
@@ -207,10 +204,7 @@ async def test_a_turn_streaming_on_a_refuses_a_second_turn_on_b_until_it_ended()
 async def test_two_posts_at_once_on_two_nodes_start_one_turn() -> None:
     rounds = 12
     async with (
-        scratch_database(postgres_dsn()) as database,
-        Node(database, "postgres", None, "--turn-timeout", "20") as a,
-        Node(database, "postgres", None, "--turn-timeout", "20") as b,
-        httpx2.AsyncClient(timeout=30) as http,
+        _two_nodes() as (a, b, http),
         responder(a.ws_url, lambda: True, name="agent-on-a"),
         HubClient(a.ws_url) as user,
     ):
