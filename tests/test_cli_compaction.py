@@ -182,6 +182,13 @@ async def test_summarizer_timeout_bounds_a_silent_worker(tmp_path: Path) -> None
 NEEDS = "needs a summarizer: --summarizer workers, or --summarizer-url URL --summarizer-model MODEL"
 
 
+def _bad_url(
+    url: str, says: str = "--summarizer-url must be an http:// or https:// URL with a host"
+) -> tuple[list[str], dict[str, str], str]:
+    """A case of the table below: ``--summarizer-url url`` (with a model), and what it says."""
+    return (["--summarizer-url", url, "--summarizer-model", "m"], {}, says)
+
+
 @pytest.mark.parametrize(
     ("args", "env", "says"),
     [
@@ -208,24 +215,11 @@ NEEDS = "needs a summarizer: --summarizer workers, or --summarizer-url URL --sum
             "--summarizer-url needs --summarizer-model MODEL",
         ),
         (["--summarizer-model", "m"], {}, "--summarizer-model needs --summarizer-url BASE_URL"),
-        (
-            ["--summarizer-url", "ftp://host/v1", "--summarizer-model", "m"],
-            {},
-            "--summarizer-url must be an http:// or https:// URL with a host",
-        ),
-        (
-            ["--summarizer-url", "http://[::1/v1", "--summarizer-model", "m"],
-            {},
-            "--summarizer-url must be an http:// or https:// URL with a host",
-        ),
-        (
-            ["--summarizer-url", "http://host:99999/v1", "--summarizer-model", "m"],
-            {},
-            "--summarizer-url must be an http:// or https:// URL with a host",
-        ),
-        (
-            ["--summarizer-url", "http://me:hunter2@host/v1", "--summarizer-model", "m"],
-            {},
+        _bad_url("ftp://host/v1"),
+        _bad_url("http://[::1/v1"),
+        _bad_url("http://host:99999/v1"),
+        _bad_url(
+            "http://me:hunter2@host/v1",
             "--summarizer-url must not carry credentials: put the API key in $SESSIONHUB_SUMMARIZER_API_KEY",
         ),
         (
