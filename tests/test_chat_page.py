@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from playwright.async_api import Browser, async_playwright, expect
+from playwright.async_api import Browser, Page, async_playwright, expect
 
 from clients import HubClient, Turn
 from hub.store.base import session_stream
@@ -38,6 +38,28 @@ async def _browser() -> AsyncIterator[Browser]:
             await launched.close()
 
 
+@contextlib.asynccontextmanager
+async def _chat_page(browser: Browser, url: str, request: pytest.FixtureRequest) -> AsyncIterator[Page]:
+    """A fresh page on ``url``, once it says Connected. On the way out it leaves a screenshot
+    in test-artifacts/ (also when the test failed) and, when the test passed, asserts that
+    the page raised no error but a WebSocket one."""
+    context = await browser.new_context()
+    page = await context.new_page()
+    page.set_default_timeout(WAIT * 1000)
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        await page.goto(url)
+        await expect(page.locator("#status")).to_have_text("Connected")
+        yield page
+    finally:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(Exception):
+            await page.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"))
+        await context.close()
+    assert not [e for e in errors if "WebSocket" not in e], errors
+
+
 async def test_a_reply_keeps_streaming_across_a_reload(
     tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -47,14 +69,7 @@ async def test_a_reply_keeps_streaming_across_a_reload(
         _browser() as browser,
     ):
         info = await h.hub.store.create_session("page chat", session_id="page-chat")
-        context = await browser.new_context()
-        page = await context.new_page()
-        page.set_default_timeout(WAIT * 1000)
-        errors: list[str] = []
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        try:
-            await page.goto(f"{h.url}/examples/chat.html#session={info.id}")
-            await expect(page.locator("#status")).to_have_text("Connected")
+        async with _chat_page(browser, f"{h.url}/examples/chat.html#session={info.id}", request) as page:
             await page.get_by_label("Message").fill("slow story please")
             await page.get_by_role("button", name="Send").click()
             reply = page.locator('#chat-log article[data-role="assistant"]')
@@ -84,12 +99,6 @@ async def test_a_reply_keeps_streaming_across_a_reload(
             await page.get_by_title("previous branch").click()
             await expect(page.locator(".branch")).to_contain_text("1/2")
             await expect(reply).to_contain_text("w39")
-        finally:
-            ARTIFACTS.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(Exception):
-                await page.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"))
-            await context.close()
-        assert not [e for e in errors if "WebSocket" not in e], errors
 
 
 @contextlib.asynccontextmanager
@@ -127,14 +136,7 @@ async def test_stop_ends_the_reply_as_shown_and_stops_the_responder(
     ):
         await eventually(lambda: len(h.hub.turns.responders) == 1)
         info = await h.hub.store.create_session("page stop", session_id="page-stop")
-        context = await browser.new_context()
-        page = await context.new_page()
-        page.set_default_timeout(WAIT * 1000)
-        errors: list[str] = []
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        try:
-            await page.goto(f"{h.url}/examples/chat.html#session={info.id}")
-            await expect(page.locator("#status")).to_have_text("Connected")
+        async with _chat_page(browser, f"{h.url}/examples/chat.html#session={info.id}", request) as page:
             stop = page.get_by_role("button", name="Stop")
             await expect(stop).to_be_hidden()  # nothing in flight
             await page.get_by_label("Message").fill("tell me everything")
@@ -167,9 +169,3 @@ async def test_stop_ends_the_reply_as_shown_and_stops_the_responder(
             await page.reload()
             await expect(reply.locator(".stopped")).to_have_text("Stopped: stopped by the user")
             await expect(stop).to_be_hidden()
-        finally:
-            ARTIFACTS.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(Exception):
-                await page.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"))
-            await context.close()
-        assert not [e for e in errors if "WebSocket" not in e], errors
