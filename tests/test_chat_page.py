@@ -152,10 +152,13 @@ async def test_stop_ends_the_reply_as_shown_and_stops_the_responder(
             assert 5 < len(shown) < 200
             assert shown == [f"w{i}" for i in range(len(shown))]
             # The responder was told (turn.stopped) and sent nothing more: a second later
-            # (20 more words, had it gone on) what it sent is what the page shows.
+            # (20 more words, had it gone on) what it sent is what the page shows, but for
+            # at most the one word it sent while the stop was on its way (the hub refused it).
             assert turns and turns[0].stopped.is_set()
+            told = len(sent)
             await asyncio.sleep(1.0)
-            assert sent == shown
+            assert len(sent) == told
+            assert sent[: len(shown)] == shown and len(sent) - len(shown) <= 1
             assert (await reply.locator("p").first.inner_text()).split()[1:] == shown
             stored = (await h.hub.manager.get_session(info.id).get_history())[-1]
             assert stored.role == "assistant" and stored.text().split() == shown
