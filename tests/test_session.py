@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -371,11 +372,18 @@ async def test_corrupt_row_is_skipped(store: SqliteStore, db_path: Path) -> None
     raw = sqlite3.connect(db_path)
     raw.execute("UPDATE messages SET content = '{not json' WHERE id = 'm2'")
     raw.execute("""UPDATE messages SET content = '{"id": "m3", "role": "user"}' WHERE id = 'm3'""")
+    # Deflated rows (long messages) that do not inflate, or not to text.
+    raw.execute("UPDATE messages SET content = X'00ff' WHERE id = 'm1'")
+    raw.execute("UPDATE messages SET content = ? WHERE id = 'm4'", (zlib.compress(b"\xff\xfe"),))
     raw.commit()
     raw.close()
-    assert ids(await s.get_history()) == ["m0", "m1", "m4"]
+    assert ids(await s.get_history()) == ["m0"]
     assert await s.get_message("m2") is None
+    assert await s.get_message("m1") is None
     assert await s.get_path_length() == 5
+    # Search still answers; a damaged row's hit has no text, as a row of bad JSON's.
+    hits = {h.id: h.content for h in await s.search("message")}
+    assert hits["m0"] == "message 0" and hits.get("m1", "") == hits.get("m4", "") == ""
 
 
 async def test_latest_leaf_returns_the_full_message(store: SqliteStore) -> None:

@@ -5,6 +5,7 @@ byte for byte as they were written before migration 6."""
 
 from __future__ import annotations
 
+import logging
 import zlib
 from typing import Any, Final
 
@@ -32,6 +33,8 @@ __all__ = [
     "type_name",
     "unpacked",
 ]
+
+log = logging.getLogger("sessionhub.store")
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
@@ -126,8 +129,16 @@ def _deflated(stored: str) -> str | bytes:
 
 
 def inflated(stored: str | bytes) -> str:
-    """A stored form as :func:`packed` made it, before it was deflated."""
-    return stored if isinstance(stored, str) else zlib.decompress(stored).decode()
+    """A stored form as :func:`packed` made it, before it was deflated. A BLOB that does not
+    inflate to text (a row damaged on disk) reads as ``""``, which no reader takes for a
+    message: the row is skipped, as one of bad JSON is."""
+    if isinstance(stored, str):
+        return stored
+    try:
+        return zlib.decompress(stored).decode()
+    except (zlib.error, UnicodeDecodeError) as exc:
+        log.warning("skipping a stored message that does not inflate: %s", exc)
+        return ""
 
 
 def packed(content: str, id_: str, role: str) -> str | bytes:
