@@ -17,13 +17,14 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, Locator, Page, async_playwright, expect
 
 from clients import HubClient, HubError
 from hub import SessionManager, SqliteStore, session_stream
 from hub.auth import issue_token
 from hub.compaction import CompactResult
 from hub.server import HubConfig
+from hub.store import LogEntry
 from protocol import Message
 
 from .chatkit import responder
@@ -647,6 +648,45 @@ async def test_the_event_details_of_a_failed_compaction(
             await page.screenshot(path=str(ARTIFACTS / "event-details.png"))
     finally:
         await store.close()
+
+
+async def test_a_turn_refused_in_a_start_race_is_no_failed_turn(scene: Scene) -> None:
+    """Two nodes started a turn at once: the loser logged ``turn.started``, then ``turn.ended``
+    with ``refused: true`` (hub/server/turns.py ``_race``), and never ran. Its two rows are
+    grey and say so; a turn that did fail stays red."""
+    h, page, hub = scene.served, scene.page, scene.hub
+    info = await hub.sessions.create("raced")
+    await hub.session(info.id).append_message(text("q1", "the question"))
+
+    async def turn(type_: str, turn_id: str, **data: Any) -> int:
+        entry = {"turn_id": turn_id, "reply_id": f"reply-{turn_id}", **data}
+        return await h.hub.manager.store.log_event(LogEntry(session_id=info.id, type=type_, data=entry))
+
+    started = {"message_id": "q1", "trigger": "submit-message"}
+    await turn("turn.started", "t-failed", **started, node="node-a")
+    failed = await turn("turn.ended", "t-failed", status="failed", error="the responder went away")
+    won = await turn("turn.started", "t-won", **started, node="node-a")
+    lost = await turn("turn.started", "t-lost", **started, node="node-b")
+    await page.goto(h.url + "/")
+    await open_session(page, "raced")
+
+    def row(seq: int) -> Locator:
+        return page.locator(f'#log li[data-seq="{seq}"]')
+
+    await expect(row(failed)).to_have_attribute("class", "error")
+    await expect(row(failed).locator("summary")).to_contain_text("the responder went away")
+    # Until its refusal is logged, the loser's start reads as any start.
+    await expect(row(lost)).not_to_have_attribute("class", "refused")
+    error = "turn t-won is still in flight in this session (on hub node node-a)"
+    refused = await turn("turn.ended", "t-lost", status="failed", error=error, refused=True)
+    for seq in (lost, refused):
+        await expect(row(seq)).to_have_attribute("class", "refused")
+        await expect(row(seq).locator("summary")).to_contain_text(f"refused, never ran: {error}")
+    await expect(row(refused)).to_have_css("font-style", "italic")
+    await expect(page.locator("#log li.error")).to_have_count(1)  # the failed turn's end only
+    await expect(row(won)).not_to_have_attribute("class", re.compile("."))
+    await row(refused).locator("summary").click()
+    await expect(row(refused).locator("pre.ev-data")).to_contain_text('"refused": true')
 
 
 def summarize_first_two(history: list[Message], context: object) -> CompactResult:

@@ -33,15 +33,32 @@ export class ConnectionLost extends HubError {
   }
 }
 
-/** The error an error frame (or a failed effect: {code, message, detail}) stands for. */
+/**
+ * The error an error frame (or a failed effect: {code, message, detail}) stands for: a
+ * PositionLost for a `not_found` carrying a position (a `read_events` of a lost position),
+ * as the Python client rebuilds it from the same detail; else a HubError.
+ */
 export function errorFrom({ code, message, detail }) {
-  return new HubError(code, message, detail ?? null);
+  const d = detail ?? null;
+  const seqs = d ? [d.after_seq, d.first_seq, d.last_seq] : [];
+  if (code === "not_found" && typeof d?.stream === "string" && typeof d.epoch === "string" && seqs.every(Number.isInteger)) {
+    const sessionId = d.stream === "registry" ? null : d.stream;
+    const [after_seq, first_seq, last_seq] = seqs;
+    return new PositionLost({ frame: "reset", session_id: sessionId, after_seq, epoch: d.epoch, first_seq, last_seq, message });
+  }
+  return new HubError(code, message, d);
 }
 
-/** A subscription's position cannot be served (pruned, another epoch, beyond the end). */
+/**
+ * A position the event log cannot serve (pruned, another epoch, beyond the end): a
+ * subscription's `reset` frame, or a `readEvents` refused for it. `frame` is the reset frame
+ * (one is made up for a read); reload a snapshot and go on from `lastSeq` in `epoch`.
+ */
 export class PositionLost extends HubError {
   constructor(frame) {
-    super("reset", frame.message || "position lost");
+    const stream = frame.session_id === null || frame.session_id === undefined ? "registry" : frame.session_id;
+    const detail = { stream, after_seq: frame.after_seq, epoch: frame.epoch, first_seq: frame.first_seq, last_seq: frame.last_seq };
+    super("reset", frame.message || "position lost", detail);
     this.name = "PositionLost";
     this.frame = frame;
     this.epoch = frame.epoch;
@@ -49,6 +66,8 @@ export class PositionLost extends HubError {
     this.lastSeq = frame.last_seq;
   }
 }
+
+export { PresenceList } from "./presence.js";
 
 const REGISTRY = "\u0000registry"; // Map key for the registry stream (session_id null)
 const keyOf = (sessionId) => (sessionId === null || sessionId === undefined ? REGISTRY : sessionId);
@@ -207,6 +226,26 @@ export class ClientConnection {
       }
     }
   }
+}
+
+// The options object of a method; a bare value (readEvents(id, 5), as Python's positional
+// after_seq) would otherwise be read as "no options" and silently mean the defaults.
+function optionsOf(value, method) {
+  if (value === null || typeof value !== "object" || Array.isArray(value)) {
+    throw new HubError("invalid", `${method} takes an options object, got ${JSON.stringify(value)}`);
+  }
+  return value;
+}
+
+// A reply of another shape than the op's is the hub's fault, not the caller's: "internal".
+function integer(value, op) {
+  if (!Number.isInteger(value)) throw new HubError("internal", `${op} replied with ${JSON.stringify(value)}, not an integer`);
+  return value;
+}
+
+function list(value, op) {
+  if (!Array.isArray(value)) throw new HubError("internal", `${op} replied with ${JSON.stringify(value)}, not a list`);
+  return value;
 }
 
 /** Exponential backoff: 0, then first, doubling, capped (ms). */
@@ -488,6 +527,15 @@ export class HubClient {
   }
 
   /**
+   * The hub's token estimate of the branch ending at `leafId` (default: the latest leaf)
+   * plus the system prompt, as compaction decisions use it: an integer.
+   */
+  async estimateTokens(sessionId, options = {}) {
+    const { leafId = null } = optionsOf(options, "estimateTokens");
+    return integer(await this.request("estimate_tokens", { session_id: sessionId, leaf_id: leafId }), "estimate_tokens");
+  }
+
+  /**
    * Replace the token in band (an `auth` request) before it expires: the connection and
    * its subscriptions go on, and every later reconnect presents the new token. Resolves
    * with {sub, exp, ended}; subscriptions the new token does not cover (`ended`) get
@@ -551,6 +599,43 @@ export class HubClient {
       if (this.state === "closed" && !this.closed) this.connect().catch(() => {});
     }
     return sub;
+  }
+
+  // -- event logs: one read, not a subscription -------------------------------------------
+  /**
+   * The session's logged events after `afterSeq`, at most `limit` (the hub serves at most
+   * 10,000 a read), oldest first, as event frames carry them ({stream, session_id, seq,
+   * epoch, type, data, created_at}). A position the log cannot serve rejects with
+   * PositionLost; `sessionId` null reads the registry (readRegistryEvents).
+   */
+  async readEvents(sessionId, options = {}) {
+    const { afterSeq = 0, limit = 1000 } = optionsOf(options, "readEvents");
+    return list(await this.request("read_events", { session_id: sessionId, after_seq: afterSeq, limit }), "read_events");
+  }
+
+  /** Registry changes after `afterSeq` (admin on `*`): readEvents of the registry. */
+  readRegistryEvents(options = {}) {
+    return this.readEvents(null, options);
+  }
+
+  /**
+   * Prune every event log of the hub (admin on `*`): events older than `olderThan` (an age
+   * in seconds, or a Date / ISO-8601 time, naive meaning UTC) and those beyond the newest
+   * `keepPerSession` of each log, `batch` rows a transaction. Resolves with {events, streams}.
+   */
+  async pruneEvents(options = {}) {
+    const { olderThan = null, keepPerSession = null, batch = 1000 } = optionsOf(options, "pruneEvents");
+    let age = olderThan;
+    if (age instanceof Date) {
+      if (Number.isNaN(age.getTime())) throw new HubError("invalid", "olderThan is an invalid Date");
+      age = age.toISOString(); // a time is exact; only an age is judged by the hub's clock
+    } else if (typeof age === "number" ? !Number.isFinite(age) : age !== null && typeof age !== "string") {
+      // NaN and Infinity would travel as JSON null: no age at all, so prune by nothing asked
+      throw new HubError("invalid", `olderThan must be seconds, a Date or an ISO-8601 string, got ${String(age)}`);
+    }
+    const result = await this.request("prune_events", { older_than: age, keep_per_session: keepPerSession, batch });
+    if (result === null || typeof result !== "object") throw new HubError("internal", "prune_events replied with no {events, streams}");
+    return { events: integer(result.events ?? 0, "prune_events"), streams: integer(result.streams ?? 0, "prune_events") };
   }
 
   // -- streamed messages ----------------------------------------------------------------
@@ -656,55 +741,6 @@ export class HubClient {
       default:
         break;
     }
-  }
-}
-
-/**
- * Who is on one session, as a reader sees it: reset(entries) with the `presence` reply, then
- * apply(frame) with each presence frame (frames of other sessions are ignored). A join adds
- * the connection or replaces its entry (a new name or role, a stream started or ended), a
- * leave removes it. Entries are {connection_id, name, role, streaming: [message id]}, as
- * the hub sends them (an older hub's entry without `streaming` reads as streaming nothing).
- */
-export class PresenceList {
-  constructor(sessionId) {
-    this.sessionId = sessionId;
-    this.entries = new Map(); // connection id -> entry
-  }
-
-  static entry(e) {
-    return { ...e, streaming: Array.isArray(e.streaming) ? e.streaming : [] };
-  }
-
-  reset(entries) {
-    this.entries = new Map(entries.map((e) => [e.connection_id, PresenceList.entry(e)]));
-  }
-
-  /** Returns whether the frame was about this session (and so may have changed the list). */
-  apply(frame) {
-    if (frame.session_id !== this.sessionId) return false;
-    if (frame.action === "leave") this.entries.delete(frame.entry.connection_id);
-    else this.entries.set(frame.entry.connection_id, PresenceList.entry(frame.entry));
-    return true;
-  }
-
-  clear() {
-    this.entries.clear();
-  }
-
-  get size() {
-    return this.entries.size;
-  }
-
-  values() {
-    return this.entries.values();
-  }
-
-  /** Message id -> the entry of the connection streaming it. */
-  streaming() {
-    const out = new Map();
-    for (const e of this.entries.values()) for (const id of e.streaming) out.set(id, e);
-    return out;
   }
 }
 

@@ -37,7 +37,7 @@ def _web_dir() -> Path:
 WEB_DIR = _web_dir()
 
 #: Paths under web/ the hub serves ("." is the directory, i.e. index.html).
-SHIPPED = frozenset({".", "index.html", "inspector.css", "sessionhub.js", "chat-transport.js"})
+SHIPPED = frozenset({".", "index.html", "inspector.css", "sessionhub.js", "presence.js", "chat-transport.js"})
 #: The examples and the inspector's ES modules (web/inspector/*.js).
 _PATTERNS = re.compile(r"examples/[A-Za-z0-9_-]+\.html|inspector/[A-Za-z0-9_-]+\.js")
 

@@ -13,6 +13,25 @@ export function isError(ev) {
   return ev.type === "error" || d.error !== undefined || (ev.type === "stream.ended" && d.status !== "finished");
 }
 
+/**
+ * Turn id -> the line shown for the turns ended `refused` in these events: a start that lost
+ * a race to another node's turn (hub/server/remoteturns.py REFUSED), or that could not check
+ * for one. Such a turn never ran and its start was answered with an error, so its
+ * `turn.started` / `turn.ended` pair is no failed turn.
+ */
+export function refusedTurns(events) {
+  const out = new Map();
+  for (const ev of events) {
+    const d = ev.data ?? {};
+    if (ev.type === "turn.ended" && d.refused === true && typeof d.turn_id === "string") {
+      out.set(d.turn_id, `refused, never ran${d.error !== undefined ? `: ${d.error}` : ""}`);
+    }
+  }
+  return out;
+}
+
+const isTurn = (ev) => ev.type === "turn.started" || ev.type === "turn.ended";
+
 function summary(ev) {
   const d = ev.data ?? {};
   if (d.error !== undefined) return String(d.error);
@@ -65,6 +84,7 @@ export function renderLog(model) {
   }
   const matching = filter ? model.events.filter((e) => e.type === filter) : model.events;
   const shown = matching.slice(-SHOW);
+  const refused = refusedTurns(model.events);
   $("log-count").textContent = matching.length > shown.length ? `newest ${shown.length} of ${matching.length}` : `${matching.length}`;
   const log = $("log");
   const scroller = log.closest(".log-box");
@@ -72,16 +92,18 @@ export function renderLog(model) {
   log.replaceChildren(
     ...shown.map((ev) => {
       const seq = String(ev.seq);
-      const bad = isError(ev);
+      // Both rows of a refused pair are muted: the turn.started comes before its refusal.
+      const muted = isTurn(ev) && refused.has(ev.data?.turn_id);
+      const bad = !muted && isError(ev);
       const details = h(
         "details",
         { open: open.has(seq) },
-        h("summary", {}, h("span", { class: "seq", text: `#${ev.seq}` }), " ", timeEl(ev.created_at), " ", h("strong", { class: "ev-type", text: ev.type }), " ", h("span", { class: "ev-sum", text: summary(ev) })),
+        h("summary", {}, h("span", { class: "seq", text: `#${ev.seq}` }), " ", timeEl(ev.created_at), " ", h("strong", { class: "ev-type", text: ev.type }), " ", h("span", { class: "ev-sum", text: muted ? refused.get(ev.data.turn_id) : summary(ev) })),
         h("pre", { class: "ev-data" }),
       );
       eventOf.set(details, ev);
       if (details.open) fill(details);
-      return h("li", { "data-seq": seq, "data-type": ev.type, class: bad ? "error" : null }, details);
+      return h("li", { "data-seq": seq, "data-type": ev.type, class: bad ? "error" : muted ? "refused" : null }, details);
     }),
   );
   if (stick) scroller.scrollTop = scroller.scrollHeight;

@@ -2,7 +2,7 @@
 // Run: node --test web/test/
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { ClientConnection, ConnectionLost, HubClient, HubError, LiveMessages, PresenceList, nextBackoff } from "../sessionhub.js";
+import { ClientConnection, ConnectionLost, HubClient, HubError, LiveMessages, PositionLost, PresenceList, nextBackoff } from "../sessionhub.js";
 
 /** A fake WebSocket: records what the client sends; the test plays the hub. */
 class FakeSocket {
@@ -290,4 +290,85 @@ test("PresenceList folds the presence reply and frames, with what each connectio
   list.apply({ frame: "presence", session_id: "s1", action: "leave", entry: { ...writer, streaming: [] } });
   assert.deepEqual([...list.values()].map((e) => e.name), ["dash"]);
   assert.equal(list.streaming().size, 0);
+});
+
+/** Answer the last `op` request on `socket` with `result` (or an error frame). */
+async function answer(socket, op, reply) {
+  await tick();
+  const req = socket.last(op);
+  assert.ok(req, `a ${op} request was sent`);
+  socket.frame({ id: req.id, ...reply });
+  return req;
+}
+
+test("readEvents and readRegistryEvents send read_events and resolve with the events", async () => {
+  const { client, socket } = await connected();
+  const logged = [{ stream: "session", session_id: "s1", seq: 3, epoch: "e1", type: "message.appended", data: {}, created_at: "" }];
+  const reading = client.readEvents("s1", { afterSeq: 2, limit: 10 });
+  const req = await answer(socket, "read_events", { frame: "reply", result: logged });
+  assert.deepEqual([req.session_id, req.after_seq, req.limit], ["s1", 2, 10]);
+  assert.deepEqual(await reading, logged);
+  const registry = client.readRegistryEvents();
+  const reg = await answer(socket, "read_events", { frame: "reply", result: [] });
+  assert.deepEqual([reg.session_id, reg.after_seq, reg.limit], [null, 0, 1000]); // Python's defaults
+  assert.deepEqual(await registry, []);
+});
+
+test("a read of a lost position rejects with PositionLost; other errors stay HubErrors", async () => {
+  const { client, socket } = await connected();
+  const detail = { stream: "s1", after_seq: 2, epoch: "e1", first_seq: 5, last_seq: 9 };
+  const reading = client.readEvents("s1", { afterSeq: 2 });
+  await answer(socket, "read_events", { frame: "error", code: "not_found", message: "pruned", detail });
+  await assert.rejects(reading, (err) => {
+    assert.ok(err instanceof PositionLost && err instanceof HubError);
+    assert.deepEqual([err.code, err.epoch, err.firstSeq, err.lastSeq, err.detail], ["reset", "e1", 5, 9, detail]);
+    assert.deepEqual([err.frame.session_id, err.frame.after_seq], ["s1", 2]); // as a reset frame has them
+    return true;
+  });
+  const registry = client.readRegistryEvents({ afterSeq: 1 });
+  await answer(socket, "read_events", { frame: "error", code: "not_found", message: "pruned", detail: { ...detail, stream: "registry" } });
+  await assert.rejects(registry, (err) => err instanceof PositionLost && err.frame.session_id === null);
+  const unknown = client.readEvents("nope");
+  await answer(socket, "read_events", { frame: "error", code: "not_found", message: "session not found", detail: { session_id: "nope" } });
+  await assert.rejects(unknown, (err) => !(err instanceof PositionLost) && err.code === "not_found" && err.detail.session_id === "nope");
+});
+
+test("estimateTokens sends the leaf and resolves with the integer", async () => {
+  const { client, socket } = await connected();
+  const estimating = client.estimateTokens("s1", { leafId: "m7" });
+  const req = await answer(socket, "estimate_tokens", { frame: "reply", result: 412 });
+  assert.deepEqual([req.session_id, req.leaf_id], ["s1", "m7"]);
+  assert.equal(await estimating, 412);
+  const latest = client.estimateTokens("s1");
+  assert.equal((await answer(socket, "estimate_tokens", { frame: "reply", result: "lots" })).leaf_id, null);
+  await assert.rejects(latest, (err) => err instanceof HubError && err.code === "internal");
+});
+
+test("pruneEvents sends an age, a time or neither, and resolves with what was pruned", async () => {
+  const { client, socket } = await connected();
+  const byAge = client.pruneEvents({ olderThan: 3600, keepPerSession: 50 });
+  const req = await answer(socket, "prune_events", { frame: "reply", result: { events: 12, streams: 2 } });
+  assert.deepEqual([req.older_than, req.keep_per_session, req.batch], [3600, 50, 1000]);
+  assert.deepEqual(await byAge, { events: 12, streams: 2 });
+  const byTime = client.pruneEvents({ olderThan: new Date("2026-01-02T03:04:05Z"), batch: 10 });
+  const timed = await answer(socket, "prune_events", { frame: "reply", result: { events: 0, streams: 0 } });
+  assert.deepEqual([timed.older_than, timed.keep_per_session, timed.batch], ["2026-01-02T03:04:05.000Z", null, 10]);
+  await byTime;
+  const refused = client.pruneEvents({ keepPerSession: 1 });
+  await answer(socket, "prune_events", { frame: "error", code: "forbidden", message: "needs admin on *" });
+  await assert.rejects(refused, (err) => err instanceof HubError && err.code === "forbidden");
+});
+
+test("bad arguments reject with HubError invalid and send nothing", async () => {
+  const { client, socket } = await connected();
+  const before = socket.sent.length;
+  for (const olderThan of [Number.NaN, Infinity, new Date("not a date"), { hours: 1 }]) {
+    await assert.rejects(client.pruneEvents({ olderThan }), (err) => err instanceof HubError && err.code === "invalid");
+  }
+  // A bare after_seq, as in Python's read_events(5), is not taken for "no options".
+  await assert.rejects(client.readEvents("s1", 5), (err) => err instanceof HubError && err.code === "invalid");
+  await assert.rejects(client.readRegistryEvents(5), (err) => err.code === "invalid");
+  await assert.rejects(client.estimateTokens("s1", "m7"), (err) => err.code === "invalid");
+  await tick();
+  assert.equal(socket.sent.length, before);
 });

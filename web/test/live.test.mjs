@@ -2,7 +2,7 @@
 // SESSIONHUB_WS_URL (skipped otherwise). Node 20 needs --experimental-websocket.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { HubClient, HubError } from "../sessionhub.js";
+import { HubClient, HubError, PositionLost } from "../sessionhub.js";
 
 const url = process.env.SESSIONHUB_WS_URL;
 const skip = !url || typeof WebSocket !== "function" ? "needs SESSIONHUB_WS_URL and a global WebSocket" : false;
@@ -77,5 +77,44 @@ test("requests, typed errors, and a subscription that resumes after a drop", { s
   } finally {
     reader.close();
     writer.close();
+  }
+});
+
+test("event log reads, the token estimate and pruning, against the hub", { skip }, async () => {
+  const hub = new HubClient(url);
+  await hub.connect();
+  try {
+    const info = await hub.request("create", { name: "logs-from-node" });
+    for (const id of ["m1", "m2", "m3"]) {
+      await hub.request("append", { session_id: info.id, message: { id, role: "user", parts: [{ type: "text", text: `${id} `.repeat(40) }] } });
+    }
+    const all = await hub.readEvents(info.id);
+    const appended = all.filter((e) => e.type === "message.appended").map((e) => e.data.message.id);
+    assert.deepEqual(appended, ["m1", "m2", "m3"]);
+    assert.deepEqual(all.map((e) => e.seq), [...all.map((e) => e.seq)].sort((a, b) => a - b));
+    const last = all.at(-1).seq;
+    const after = await hub.readEvents(info.id, { afterSeq: all[0].seq, limit: 2 });
+    assert.deepEqual(after.map((e) => e.seq), [all[1].seq, all[2].seq]);
+    await assert.rejects(hub.readEvents(info.id, { afterSeq: last + 5 }), (e) => e instanceof PositionLost && e.lastSeq === last);
+    await assert.rejects(hub.readEvents(info.id, { limit: 10_001 }), (e) => e instanceof HubError && e.code === "invalid");
+    await assert.rejects(hub.readEvents("no-such-session"), (e) => e.code === "not_found" && !(e instanceof PositionLost));
+    const created = (await hub.readRegistryEvents()).filter((e) => e.session_id === info.id);
+    assert.equal(created[0].stream, "registry");
+
+    // The estimate grows with the branch; a shorter one (leafId) is estimated lower.
+    const whole = await hub.estimateTokens(info.id);
+    const first = await hub.estimateTokens(info.id, { leafId: "m1" });
+    assert.ok(Number.isInteger(whole) && whole > first && first > 0, `${whole} > ${first} > 0`);
+    await assert.rejects(hub.estimateTokens("no-such-session"), (e) => e instanceof HubError && e.code === "not_found");
+
+    // Pruning to one event per log: the session's old events are gone, and a read of them
+    // says where the log now starts.
+    const pruned = await hub.pruneEvents({ keepPerSession: 1 });
+    assert.ok(pruned.events >= all.length - 1 && pruned.streams >= 1, JSON.stringify(pruned));
+    await assert.rejects(hub.readEvents(info.id), (e) => e instanceof PositionLost && e.firstSeq === last && e.lastSeq === last);
+    assert.deepEqual((await hub.readEvents(info.id, { afterSeq: last - 1 })).map((e) => e.seq), [last]);
+    await assert.rejects(hub.pruneEvents({ olderThan: -1 }), (e) => e instanceof HubError && e.code === "invalid");
+  } finally {
+    hub.close();
   }
 });
