@@ -115,7 +115,7 @@ class ScratchPostgres:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         for _ in range(200):
-            if not any(Path(f"/proc/{pid}").exists() for pid in pids):
+            if not any(_alive(pid) for pid in pids):
                 return
             await asyncio.sleep(0.05)
 
@@ -125,6 +125,16 @@ class ScratchPostgres:
             return (self.root / "log").read_text(errors="replace")
         except FileNotFoundError:
             return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _children(parent: int) -> list[int]:
