@@ -23,6 +23,7 @@ from .errors import (
     SessionNotFound,
     StoreClosed,
     StoreError,
+    StoreUnavailable,
     SummarizerError,
 )
 from .manager import SessionManager
@@ -65,6 +66,7 @@ __all__ = [
     "StoreContextProvider",
     "StoreError",
     "StoreSearchProvider",
+    "StoreUnavailable",
     "SummarizerError",
     "Tool",
     "context_entry_key",

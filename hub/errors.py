@@ -12,6 +12,7 @@ from protocol.errors import (
     SessionNotFound,
     StoreClosed,
     StoreError,
+    StoreUnavailable,
     SummarizerError,
 )
 
@@ -27,5 +28,6 @@ __all__ = [
     "SessionNotFound",
     "StoreClosed",
     "StoreError",
+    "StoreUnavailable",
     "SummarizerError",
 ]

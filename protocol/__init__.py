@@ -12,6 +12,7 @@ from .errors import (
     SessionNotFound,
     StoreClosed,
     StoreError,
+    StoreUnavailable,
     SummarizerError,
 )
 from .markers import LATEST, Parent, ParentArg
@@ -41,6 +42,7 @@ __all__ = [
     "SessionNotFound",
     "StoreClosed",
     "StoreError",
+    "StoreUnavailable",
     "SummarizerError",
     "coerce_message",
 ]

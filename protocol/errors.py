@@ -16,7 +16,8 @@ same types for the same mistakes.
     ├── PositionLost          code "reset"       the event log cannot serve a position
     ├── SummarizerError       code "upstream"    a summarizer (LLM) failed
     └── StoreError            code "internal"    the database failed (driver errors translated)
-        └── StoreClosed                          the store was used after close()
+        ├── StoreClosed                          the store was used after close()
+        └── StoreUnavailable  code "unavailable" the database cannot be reached now; retry
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ __all__ = [
     "SessionNotFound",
     "StoreClosed",
     "StoreError",
+    "StoreUnavailable",
     "SummarizerError",
     "from_wire",
 ]
@@ -156,6 +158,25 @@ class StoreClosed(StoreError):
     """The store was used after it was closed."""
 
 
+class StoreUnavailable(StoreError):
+    """The database cannot be reached now (connection lost, server restarting, timed out).
+
+    ``outcome`` says what became of the write: ``"not_applied"`` when it certainly was not
+    (it failed before its commit was sent: retrying is safe), ``"unknown"`` when the commit
+    may have reached the server (an idempotent retry, such as appending the same message id
+    again, tells which). Reads say ``"not_applied"``."""
+
+    code = "unavailable"
+
+    def __init__(self, message: str, outcome: str = "not_applied") -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+    @property
+    def detail(self) -> dict[str, Any] | None:
+        return {"outcome": self.outcome}
+
+
 def _text(detail: dict[str, Any], key: str) -> str | None:
     value = detail.get(key)
     return value if isinstance(value, str) else None
@@ -195,4 +216,9 @@ def from_wire(code: str, message: str, detail: dict[str, Any] | None = None) -> 
         return SummarizerError(message)
     if code == "internal":
         return StoreError(message)
+    if code == "unavailable":
+        outcome = _text(detail, "outcome")
+        # Without an outcome, "unavailable" is the hub shutting down (or the client's own
+        # ConnectionLost): the client answers it with its own error type.
+        return None if outcome is None else StoreUnavailable(message, outcome)
     return None
