@@ -9,10 +9,13 @@ forgetting a refused subscribe, the ``hello`` and ``summary`` frames) lives in
 
 Reconnects: when the socket drops, requests in flight fail with :class:`ConnectionLost`
 (they are not retried: a request may have run before the socket went away), the client
-reconnects with exponential backoff (capped by ``max_backoff``), and every subscription
-resumes from the last event it delivered: each event is delivered exactly once, in order.
-Requests made while the client is reconnecting wait for the new socket (up to
-``open_timeout`` seconds).
+reconnects with jittered exponential backoff (capped by ``max_backoff``), and every
+subscription resumes from the last event it delivered: each event is delivered exactly once,
+in order. Requests made while the client is reconnecting wait for the new socket (up to
+``open_timeout`` seconds). Any close is retried (a draining hub's 1001 included, even when it
+comes in the middle of the handshake) except the permanent ones: a handshake refused 401/403,
+a bad URL, and 4001 (token expired) until :meth:`HubClient.renew`. Given several hub URLs,
+each new attempt goes to the next one, so a client fails over without a balancer.
 """
 
 from __future__ import annotations
@@ -71,6 +74,18 @@ _FIRST_BACKOFF = 0.05
 #: A connection that stayed up this long resets the backoff: the next reconnect is immediate.
 _STABLE_AFTER = 1.0
 
+#: What a failed attempt to open a socket raises when another attempt may succeed: the hub
+#: unreachable, a handshake it answered with a non-101 status other than 401/403, or a close
+#: while the handshake's frames went out (a draining hub accepts and closes with 1001).
+_TRANSIENT = (OSError, TimeoutError, InvalidHandshake, ConnectionClosed)
+
+
+def _url_list(url: str | Sequence[str]) -> list[str]:
+    urls = [url] if isinstance(url, str) else list(url)
+    if not urls or not all(isinstance(u, str) and u for u in urls):
+        raise InvalidInput(f"HubClient needs one hub URL or a non-empty list of them, not {url!r}")
+    return urls
+
 
 def _event(frame: EventFrame) -> Event:
     return Event(
@@ -128,11 +143,15 @@ class HubClient:
     ask for the session's join/leave frames and it is called for each. With
     ``reconnect=False`` a dropped socket ends the client: subscriptions raise
     :class:`ConnectionLost`, and so does every later request.
+
+    ``url`` is one hub URL or a list of them (the nodes of one deployment, sharing a
+    database): the client opens the first that answers, and each reconnect attempt moves on
+    to the next, round robin (:attr:`url` is the one in use).
     """
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         token: str | None = None,
         name: str | None = None,
         role: str | None = None,
@@ -145,7 +164,8 @@ class HubClient:
         summarize: Callable[[str], Any] | None = None,
         on_stream: Callable[[StreamFrame], Any] | None = None,
     ) -> None:
-        self.url = url
+        self.urls = _url_list(url)
+        self._at = 0  # index in urls of the current (or next) attempt
         self.token = token
         self.name = name
         self.role = role
@@ -198,10 +218,7 @@ class HubClient:
             return
         if self._closed:
             raise ConnectionLost("the client is closed")
-        try:
-            socket = await self._open()
-        except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
-            raise self._open_error(exc) from exc
+        socket = await self._open_any()
         self._socket = socket
         self._connected.set()
         self._supervisor = asyncio.get_running_loop().create_task(
@@ -227,6 +244,14 @@ class HubClient:
             subscription.queue.put_nowait(_END)
         if self._turns is not None:
             self._turns.end()
+
+    @property
+    def url(self) -> str:
+        """The hub URL in use (or tried next, while reconnecting)."""
+        return self.urls[self._at]
+
+    def _next_url(self) -> None:
+        self._at = (self._at + 1) % len(self.urls)
 
     @property
     def connected(self) -> bool:
@@ -449,7 +474,27 @@ class HubClient:
             future.exception()  # retrieved: a failure nobody waits for is not logged
 
     # -- the socket ----------------------------------------------------------------------
+    async def _open_any(self) -> Socket:
+        """The first of the URLs (from the current one on) that opens, each tried once."""
+        failure: SessionHubError | None = None
+        for attempt in range(len(self.urls)):
+            if attempt:
+                self._next_url()
+            try:
+                return await self._open()
+            except InvalidURI as exc:
+                raise self._open_error(exc) from exc
+            except _TRANSIENT as exc:
+                failure = self._open_error(exc)
+                if failure.code == "forbidden":  # every node shares the secret
+                    raise failure from exc
+                log.debug("connecting to %s failed: %s", self.url, exc)
+        assert failure is not None
+        raise failure
+
     async def _open(self) -> Socket:
+        """A socket to :attr:`url` with the handshake's frames sent. A close while they go
+        out raises ``ConnectionClosed``: the socket is unusable, and another attempt may work."""
         token = self.token
         headers = {"Authorization": f"Bearer {token}"} if token is not None else None
         socket = await connect(
@@ -461,10 +506,14 @@ class HubClient:
         hello = self._protocol.hello(
             self.name, self.role, self.present_on, summarizer=self.summarize is not None
         )
-        if hello is not None:
-            await socket.send(hello, text=True)
-        if self._turns is not None:  # a responder again after a reconnect
-            await socket.send(self._protocol.take_turns(), text=True)
+        try:
+            if hello is not None:
+                await socket.send(hello, text=True)
+            if self._turns is not None:  # a responder again after a reconnect
+                await socket.send(self._protocol.take_turns(), text=True)
+        except BaseException:
+            await socket.close()
+            raise
         self._presented = token
         return socket
 
@@ -474,11 +523,12 @@ class HubClient:
         result = await self.request("presence", session_id=session_id)
         return msgspec.convert(result, list[PresenceEntry])
 
-    @staticmethod
-    def _open_error(exc: BaseException) -> SessionHubError:
+    def _open_error(self, exc: BaseException) -> SessionHubError:
         if isinstance(exc, InvalidStatus) and exc.response.status_code in (401, 403):
             return HubError("forbidden", f"the hub refused the connection: {exc}")
-        return ConnectionLost(f"cannot connect to the hub: {exc}")
+        if isinstance(exc, ConnectionClosed):
+            return ConnectionLost(f"the hub at {self.url} closed the connection while it opened: {exc}")
+        return ConnectionLost(f"cannot connect to the hub at {self.url}: {exc}")
 
     def _fail(self, message: str) -> None:
         """Fail every request in flight with :class:`ConnectionLost` and forget the socket."""
@@ -532,11 +582,14 @@ class HubClient:
             backoff = 0.0 if time.monotonic() - opened >= _STABLE_AFTER else _grow(backoff, self.max_backoff)
             while True:
                 if backoff:
+                    # Jittered, so the clients a node dropped at once do not come back at once.
                     await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
+                # Each attempt to the next node: the one that dropped us may be draining.
+                self._next_url()
                 try:
                     socket = await self._open()
-                except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
-                    if self._open_error(exc).code == "forbidden" or isinstance(exc, InvalidURI):
+                except (*_TRANSIENT, InvalidURI) as exc:
+                    if isinstance(exc, InvalidURI) or self._open_error(exc).code == "forbidden":
                         self._failure = functools.partial(self._open_error, exc)
                         self._end_all(self._failure)
                         return
