@@ -1,5 +1,6 @@
 """The JS client's tests under Node's test runner (``node --test web/test/``): unit tests of
-its resume logic with a fake socket, and one test against a real hub started here."""
+its resume logic with a fake socket, and tests against a real hub started here (and a
+draining one, to fail over from)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ def _websocket_flags(node_path: str) -> list[str]:
 
 async def test_node_test_runner_passes(tmp_path: Path) -> None:
     node_path = node()  # skips (fails under SESSIONHUB_REQUIRE_SERVICES=1) without it
-    async with served(db=tmp_path / "hub.db") as h:
+    async with served(db=tmp_path / "hub.db") as h, served(db=tmp_path / "draining.db") as draining:
+        # What SIGTERM runs: from now on it accepts each socket and closes it with 1001.
+        await draining.hub.drain()
         proc = await asyncio.create_subprocess_exec(
             node_path,
             *_websocket_flags(node_path),
@@ -31,7 +34,12 @@ async def test_node_test_runner_passes(tmp_path: Path) -> None:
             "--test-reporter=spec",
             str(ROOT / "web" / "test"),
             cwd=ROOT,
-            env={"PATH": "/usr/bin:/bin", "SESSIONHUB_WS_URL": h.ws_url, "NO_COLOR": "1"},
+            env={
+                "PATH": "/usr/bin:/bin",
+                "SESSIONHUB_WS_URL": h.ws_url,
+                "SESSIONHUB_DRAINING_WS_URL": draining.ws_url,
+                "NO_COLOR": "1",
+            },
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
         )

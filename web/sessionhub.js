@@ -2,8 +2,9 @@
 //
 // One WebSocket per client. Requests carry ids and resolve with their reply (or reject with
 // a HubError carrying the wire `code`). Subscriptions remember the (epoch, seq) of the last
-// event they delivered: after a dropped connection the client reconnects with exponential
-// backoff and resubscribes from there, so every event is delivered once, in order. A request
+// event they delivered: after a dropped connection (any close: a draining hub's 1001 too) the
+// client reconnects with jittered exponential backoff, to the next of its hub URLs when it has
+// several, and resubscribes from there, so every event is delivered once, in order. A request
 // in flight when the socket drops rejects with ConnectionLost (it is not retried: it may have
 // been applied). Same guarantees as the Python client (clients/client.py); the protocol state is
 // a port of protocol/connection.py's ClientConnection. See docs/js-client.md.
@@ -248,6 +249,16 @@ function list(value, op) {
   return value;
 }
 
+/** Send on a socket that may be closing: false (and nothing sent) if it refuses. */
+function sendQuietly(ws, data) {
+  try {
+    ws.send(data);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 /** Exponential backoff: 0, then first, doubling, capped (ms). */
 export function nextBackoff(previous, first, cap) {
   return Math.min(cap, Math.max(first, previous * 2));
@@ -291,18 +302,31 @@ class Subscription {
   }
 }
 
+/** One hub URL, or a non-empty list of them, as a list. */
+function urlList(url) {
+  const urls = typeof url === "string" ? [url] : Array.isArray(url) ? [...url] : [];
+  if (urls.length === 0 || !urls.every((u) => typeof u === "string" && u)) {
+    throw new HubError("invalid", `HubClient needs one hub URL or a non-empty list of them, not ${JSON.stringify(url)}`);
+  }
+  return urls;
+}
+
 /**
  * One hub connection across reconnects.
  *
  * new HubClient(url, {token, name, role, sessions, reconnect, maxBackoff, firstBackoff,
  *                     stableAfter, openTimeout, WebSocket})
+ * `url` is one hub URL or a list of them (the nodes of one deployment): connect() opens the
+ * first that answers, and each reconnect attempt moves on to the next, round robin
+ * (`client.url` is the one in use).
  * Events (client.on(name, fn)): "state" ({state, attempt, delay, reason}), "stream" (stream
  * frames), "presence" (presence frames), "reconnect" (after a new socket is up and the
  * subscriptions were resent), "summarize" (summarize frames).
  */
 export class HubClient {
   constructor(url, options = {}) {
-    this.url = url;
+    this.urls = urlList(url);
+    this.at = 0; // index in urls of the current (or next) attempt
     this.token = options.token ?? null;
     this.name = options.name ?? null;
     this.role = options.role ?? null;
@@ -329,6 +353,12 @@ export class HubClient {
     this.openedAt = 0;
     this.retryTimer = null;
     this.waiters = []; // requests made while (re)connecting
+    this.opening = null; // connect()'s outcome, while it tries the URLs
+  }
+
+  /** The hub URL in use (or tried next, while reconnecting). */
+  get url() {
+    return this.urls[this.at];
   }
 
   // -- events -------------------------------------------------------------------------
@@ -366,28 +396,49 @@ export class HubClient {
     this.closed = false;
     this._setState("connecting");
     return new Promise((resolve, reject) => {
-      this._open((ok, reason) => (ok ? resolve() : reject(new ConnectionLost(`cannot connect to the hub: ${reason}`))));
+      // Each URL once before giving up (the reconnects go on meanwhile, as after a drop).
+      let untried = this.urls.length;
+      this.opening = (ok, reason, final = false) => {
+        if (!ok && --untried > 0 && !final) return;
+        this.opening = null;
+        if (ok) resolve();
+        else reject(new ConnectionLost(`cannot connect to the hub: ${reason}`));
+      };
+      this._open();
     });
   }
 
-  _open(done) {
+  _open() {
     let ws;
     const protocols = this.token ? ["sessionhub", `bearer.${this.token}`] : undefined;
     try {
       ws = protocols ? new this.WebSocket(this.url, protocols) : new this.WebSocket(this.url);
     } catch (err) {
-      done(false, String(err && err.message));
+      // A URL the WebSocket refuses will not work later either: no retry.
+      this.opening?.(false, String(err && err.message), true);
       return;
     }
     this.socket = ws;
     let opened = false;
     ws.onopen = () => {
       if (this.socket !== ws) return;
+      // A socket closed as it opened (a draining hub closes with 1001 at once) takes no
+      // frame: its close event follows, and counts as one more failed attempt.
+      if (!this._hello(ws)) {
+        try {
+          ws.close();
+        } catch {
+          // already closing
+        }
+        return;
+      }
       opened = true;
       this.openedAt = Date.now();
-      this._hello(ws);
+      const again = !this.opening;
       this._resume(ws);
-      done(true);
+      if (again) this.reconnects += 1;
+      this.attempt = 0;
+      this.opening?.(true);
     };
     ws.onmessage = (msg) => {
       if (this.socket !== ws) return;
@@ -398,21 +449,24 @@ export class HubClient {
       if (this.socket !== ws) return;
       const reason = `${ev?.code ?? 1006}: ${ev?.reason || "connection closed"}`;
       this._lost(reason);
-      if (!opened) done(false, reason);
+      if (!opened) this.opening?.(false, reason);
       this._scheduleReconnect(reason, opened);
     };
   }
 
+  /** The first frame, when there is one; false if the socket would not take it. */
   _hello(ws) {
     const hello = this.protocol.hello(this.name, this.role, this.sessions);
-    if (hello !== null) ws.send(hello);
+    return hello === null || sendQuietly(ws, hello);
   }
 
   _resume(ws) {
     const frames = this.protocol.resubscribe();
     const again = this.reconnects > 0 || this.state === "reconnecting";
     this._setState("open");
-    for (const [, , data] of frames) ws.send(data);
+    for (const [, , data] of frames) {
+      if (!sendQuietly(ws, data)) break; // closing: its close event reconnects again
+    }
     const waiters = this.waiters;
     this.waiters = [];
     for (const w of waiters) w.resolve();
@@ -450,12 +504,9 @@ export class HubClient {
     this.retryTimer = this.timers.setTimeout(() => {
       this.retryTimer = null;
       if (this.closed) return;
-      this._open((ok) => {
-        if (ok) {
-          this.reconnects += 1;
-          this.attempt = 0;
-        }
-      });
+      // Each attempt to the next node: the one that dropped us may be draining.
+      this.at = (this.at + 1) % this.urls.length;
+      this._open();
     }, delay);
   }
 

@@ -372,3 +372,70 @@ test("bad arguments reject with HubError invalid and send nothing", async () => 
   await tick();
   assert.equal(socket.sent.length, before);
 });
+
+test("a socket closed as it opens (a draining hub) is one more attempt, on the next URL", async () => {
+  FakeSocket.all = [];
+  const timers = manualTimers();
+  const client = new HubClient(["ws://a/ws", "ws://b/ws"], { WebSocket: FakeSocket, timers, random: () => 1, name: "ui" });
+  let settled = false;
+  const opening = client.connect().finally(() => (settled = true));
+  const draining = FakeSocket.all[0];
+  assert.equal(draining.url, "ws://a/ws");
+  draining.readyState = 2; // its 1001 came with the handshake: the hello cannot go out
+  draining.onopen({});
+  draining.drop(1001, "server shutting down; resume elsewhere");
+  await tick();
+  assert.equal(settled, false, "connect() goes on to the next URL");
+  assert.equal(client.state, "reconnecting");
+  timers.fireNext();
+  const live = FakeSocket.all[1];
+  assert.equal(live.url, "ws://b/ws");
+  live.open();
+  await opening;
+  assert.equal(live.sent[0].op, "hello");
+  assert.equal(client.url, "ws://b/ws");
+  assert.equal(client.reconnects, 0, "still the first connection");
+});
+
+test("any close is retried, round robin over the URLs, and the subscriptions resume", async () => {
+  FakeSocket.all = [];
+  const timers = manualTimers();
+  const client = new HubClient(["ws://a/ws", "ws://b/ws"], { WebSocket: FakeSocket, timers, random: () => 1, name: "ui" });
+  const opening = client.connect();
+  FakeSocket.all[0].open();
+  await opening;
+  const seen = [];
+  client.subscribe("s1", { onEvent: (e) => seen.push(e.seq) });
+  FakeSocket.all[0].frame(event("s1", 1));
+  const urls = [];
+  for (const code of [1001, 1012, 1011, 4008, 1006]) {
+    FakeSocket.all.at(-1).drop(code, "going");
+    timers.fireNext();
+    urls.push(FakeSocket.all.at(-1).url);
+  }
+  assert.deepEqual(urls, ["ws://b/ws", "ws://a/ws", "ws://b/ws", "ws://a/ws", "ws://b/ws"]);
+  const last = FakeSocket.all.at(-1);
+  last.open();
+  assert.deepEqual(last.sent.map((f) => f.op), ["hello", "subscribe"]);
+  assert.equal(last.last("subscribe").after_seq, 1);
+  last.frame(event("s1", 1));
+  last.frame(event("s1", 2));
+  assert.deepEqual(seen, [1, 2]);
+  assert.equal(client.reconnects, 1);
+  client.close();
+});
+
+test("connect() rejects once every URL failed; bad URLs are refused at once", async () => {
+  FakeSocket.all = [];
+  const timers = manualTimers();
+  const client = new HubClient(["ws://a/ws", "ws://b/ws"], { WebSocket: FakeSocket, timers, random: () => 1 });
+  const opening = client.connect();
+  FakeSocket.all[0].drop(1006);
+  timers.fireNext();
+  FakeSocket.all[1].drop(1006);
+  await assert.rejects(opening, ConnectionLost);
+  client.close();
+  for (const bad of [[], "", ["ws://a/ws", 7], null]) {
+    assert.throws(() => new HubClient(bad, { WebSocket: FakeSocket }), (e) => e instanceof HubError && e.code === "invalid");
+  }
+});

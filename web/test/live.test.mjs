@@ -118,3 +118,45 @@ test("event log reads, the token estimate and pruning, against the hub", { skip 
     hub.close();
   }
 });
+
+const draining = process.env.SESSIONHUB_DRAINING_WS_URL;
+const skipFailover = skip || (!draining ? "needs SESSIONHUB_DRAINING_WS_URL (a hub that is shutting down)" : false);
+
+test("given a draining hub's URL and a live one, a named client fails over and resumes", { skip: skipFailover }, async () => {
+  // The draining hub accepts each socket and closes it with 1001: every attempt there fails.
+  const reader = new HubClient([draining, url], { name: "node-failover", firstBackoff: 20, maxBackoff: 200 });
+  const writer = new HubClient(url);
+  const closes = [];
+  reader.on("state", (s) => s.state === "reconnecting" && closes.push(s.reason));
+  await reader.connect();
+  await writer.connect();
+  try {
+    const info = await writer.request("create", { name: "failover-from-node" });
+    const appended = [];
+    const seqs = [];
+    reader.subscribe(info.id, {
+      onEvent: (e) => {
+        seqs.push(e.seq);
+        if (e.type === "message.appended") appended.push(e.data.message.id);
+      },
+    });
+    const say = (id) => writer.request("append", { session_id: info.id, message: { id, role: "user", parts: [] } });
+    await say("m1");
+    await waitFor(() => appended.length === 1, "the first event, on the live hub");
+    assert.equal(reader.url, url);
+    // Dropped by the live hub: the next attempt meets the draining one, then back here.
+    const before = reader.reconnects;
+    reader.socket.close();
+    await say("m2");
+    await waitFor(() => appended.length === 2 && reader.reconnects > before, "the event after the failover");
+    assert.equal(reader.url, url);
+    assert.ok(closes.some((r) => r.startsWith("1001")), `a 1001 was met and retried: ${closes}`);
+    assert.deepEqual(appended, ["m1", "m2"]);
+    assert.deepEqual(seqs, [...seqs].sort((a, b) => a - b));
+    assert.equal(new Set(seqs).size, seqs.length, "no event delivered twice");
+    assert.equal(await reader.ping(), "pong");
+  } finally {
+    reader.close();
+    writer.close();
+  }
+});
