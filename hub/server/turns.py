@@ -90,6 +90,10 @@ class LiveTurn:
         return lambda: self.watchers.remove(watcher) if watcher in self.watchers else None
 
 
+#: How long a closing hub waits for its turns' ``turn.ended`` writes (seconds).
+_ENDING_GRACE = 5.0
+
+
 class Turns:
     """The hub's turns and responders."""
 
@@ -108,6 +112,8 @@ class Turns:
         self._arrived = asyncio.Event()
         self._order = itertools.count()
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: The ``turn.ended`` writes under way: :meth:`close` lets them finish.
+        self._ending: set[asyncio.Task[Any]] = set()
         #: Turns this node answers for another node: turn id -> (origin node, turn).
         self.foreign: dict[str, tuple[str, LiveTurn]] = {}
         #: Other nodes' responder counts (node id -> (count, when heard)).
@@ -540,7 +546,10 @@ class Turns:
         # its write failed, or the hub closed): a client that saw its reply end, and posts
         # the next message on another node, finds no turn in flight there. A done-callback
         # runs even for a task cancelled before it ran.
-        self._spawn(self._log(turn, "turn.ended", data)).add_done_callback(tell)
+        ending = self._spawn(self._log(turn, "turn.ended", data))
+        ending.add_done_callback(tell)
+        self._ending.add(ending)
+        ending.add_done_callback(self._ending.discard)
 
     def _forget(self, turn: LiveTurn) -> None:
         if self.live.pop(turn.turn_id, None) is not None:
@@ -569,6 +578,10 @@ class Turns:
     async def close(self) -> None:
         for turn in list(self.live.values()):
             self.fail(turn, "the hub is shutting down")
+        if self._ending:
+            # Written before the hub stops: a turn left open in the log is one a chat resume on
+            # another node waits for until this node is no longer heard from.
+            await asyncio.wait(set(self._ending), timeout=_ENDING_GRACE)
         for task in list(self._tasks):
             if not task.done():
                 task.cancel()
