@@ -487,7 +487,8 @@ export class HubClient {
       this._setState("closed", { reason });
       return;
     }
-    if (!this.reconnect) {
+    // Without reconnect, connect() still tries each URL once (this.opening is set until then).
+    if (!this.reconnect && !this.opening) {
       this.closed = true;
       this._failWaiters(new ConnectionLost(`the connection to the hub was lost (${reason})`));
       for (const sub of this.subscriptions.values()) sub.options.onError?.(new ConnectionLost(reason));
@@ -523,6 +524,7 @@ export class HubClient {
     this.retryTimer = null;
     const ws = this.socket;
     this._lost("the client was closed");
+    this.opening?.(false, "the client was closed", true);
     this._failWaiters(new ConnectionLost("the client is closed"));
     this._setState("closed", { reason: "closed by the client" });
     if (ws) {

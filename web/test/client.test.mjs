@@ -439,3 +439,23 @@ test("connect() rejects once every URL failed; bad URLs are refused at once", as
     assert.throws(() => new HubClient(bad, { WebSocket: FakeSocket }), (e) => e instanceof HubError && e.code === "invalid");
   }
 });
+
+test("without reconnect, connect() still tries each URL once; close() settles a pending connect()", async () => {
+  FakeSocket.all = [];
+  const timers = manualTimers();
+  const once = new HubClient(["ws://a/ws", "ws://b/ws"], { WebSocket: FakeSocket, timers, random: () => 1, reconnect: false });
+  const first = once.connect();
+  FakeSocket.all[0].drop(1001);
+  timers.fireNext();
+  assert.equal(FakeSocket.all[1].url, "ws://b/ws");
+  FakeSocket.all[1].drop(1001);
+  await assert.rejects(first, ConnectionLost);
+  assert.equal(once.state, "closed");
+  assert.equal(timers.pending.filter((t) => !t.done).length, 0, "no retry after the last URL");
+
+  const closing = new HubClient(["ws://a/ws", "ws://b/ws"], { WebSocket: FakeSocket, timers, random: () => 1 });
+  const second = closing.connect();
+  FakeSocket.all.at(-1).drop(1006);
+  closing.close();
+  await assert.rejects(second, ConnectionLost);
+});
