@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
@@ -23,7 +23,7 @@ import msgspec
 
 from protocol import Compaction, InvalidInput, SessionInfo, SessionNotFound, coerce_message
 
-from .store.base import DumpedMessage, SessionDump, Store
+from .store.base import DumpedMessage, SessionDump, Store, check_usage
 
 __all__ = [
     "DUMP_VERSION",
@@ -48,7 +48,7 @@ class DumpError(InvalidInput):
     """A dump line that cannot be imported; ``line`` is its number (from 1)."""
 
     def __init__(self, line: int, problem: str) -> None:
-        super().__init__(f"line {line}: {problem}; nothing of this session was written")
+        super().__init__(f"line {line}: {problem}; nothing was written")
         self.line = line
         self.problem = problem
 
@@ -117,6 +117,12 @@ async def export_lines(store: Store, session_ids: Sequence[str] | None = None) -
 
 # -- reading -------------------------------------------------------------------------------
 
+#: The times a dump may carry (from, until): the range both stores keep to the microsecond.
+#: SQLite stores epoch seconds as a double, exact to the microsecond only within ~2**33 s of
+#: 1970 (1697..2242); asyncpg writes 0001-01-01T00:00Z and 9999-12-31T23:59:59.999999Z as
+#: the infinities, which read back without a time zone and then broke every export.
+TIME_RANGE: Final = (datetime(1700, 1, 1, tzinfo=UTC), datetime(2200, 1, 1, tzinfo=UTC))
+
 
 def _field(obj: dict[str, Any], name: str, kind: type | tuple[type, ...], n: int) -> Any:
     value = obj.get(name)
@@ -125,27 +131,81 @@ def _field(obj: dict[str, Any], name: str, kind: type | tuple[type, ...], n: int
     return value
 
 
+def _time(value: object, name: str, n: int) -> datetime:
+    """A dump time: ISO 8601 (or already a datetime), with a time zone, in TIME_RANGE."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            raise DumpError(n, f"{name!r} is not an ISO 8601 time") from None
+    if not isinstance(value, datetime):
+        raise DumpError(n, f"{name!r} is missing or not an ISO 8601 time")
+    if value.tzinfo is None:
+        raise DumpError(n, f"{name!r} has no time zone")
+    first, until = TIME_RANGE
+    if not first <= value < until:
+        raise DumpError(
+            n, f"{name!r} {value.isoformat()} is outside {first.isoformat()} .. {until.isoformat()}"
+        )
+    return value
+
+
+def _session(obj: dict[str, Any], n: int) -> SessionDump:
+    """A ``session`` line, every field checked as the stores will hold it."""
+    try:
+        info = msgspec.convert(obj.get("session"), SessionInfo)
+    except msgspec.ValidationError as exc:
+        raise DumpError(n, f"bad session: {exc}") from None
+    try:
+        check_usage(info.input_tokens, info.output_tokens, info.estimated_cost)
+    except InvalidInput as exc:  # names the field: "input_tokens must fit in 64 bits ..."
+        raise DumpError(n, f"bad session: {exc}") from None
+    _time(info.created_at, "session.created_at", n)
+    _time(info.updated_at, "session.updated_at", n)
+    context = obj.get("context") or {}
+    if not isinstance(context, dict) or not all(isinstance(v, str) for v in context.values()):
+        raise DumpError(n, "'context' must map block labels to strings")
+    prompt = obj.get("system_prompt")
+    if prompt is not None and not isinstance(prompt, str):
+        raise DumpError(n, "'system_prompt' must be a string or null")
+    return SessionDump(info=info, messages=[], compactions=[], context=context, system_prompt=prompt)
+
+
 class _Reader:
-    """Builds sessions line by line, checking each as it comes."""
+    """Builds sessions line by line, checking each as it comes: a dump that reads to its end
+    holds nothing a store would refuse, so writing it cannot fail half way on its content."""
 
     def __init__(self) -> None:
         self.n = 0
         self.header = False
         self.current: SessionDump | None = None
         self.ids: set[str] = set()
+        self.compaction_ids: set[str] = set()
+        #: Every session id read so far, and its line: a second copy would conflict with
+        #: the first inside the one transaction.
+        self.sessions: dict[str, int] = {}
         self.done: list[SessionDump] = []
 
     def feed(self, raw: str | bytes) -> SessionDump | None:
         """One line; returns a session once its ``end`` line is read."""
         self.n += 1
-        n = self.n
+        try:
+            return self._feed(raw, self.n)
+        except RecursionError:
+            # msgspec bounds nesting by the interpreter's recursion limit; left to
+            # propagate, this ended the socket with 1006 and the CLI with a traceback.
+            raise DumpError(self.n, "nested too deeply to decode") from None
+
+    def _feed(self, raw: str | bytes, n: int) -> SessionDump | None:
         text = raw.strip()
         if not text:
             raise DumpError(n, "empty line")
         try:
             obj = _decode(text)
-        except msgspec.DecodeError as exc:
+        except msgspec.DecodeError as exc:  # ValidationError too: a number out of range
             raise DumpError(n, f"not JSON ({exc})") from None
+        except UnicodeEncodeError as exc:  # a str line holding a lone surrogate
+            raise DumpError(n, f"text that is not valid Unicode ({exc.reason})") from None
         if not isinstance(obj, dict):
             raise DumpError(n, "not a JSON object")
         if not self.header:
@@ -162,20 +222,15 @@ class _Reader:
         if kind == "session":
             if self.current is not None:
                 raise DumpError(n, f"session {self.current.info.id!r} has no end line")
-            try:
-                info = msgspec.convert(obj.get("session"), SessionInfo)
-            except msgspec.ValidationError as exc:
-                raise DumpError(n, f"bad session: {exc}") from None
-            context = obj.get("context") or {}
-            if not isinstance(context, dict) or not all(isinstance(v, str) for v in context.values()):
-                raise DumpError(n, "'context' must map block labels to strings")
-            prompt = obj.get("system_prompt")
-            if prompt is not None and not isinstance(prompt, str):
-                raise DumpError(n, "'system_prompt' must be a string or null")
-            self.current = SessionDump(
-                info=info, messages=[], compactions=[], context=context, system_prompt=prompt
-            )
+            self.current = _session(obj, n)
+            sid = self.current.info.id
+            if sid in self.sessions:
+                raise DumpError(
+                    n, f"session {sid!r} is in the dump twice (first at line {self.sessions[sid]})"
+                )
+            self.sessions[sid] = n
             self.ids = set()
+            self.compaction_ids = set()
             return None
         current = self.current
         if current is None:
@@ -183,32 +238,17 @@ class _Reader:
         if obj.get("session_id") != current.info.id:
             raise DumpError(n, f"session_id {obj.get('session_id')!r} inside session {current.info.id!r}")
         if kind == "message":
-            raw_message = obj.get("message")
-            if not isinstance(raw_message, dict):
-                raise DumpError(n, "'message' is missing or not an object")
-            try:
-                message = coerce_message(raw_message)
-            except InvalidInput as exc:  # InvalidMessage names the field
-                raise DumpError(n, f"bad message: {exc}") from None
-            parent = obj.get("parent_id")
-            if parent is not None and (not isinstance(parent, str) or parent not in self.ids):
-                raise DumpError(n, f"parent {parent!r} of message {message.id!r} is not an earlier message")
-            if message.id in self.ids:
-                raise DumpError(n, f"message {message.id!r} appears twice")
-            try:
-                at = datetime.fromisoformat(_field(obj, "created_at", str, n))
-            except ValueError:
-                raise DumpError(n, "'created_at' is not an ISO 8601 time") from None
-            if at.tzinfo is None:
-                raise DumpError(n, "'created_at' has no time zone")
-            self.ids.add(message.id)
-            current.messages.append(DumpedMessage(message=message, parent_id=parent, created_at=at))
+            self._message(obj, current, n)
             return None
         if kind == "compaction":
             try:
                 c = msgspec.convert(obj.get("compaction"), Compaction)
             except msgspec.ValidationError as exc:
                 raise DumpError(n, f"bad compaction: {exc}") from None
+            _time(c.created_at, "compaction.created_at", n)
+            if c.id in self.compaction_ids:
+                raise DumpError(n, f"compaction {c.id!r} appears twice")
+            self.compaction_ids.add(c.id)
             current.compactions.append(c)
             return None
         if kind == "end":
@@ -220,6 +260,23 @@ class _Reader:
             self.current = None
             return current
         raise DumpError(n, f"unknown line type {kind!r}")
+
+    def _message(self, obj: dict[str, Any], current: SessionDump, n: int) -> None:
+        raw_message = obj.get("message")
+        if not isinstance(raw_message, dict):
+            raise DumpError(n, "'message' is missing or not an object")
+        try:
+            message = coerce_message(raw_message)
+        except InvalidInput as exc:  # InvalidMessage names the field
+            raise DumpError(n, f"bad message: {exc}") from None
+        parent = obj.get("parent_id")
+        if parent is not None and (not isinstance(parent, str) or parent not in self.ids):
+            raise DumpError(n, f"parent {parent!r} of message {message.id!r} is not an earlier message")
+        if message.id in self.ids:
+            raise DumpError(n, f"message {message.id!r} appears twice")
+        at = _time(_field(obj, "created_at", str, n), "created_at", n)
+        self.ids.add(message.id)
+        current.messages.append(DumpedMessage(message=message, parent_id=parent, created_at=at))
 
     def finish(self) -> None:
         if not self.header:
@@ -242,30 +299,18 @@ def parse_dump(lines: Iterable[str | bytes]) -> list[SessionDump]:
 
 
 async def import_lines(store: Store, lines: Iterable[str | bytes], *, replace: bool = False) -> ImportResult:
-    """Import a dump: the whole input is checked first (a bad line: :class:`DumpError`,
-    nothing written), then each session is written in one transaction. A session already
-    stored is :class:`~protocol.errors.Conflict` unless ``replace``, checked for every
-    session before the first is written."""
+    """Import a dump, all or nothing: the whole input is checked first (a bad line:
+    :class:`DumpError`, nothing written), then every session is written in one transaction.
+    A session already stored is :class:`~protocol.errors.Conflict` unless ``replace``, and
+    then nothing of the dump is written either."""
     dumps = parse_dump(lines)
     return await import_dumps(store, dumps, replace=replace)
 
 
 async def import_dumps(store: Store, dumps: Sequence[SessionDump], *, replace: bool = False) -> ImportResult:
-    from protocol import Conflict
-
-    if not replace:
-        for d in dumps:
-            if await store.get_session(d.info.id) is not None:
-                raise Conflict(
-                    f"session {d.info.id!r} already exists (import with --replace to overwrite it)"
-                )
-    written = []
-    count = 0
-    for d in dumps:
-        await store.import_session(d, replace=replace)
-        written.append(d.info.id)
-        count += len(d.messages)
-    return ImportResult(sessions=written, messages=count)
+    """Write checked sessions (:func:`parse_dump`'s) in one transaction of ``store``."""
+    stored = await store.import_sessions(dumps, replace=replace)
+    return ImportResult(sessions=[i.id for i in stored], messages=sum(len(d.messages) for d in dumps))
 
 
 @contextlib.asynccontextmanager
@@ -331,9 +376,13 @@ def from_ui_messages(data: bytes | str, session_id: str, name: str | None = None
             raise InvalidInput(f"message {i}: id {message.id!r} appears twice")
         seen.add(message.id)
         parent = messages[-1].message.id if messages else None
-        messages.append(
-            DumpedMessage(message=message, parent_id=parent, created_at=message.created_at or now)
-        )
+        at = message.created_at or now
+        first, until = TIME_RANGE
+        if not first <= at < until:
+            raise InvalidInput(
+                f"message {i}: createdAt {at.isoformat()} is outside {first.year}..{until.year - 1}"
+            )
+        messages.append(DumpedMessage(message=message, parent_id=parent, created_at=at))
     info = SessionInfo(
         id=session_id, name=name or session_id, source="ui-messages", created_at=now, updated_at=now
     )
