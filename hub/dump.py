@@ -4,8 +4,8 @@ A dump is one JSON object per line. The first is the header, ``{"sessionhub_dump
 "sessions": N}``; then, per session, a ``session`` line (its registry row, context blocks
 and frozen prompt), its ``message`` lines in storage order (every branch; a parent always
 comes before its children), its ``compaction`` lines, and an ``end`` line. The event log
-is not exported: an import writes a fresh one (see :meth:`Store.import_session
-<hub.store.base.Store.import_session>` for its events). Export, import into an empty store
+is not exported: an import writes a fresh one (see :meth:`Store.import_sessions
+<hub.store.base.Store.import_sessions>` for its events). Export, import into an empty store
 and export again gives the same bytes, on either store. See docs/operations.md.
 
 Engine level: nothing here imports the server.
