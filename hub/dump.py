@@ -27,8 +27,10 @@ from .store.base import DumpedMessage, SessionDump, Store, check_usage
 
 __all__ = [
     "DUMP_VERSION",
+    "TIME_RANGE",
     "DumpError",
     "ImportResult",
+    "check_dumps",
     "dump_lines",
     "export_lines",
     "import_lines",
@@ -131,6 +133,16 @@ def _field(obj: dict[str, Any], name: str, kind: type | tuple[type, ...], n: int
     return value
 
 
+def _time_problem(value: datetime, label: str) -> str | None:
+    """Why a time cannot be stored as it is (None: it can); ``label`` names it."""
+    if value.tzinfo is None:
+        return f"{label} has no time zone"
+    first, until = TIME_RANGE
+    if not first <= value < until:
+        return f"{label} {value.isoformat()} is outside {first.isoformat()} .. {until.isoformat()}"
+    return None
+
+
 def _time(value: object, name: str, n: int) -> datetime:
     """A dump time: ISO 8601 (or already a datetime), with a time zone, in TIME_RANGE."""
     if isinstance(value, str):
@@ -140,14 +152,36 @@ def _time(value: object, name: str, n: int) -> datetime:
             raise DumpError(n, f"{name!r} is not an ISO 8601 time") from None
     if not isinstance(value, datetime):
         raise DumpError(n, f"{name!r} is missing or not an ISO 8601 time")
-    if value.tzinfo is None:
-        raise DumpError(n, f"{name!r} has no time zone")
-    first, until = TIME_RANGE
-    if not first <= value < until:
-        raise DumpError(
-            n, f"{name!r} {value.isoformat()} is outside {first.isoformat()} .. {until.isoformat()}"
-        )
+    problem = _time_problem(value, repr(name))
+    if problem is not None:
+        raise DumpError(n, problem)
     return value
+
+
+def _dump_problem(d: SessionDump) -> str | None:
+    """What the reader checks, for a session built elsewhere (``--from`` sources, callers
+    of :func:`import_dumps`)."""
+    try:
+        check_usage(d.info.input_tokens, d.info.output_tokens, d.info.estimated_cost)
+    except InvalidInput as exc:
+        return str(exc)
+    times = [("'session.created_at'", d.info.created_at), ("'session.updated_at'", d.info.updated_at)]
+    times += [(f"the created_at of message {m.message.id!r}", m.created_at) for m in d.messages]
+    times += [(f"the created_at of overlay {c.id!r}", c.created_at) for c in d.compactions]
+    return next((p for name, at in times if (p := _time_problem(at, name)) is not None), None)
+
+
+def check_dumps(dumps: Sequence[SessionDump]) -> None:
+    """Refuse (:class:`~protocol.errors.InvalidInput`, naming the session) sessions a store
+    would hold wrongly or a transaction would refuse half way: a session twice, usage
+    beyond int64, a time without a zone or out of :data:`TIME_RANGE`."""
+    seen: set[str] = set()
+    for d in dumps:
+        sid = d.info.id
+        problem = "it is in the dump twice" if sid in seen else _dump_problem(d)
+        if problem is not None:
+            raise InvalidInput(f"session {sid!r}: {problem}; nothing was written")
+        seen.add(sid)
 
 
 def _session(obj: dict[str, Any], n: int) -> SessionDump:
@@ -308,7 +342,10 @@ async def import_lines(store: Store, lines: Iterable[str | bytes], *, replace: b
 
 
 async def import_dumps(store: Store, dumps: Sequence[SessionDump], *, replace: bool = False) -> ImportResult:
-    """Write checked sessions (:func:`parse_dump`'s) in one transaction of ``store``."""
+    """Write sessions in one transaction of ``store``, all or nothing, after
+    :func:`check_dumps` (the dumps of :func:`parse_dump` pass it; those built elsewhere are
+    checked the same way)."""
+    check_dumps(dumps)
     stored = await store.import_sessions(dumps, replace=replace)
     return ImportResult(sessions=[i.id for i in stored], messages=sum(len(d.messages) for d in dumps))
 
@@ -377,11 +414,8 @@ def from_ui_messages(data: bytes | str, session_id: str, name: str | None = None
         seen.add(message.id)
         parent = messages[-1].message.id if messages else None
         at = message.created_at or now
-        first, until = TIME_RANGE
-        if not first <= at < until:
-            raise InvalidInput(
-                f"message {i}: createdAt {at.isoformat()} is outside {first.year}..{until.year - 1}"
-            )
+        if (problem := _time_problem(at, "'createdAt'")) is not None:
+            raise InvalidInput(f"message {i}: {problem}")
         messages.append(DumpedMessage(message=message, parent_id=parent, created_at=at))
     info = SessionInfo(
         id=session_id, name=name or session_id, source="ui-messages", created_at=now, updated_at=now

@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -389,8 +390,10 @@ async def test_a_refusal_by_the_store_rolls_back_the_whole_dump(store: Store) ->
     before = await snapshot(store)
     twice = parse_dump(dumps.dump(dumps.session("imp-a"), dumps.session("imp-b")))
     with pytest.raises(Conflict, match="'imp-a' already exists"):
-        await import_dumps(store, [*twice, twice[0]])
+        await store.import_sessions([*twice, twice[0]])
     assert await snapshot(store) == before
+    with pytest.raises(InvalidInput, match="'imp-a': it is in the dump twice; nothing was written"):
+        await import_dumps(store, [*twice, twice[0]])  # checked before the store is asked
     # An existing session later in the dump, without replace: nothing of the dump either.
     existing = parse_dump(await export_all(store))
     with pytest.raises(Conflict, match="already exists"):
@@ -444,3 +447,35 @@ async def test_a_bad_import_over_the_socket_is_invalid_and_the_connection_stays(
         assert (await raw.request("ping"))["frame"] == "reply" and raw.close_code is None
     assert await snapshot(store) == before
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_sessions_built_elsewhere_are_checked_as_dump_lines_are(store: Store) -> None:
+    """``--from`` sources and callers of import_dumps build sessions without the reader:
+    the same rules hold, naming the session, before the store is asked."""
+    await rich_session(store)
+    before = await snapshot(store)
+    good, bad = parse_dump(dumps.dump(dumps.session("imp-a"), dumps.session("imp-b")))
+    bad.info.input_tokens = 2**63
+    with pytest.raises(InvalidInput, match="'imp-b': input_tokens must fit in 64 bits"):
+        await import_dumps(store, [good, bad])
+    bad.info.input_tokens = 0
+    bad.messages[1].created_at = datetime(1, 1, 1, tzinfo=UTC)
+    with pytest.raises(InvalidInput, match="'imp-b': the created_at of message 'imp-b-m1' 0001-01-01"):
+        await import_dumps(store, [good, bad])
+    assert await snapshot(store) == before
+    year_one = [{**text("u1", "hello"), "createdAt": "0001-01-01T00:00:00Z"}]
+    with pytest.raises(InvalidInput, match="message 0: 'createdAt' 0001-01-01"):
+        from_ui_messages(json.dumps(year_one), "ui")
+
+
+async def test_concurrent_imports_serialize_without_deadlock_or_double_writes(store: Store) -> None:
+    """Two imports of the same new session: one is written, the other is `conflict` (on
+    Postgres its INSERT waits for the first's commit). Two replacing the same sessions in
+    opposite orders both complete: the locks are taken in one order."""
+    one = dumps.dump(dumps.session("imp-a"), dumps.session("imp-b"))
+    results = await asyncio.gather(import_lines(store, one), import_lines(store, one), return_exceptions=True)
+    assert sorted(type(r).__name__ for r in results) == ["Conflict", "ImportResult"], results
+    reverse = dumps.dump(dumps.session("imp-b"), dumps.session("imp-a"))
+    done = await asyncio.gather(*(import_lines(store, d, replace=True) for d in [one, reverse] * 3))
+    assert [r.messages for r in done] == [4] * 6
+    assert sorted(s.id for s in await store.list_sessions()) == ["imp-a", "imp-b"]
