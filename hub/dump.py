@@ -184,6 +184,14 @@ def check_dumps(dumps: Sequence[SessionDump]) -> None:
         seen.add(sid)
 
 
+def _texts(label: str, fields: Iterable[tuple[str, object]], n: int) -> None:
+    """Refuse a NUL in a field a store keeps as a text column: Postgres text cannot hold
+    one, so the same dump would import on SQLite and fail (unnamed) on Postgres."""
+    for name, value in fields:
+        if isinstance(value, str) and "\x00" in value:
+            raise DumpError(n, f"'{label}.{name}' holds a NUL character (Postgres text cannot store it)")
+
+
 def _session(obj: dict[str, Any], n: int) -> SessionDump:
     """A ``session`` line, every field checked as the stores will hold it."""
     try:
@@ -202,6 +210,9 @@ def _session(obj: dict[str, Any], n: int) -> SessionDump:
     prompt = obj.get("system_prompt")
     if prompt is not None and not isinstance(prompt, str):
         raise DumpError(n, "'system_prompt' must be a string or null")
+    _texts("session", msgspec.structs.asdict(info).items(), n)
+    _texts("context", [*((f"{label} (its label)", label) for label in context), *context.items()], n)
+    _texts("session", [("system_prompt", prompt)], n)
     return SessionDump(info=info, messages=[], compactions=[], context=context, system_prompt=prompt)
 
 
@@ -280,6 +291,7 @@ class _Reader:
             except msgspec.ValidationError as exc:
                 raise DumpError(n, f"bad compaction: {exc}") from None
             _time(c.created_at, "compaction.created_at", n)
+            _texts("compaction", msgspec.structs.asdict(c).items(), n)
             if c.id in self.compaction_ids:
                 raise DumpError(n, f"compaction {c.id!r} appears twice")
             self.compaction_ids.add(c.id)
@@ -308,6 +320,7 @@ class _Reader:
             raise DumpError(n, f"parent {parent!r} of message {message.id!r} is not an earlier message")
         if message.id in self.ids:
             raise DumpError(n, f"message {message.id!r} appears twice")
+        _texts("message", [("id", message.id)], n)
         at = _time(_field(obj, "created_at", str, n), "created_at", n)
         self.ids.add(message.id)
         current.messages.append(DumpedMessage(message=message, parent_id=parent, created_at=at))

@@ -121,6 +121,15 @@ def bad_dumps() -> dict[str, Bad]:
         "an overlay of year 1": later(
             *third[:-1], _compaction("imp-c", "0001-01-01T00:00:00+00:00"), says="compaction.created_at", at=3
         ),
+        "a NUL in a session's name": later(
+            *session("imp-c", name="a\x00b"), says="'session.name' holds a NUL"
+        ),
+        "a NUL in a context block": later(
+            third[0].replace('"memory": "m"', '"memory": "m\\u0000"'), says="'context.memory' holds a NUL"
+        ),
+        "a NUL in a message id": later(
+            third[0], third[1].replace('"imp-c-m0"', '"imp-c\\u0000"'), says="'message.id'", at=1
+        ),
         "a lone surrogate": later('{"type": "session", "session": {"id": "\\ud800"}}', says="not JSON"),
     }
     return cases
