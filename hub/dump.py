@@ -247,7 +247,9 @@ class _Reader:
             raise DumpError(n, "empty line")
         try:
             obj = _decode(text)
-        except msgspec.DecodeError as exc:  # ValidationError too: a number out of range
+        except msgspec.ValidationError as exc:  # JSON, but a number no double or int holds
+            raise DumpError(n, f"a number out of range ({exc})") from None
+        except msgspec.DecodeError as exc:
             raise DumpError(n, f"not JSON ({exc})") from None
         except UnicodeEncodeError as exc:  # a str line holding a lone surrogate
             raise DumpError(n, f"text that is not valid Unicode ({exc.reason})") from None

@@ -90,7 +90,7 @@ def bad_dumps() -> dict[str, Bad]:
             *session("imp-c", output_tokens=-(2**63) - 1), says="output_tokens"
         ),
         "a cost beyond a double": later(
-            third[0].replace('"estimated_cost": 0.5', '"estimated_cost": 1e400'), says="not JSON"
+            third[0].replace('"estimated_cost": 0.5', '"estimated_cost": 1e400'), says="a number out of range"
         ),
         "a 5,000-deep line": later(deep(), says="nested too deeply"),
         "a 5,000-deep message": later(
