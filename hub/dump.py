@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
@@ -23,14 +23,13 @@ import msgspec
 
 from protocol import Compaction, InvalidInput, SessionInfo, SessionNotFound, coerce_message
 
-from .store.base import DumpedMessage, SessionDump, Store, check_usage
+from .dumpcheck import check_dumps, nul_problem, time_problem, usage_problem
+from .store.base import DumpedMessage, SessionDump, Store
 
 __all__ = [
     "DUMP_VERSION",
-    "TIME_RANGE",
     "DumpError",
     "ImportResult",
-    "check_dumps",
     "dump_lines",
     "export_lines",
     "import_lines",
@@ -119,12 +118,6 @@ async def export_lines(store: Store, session_ids: Sequence[str] | None = None) -
 
 # -- reading -------------------------------------------------------------------------------
 
-#: The times a dump may carry (from, until): the range both stores keep to the microsecond.
-#: SQLite stores epoch seconds as a double, exact to the microsecond only within ~2**33 s of
-#: 1970 (1697..2242); asyncpg writes 0001-01-01T00:00Z and 9999-12-31T23:59:59.999999Z as
-#: the infinities, which read back without a time zone and then broke every export.
-TIME_RANGE: Final = (datetime(1700, 1, 1, tzinfo=UTC), datetime(2200, 1, 1, tzinfo=UTC))
-
 
 def _field(obj: dict[str, Any], name: str, kind: type | tuple[type, ...], n: int) -> Any:
     value = obj.get(name)
@@ -133,18 +126,9 @@ def _field(obj: dict[str, Any], name: str, kind: type | tuple[type, ...], n: int
     return value
 
 
-def _time_problem(value: datetime, label: str) -> str | None:
-    """Why a time cannot be stored as it is (None: it can); ``label`` names it."""
-    if value.tzinfo is None:
-        return f"{label} has no time zone"
-    first, until = TIME_RANGE
-    if not first <= value < until:
-        return f"{label} {value.isoformat()} is outside {first.isoformat()} .. {until.isoformat()}"
-    return None
-
-
 def _time(value: object, name: str, n: int) -> datetime:
-    """A dump time: ISO 8601 (or already a datetime), with a time zone, in TIME_RANGE."""
+    """A dump time: ISO 8601 (or already a datetime), with a time zone, in range
+    (:data:`~hub.dumpcheck.TIME_RANGE`)."""
     if isinstance(value, str):
         try:
             value = datetime.fromisoformat(value)
@@ -152,44 +136,15 @@ def _time(value: object, name: str, n: int) -> datetime:
             raise DumpError(n, f"{name!r} is not an ISO 8601 time") from None
     if not isinstance(value, datetime):
         raise DumpError(n, f"{name!r} is missing or not an ISO 8601 time")
-    problem = _time_problem(value, repr(name))
+    problem = time_problem(value, repr(name))
     if problem is not None:
         raise DumpError(n, problem)
     return value
 
 
-def _dump_problem(d: SessionDump) -> str | None:
-    """What the reader checks, for a session built elsewhere (``--from`` sources, callers
-    of :func:`import_dumps`)."""
-    try:
-        check_usage(d.info.input_tokens, d.info.output_tokens, d.info.estimated_cost)
-    except InvalidInput as exc:
-        return str(exc)
-    times = [("'session.created_at'", d.info.created_at), ("'session.updated_at'", d.info.updated_at)]
-    times += [(f"the created_at of message {m.message.id!r}", m.created_at) for m in d.messages]
-    times += [(f"the created_at of overlay {c.id!r}", c.created_at) for c in d.compactions]
-    return next((p for name, at in times if (p := _time_problem(at, name)) is not None), None)
-
-
-def check_dumps(dumps: Sequence[SessionDump]) -> None:
-    """Refuse (:class:`~protocol.errors.InvalidInput`, naming the session) sessions a store
-    would hold wrongly or a transaction would refuse half way: a session twice, usage
-    beyond int64, a time without a zone or out of :data:`TIME_RANGE`."""
-    seen: set[str] = set()
-    for d in dumps:
-        sid = d.info.id
-        problem = "it is in the dump twice" if sid in seen else _dump_problem(d)
-        if problem is not None:
-            raise InvalidInput(f"session {sid!r}: {problem}; nothing was written")
-        seen.add(sid)
-
-
 def _texts(label: str, fields: Iterable[tuple[str, object]], n: int) -> None:
-    """Refuse a NUL in a field a store keeps as a text column: Postgres text cannot hold
-    one, so the same dump would import on SQLite and fail (unnamed) on Postgres."""
-    for name, value in fields:
-        if isinstance(value, str) and "\x00" in value:
-            raise DumpError(n, f"'{label}.{name}' holds a NUL character (Postgres text cannot store it)")
+    if (problem := nul_problem(label, fields)) is not None:
+        raise DumpError(n, problem)
 
 
 def _session(obj: dict[str, Any], n: int) -> SessionDump:
@@ -198,10 +153,8 @@ def _session(obj: dict[str, Any], n: int) -> SessionDump:
         info = msgspec.convert(obj.get("session"), SessionInfo)
     except msgspec.ValidationError as exc:
         raise DumpError(n, f"bad session: {exc}") from None
-    try:
-        check_usage(info.input_tokens, info.output_tokens, info.estimated_cost)
-    except InvalidInput as exc:  # names the field: "input_tokens must fit in 64 bits ..."
-        raise DumpError(n, f"bad session: {exc}") from None
+    if (problem := usage_problem(info)) is not None:
+        raise DumpError(n, f"bad session: {problem}")
     _time(info.created_at, "session.created_at", n)
     _time(info.updated_at, "session.updated_at", n)
     context = obj.get("context") or {}
@@ -429,7 +382,7 @@ def from_ui_messages(data: bytes | str, session_id: str, name: str | None = None
         seen.add(message.id)
         parent = messages[-1].message.id if messages else None
         at = message.created_at or now
-        if (problem := _time_problem(at, "'createdAt'")) is not None:
+        if (problem := time_problem(at, "'createdAt'")) is not None:
             raise InvalidInput(f"message {i}: {problem}")
         messages.append(DumpedMessage(message=message, parent_id=parent, created_at=at))
     info = SessionInfo(
