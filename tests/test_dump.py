@@ -464,7 +464,7 @@ async def test_sessions_built_elsewhere_are_checked_as_dump_lines_are(store: Sto
         await import_dumps(store, [good, bad])
     bad.messages[1].created_at = good.messages[1].created_at
     bad.context = {"memory": "a\x00"}
-    with pytest.raises(InvalidInput, match="'imp-b': 'context[.]memory' holds a NUL"):
+    with pytest.raises(InvalidInput, match=r"'imp-b': 'context\.memory' holds a NUL"):
         await import_dumps(store, [good, bad])
     assert await snapshot(store) == before
     year_one = [{**text("u1", "hello"), "createdAt": "0001-01-01T00:00:00Z"}]
