@@ -25,6 +25,7 @@ import pytest
 from hub import REGISTRY, ReadonlyText, SessionManager, SqliteStore, Store
 from protocol.frames import ERROR_CODES, REQUEST_TYPES
 
+from . import dumps as d
 from .hubtest import Client, Frame, Served, served, text
 from .test_protocol import MSG, VALID
 
@@ -319,8 +320,6 @@ BAD_NUMBERS = [
 
 def import_cases() -> Iterator[tuple[str, list[str]]]:
     """Dumps broken in one place each, after a good session (which must not be written)."""
-    from . import dumps as d
-
     good = d.session("fz-good")
     head = [*d.dump(), *good]
     for depth in (129, 1000, 5000, 100_000):
@@ -347,14 +346,16 @@ def import_cases() -> Iterator[tuple[str, list[str]]]:
         message = json.loads(third[1])
         yield f"message created_at {when!r}", [*head, third[0], json.dumps({**message, "created_at": when})]
     yield "the same session twice", [*d.dump(), *good, *good]
+    big = "x" * 900_000  # a frame holds it (under max_frame_bytes), the line is still bad
+    yield "a 900 KB name, then 2**63 tokens", [*head, *d.session("fz", name=big, input_tokens=2**63)]
+    third = d.session("fz")
+    yield "a 900 KB message, then junk", [*head, third[0], third[1].replace("line 0", big) + "x"]
     yield "an empty line", [*head, ""]
     yield "no header", good
 
 
 def mutated(rng: random.Random, n: int) -> list[str]:
     """A valid dump of a fresh session with one line cut, spliced or given a bad value."""
-    from . import dumps as d
-
     lines = [*d.dump(), *d.session(f"fz-{n}", messages=3)]
     i = rng.randrange(len(lines))
     line = lines[i]
@@ -408,6 +409,11 @@ async def test_every_bad_import_is_typed_and_writes_nothing(
                 written += 1
             if i % BATCH == BATCH - 1:
                 await responsive(observer)
+        # A chunk beyond the frame limit: `too_large`, before any line is read.
+        before = await store.stream_position(REGISTRY)
+        oversize = await fuzzer.request("import", lines=[*d.dump(), "x" * 1_100_000], final=True)
+        assert oversize["code"] == "too_large", oversize
+        assert await store.stream_position(REGISTRY) == before
         await responsive(fuzzer)
         assert fuzzer.close_code is None
     elapsed = time.perf_counter() - started
