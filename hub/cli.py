@@ -28,6 +28,7 @@ exit codes:
   0    done
   1    the hub answered with an error not listed below
   2    bad arguments or configuration (one line says which); serve: store or bus unusable
+       import: a bad line in the dump (its number and field; nothing is written)
   3    the hub cannot be reached (sessions, tail); serve: startup failed (e.g. port taken)
   4    the hub refused the request: no token, or one it does not accept (--token)
   5    the session does not exist (tail, export)

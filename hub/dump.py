@@ -4,8 +4,8 @@ A dump is one JSON object per line. The first is the header, ``{"sessionhub_dump
 "sessions": N}``; then, per session, a ``session`` line (its registry row, context blocks
 and frozen prompt), its ``message`` lines in storage order (every branch; a parent always
 comes before its children), its ``compaction`` lines, and an ``end`` line. The event log
-is not exported: an import writes a fresh one (see :meth:`Store.import_session
-<hub.store.base.Store.import_session>` for its events). Export, import into an empty store
+is not exported: an import writes a fresh one (see :meth:`Store.import_sessions
+<hub.store.base.Store.import_sessions>` for its events). Export, import into an empty store
 and export again gives the same bytes, on either store. See docs/operations.md.
 
 Engine level: nothing here imports the server.
@@ -23,6 +23,7 @@ import msgspec
 
 from protocol import Compaction, InvalidInput, SessionInfo, SessionNotFound, coerce_message
 
+from .dumpcheck import check_dumps, nul_problem, time_problem, usage_problem
 from .store.base import DumpedMessage, SessionDump, Store
 
 __all__ = [
@@ -48,7 +49,7 @@ class DumpError(InvalidInput):
     """A dump line that cannot be imported; ``line`` is its number (from 1)."""
 
     def __init__(self, line: int, problem: str) -> None:
-        super().__init__(f"line {line}: {problem}; nothing of this session was written")
+        super().__init__(f"line {line}: {problem}; nothing was written")
         self.line = line
         self.problem = problem
 
@@ -125,27 +126,86 @@ def _field(obj: dict[str, Any], name: str, kind: type | tuple[type, ...], n: int
     return value
 
 
+def _time(value: object, name: str, n: int) -> datetime:
+    """A dump time: ISO 8601 (or already a datetime), with a time zone, in range
+    (:data:`~hub.dumpcheck.TIME_RANGE`)."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            raise DumpError(n, f"{name!r} is not an ISO 8601 time") from None
+    if not isinstance(value, datetime):
+        raise DumpError(n, f"{name!r} is missing or not an ISO 8601 time")
+    problem = time_problem(value, repr(name))
+    if problem is not None:
+        raise DumpError(n, problem)
+    return value
+
+
+def _texts(label: str, fields: Iterable[tuple[str, object]], n: int) -> None:
+    if (problem := nul_problem(label, fields)) is not None:
+        raise DumpError(n, problem)
+
+
+def _session(obj: dict[str, Any], n: int) -> SessionDump:
+    """A ``session`` line, every field checked as the stores will hold it."""
+    try:
+        info = msgspec.convert(obj.get("session"), SessionInfo)
+    except msgspec.ValidationError as exc:
+        raise DumpError(n, f"bad session: {exc}") from None
+    if (problem := usage_problem(info)) is not None:
+        raise DumpError(n, f"bad session: {problem}")
+    _time(info.created_at, "session.created_at", n)
+    _time(info.updated_at, "session.updated_at", n)
+    context = obj.get("context") or {}
+    if not isinstance(context, dict) or not all(isinstance(v, str) for v in context.values()):
+        raise DumpError(n, "'context' must map block labels to strings")
+    prompt = obj.get("system_prompt")
+    if prompt is not None and not isinstance(prompt, str):
+        raise DumpError(n, "'system_prompt' must be a string or null")
+    _texts("session", msgspec.structs.asdict(info).items(), n)
+    _texts("context", [*((f"{label} (its label)", label) for label in context), *context.items()], n)
+    _texts("session", [("system_prompt", prompt)], n)
+    return SessionDump(info=info, messages=[], compactions=[], context=context, system_prompt=prompt)
+
+
 class _Reader:
-    """Builds sessions line by line, checking each as it comes."""
+    """Builds sessions line by line, checking each as it comes: a dump that reads to its end
+    holds nothing a store would refuse, so writing it cannot fail half way on its content."""
 
     def __init__(self) -> None:
         self.n = 0
         self.header = False
         self.current: SessionDump | None = None
         self.ids: set[str] = set()
+        self.compaction_ids: set[str] = set()
+        #: Every session id read so far, and its line: a second copy would conflict with
+        #: the first inside the one transaction.
+        self.sessions: dict[str, int] = {}
         self.done: list[SessionDump] = []
 
     def feed(self, raw: str | bytes) -> SessionDump | None:
         """One line; returns a session once its ``end`` line is read."""
         self.n += 1
-        n = self.n
+        try:
+            return self._feed(raw, self.n)
+        except RecursionError:
+            # msgspec bounds nesting by the interpreter's recursion limit; left to
+            # propagate, this ended the socket with 1006 and the CLI with a traceback.
+            raise DumpError(self.n, "nested too deeply to decode") from None
+
+    def _feed(self, raw: str | bytes, n: int) -> SessionDump | None:
         text = raw.strip()
         if not text:
             raise DumpError(n, "empty line")
         try:
             obj = _decode(text)
+        except msgspec.ValidationError as exc:  # JSON, but a number no double or int holds
+            raise DumpError(n, f"a number out of range ({exc})") from None
         except msgspec.DecodeError as exc:
             raise DumpError(n, f"not JSON ({exc})") from None
+        except UnicodeEncodeError as exc:  # a str line holding a lone surrogate
+            raise DumpError(n, f"text that is not valid Unicode ({exc.reason})") from None
         if not isinstance(obj, dict):
             raise DumpError(n, "not a JSON object")
         if not self.header:
@@ -162,20 +222,15 @@ class _Reader:
         if kind == "session":
             if self.current is not None:
                 raise DumpError(n, f"session {self.current.info.id!r} has no end line")
-            try:
-                info = msgspec.convert(obj.get("session"), SessionInfo)
-            except msgspec.ValidationError as exc:
-                raise DumpError(n, f"bad session: {exc}") from None
-            context = obj.get("context") or {}
-            if not isinstance(context, dict) or not all(isinstance(v, str) for v in context.values()):
-                raise DumpError(n, "'context' must map block labels to strings")
-            prompt = obj.get("system_prompt")
-            if prompt is not None and not isinstance(prompt, str):
-                raise DumpError(n, "'system_prompt' must be a string or null")
-            self.current = SessionDump(
-                info=info, messages=[], compactions=[], context=context, system_prompt=prompt
-            )
+            self.current = _session(obj, n)
+            sid = self.current.info.id
+            if sid in self.sessions:
+                raise DumpError(
+                    n, f"session {sid!r} is in the dump twice (first at line {self.sessions[sid]})"
+                )
+            self.sessions[sid] = n
             self.ids = set()
+            self.compaction_ids = set()
             return None
         current = self.current
         if current is None:
@@ -183,32 +238,18 @@ class _Reader:
         if obj.get("session_id") != current.info.id:
             raise DumpError(n, f"session_id {obj.get('session_id')!r} inside session {current.info.id!r}")
         if kind == "message":
-            raw_message = obj.get("message")
-            if not isinstance(raw_message, dict):
-                raise DumpError(n, "'message' is missing or not an object")
-            try:
-                message = coerce_message(raw_message)
-            except InvalidInput as exc:  # InvalidMessage names the field
-                raise DumpError(n, f"bad message: {exc}") from None
-            parent = obj.get("parent_id")
-            if parent is not None and (not isinstance(parent, str) or parent not in self.ids):
-                raise DumpError(n, f"parent {parent!r} of message {message.id!r} is not an earlier message")
-            if message.id in self.ids:
-                raise DumpError(n, f"message {message.id!r} appears twice")
-            try:
-                at = datetime.fromisoformat(_field(obj, "created_at", str, n))
-            except ValueError:
-                raise DumpError(n, "'created_at' is not an ISO 8601 time") from None
-            if at.tzinfo is None:
-                raise DumpError(n, "'created_at' has no time zone")
-            self.ids.add(message.id)
-            current.messages.append(DumpedMessage(message=message, parent_id=parent, created_at=at))
+            self._message(obj, current, n)
             return None
         if kind == "compaction":
             try:
                 c = msgspec.convert(obj.get("compaction"), Compaction)
             except msgspec.ValidationError as exc:
                 raise DumpError(n, f"bad compaction: {exc}") from None
+            _time(c.created_at, "compaction.created_at", n)
+            _texts("compaction", msgspec.structs.asdict(c).items(), n)
+            if c.id in self.compaction_ids:
+                raise DumpError(n, f"compaction {c.id!r} appears twice")
+            self.compaction_ids.add(c.id)
             current.compactions.append(c)
             return None
         if kind == "end":
@@ -220,6 +261,24 @@ class _Reader:
             self.current = None
             return current
         raise DumpError(n, f"unknown line type {kind!r}")
+
+    def _message(self, obj: dict[str, Any], current: SessionDump, n: int) -> None:
+        raw_message = obj.get("message")
+        if not isinstance(raw_message, dict):
+            raise DumpError(n, "'message' is missing or not an object")
+        try:
+            message = coerce_message(raw_message)
+        except InvalidInput as exc:  # InvalidMessage names the field
+            raise DumpError(n, f"bad message: {exc}") from None
+        parent = obj.get("parent_id")
+        if parent is not None and (not isinstance(parent, str) or parent not in self.ids):
+            raise DumpError(n, f"parent {parent!r} of message {message.id!r} is not an earlier message")
+        if message.id in self.ids:
+            raise DumpError(n, f"message {message.id!r} appears twice")
+        _texts("message", [("id", message.id)], n)
+        at = _time(_field(obj, "created_at", str, n), "created_at", n)
+        self.ids.add(message.id)
+        current.messages.append(DumpedMessage(message=message, parent_id=parent, created_at=at))
 
     def finish(self) -> None:
         if not self.header:
@@ -242,30 +301,21 @@ def parse_dump(lines: Iterable[str | bytes]) -> list[SessionDump]:
 
 
 async def import_lines(store: Store, lines: Iterable[str | bytes], *, replace: bool = False) -> ImportResult:
-    """Import a dump: the whole input is checked first (a bad line: :class:`DumpError`,
-    nothing written), then each session is written in one transaction. A session already
-    stored is :class:`~protocol.errors.Conflict` unless ``replace``, checked for every
-    session before the first is written."""
+    """Import a dump, all or nothing: the whole input is checked first (a bad line:
+    :class:`DumpError`, nothing written), then every session is written in one transaction.
+    A session already stored is :class:`~protocol.errors.Conflict` unless ``replace``, and
+    then nothing of the dump is written either."""
     dumps = parse_dump(lines)
     return await import_dumps(store, dumps, replace=replace)
 
 
 async def import_dumps(store: Store, dumps: Sequence[SessionDump], *, replace: bool = False) -> ImportResult:
-    from protocol import Conflict
-
-    if not replace:
-        for d in dumps:
-            if await store.get_session(d.info.id) is not None:
-                raise Conflict(
-                    f"session {d.info.id!r} already exists (import with --replace to overwrite it)"
-                )
-    written = []
-    count = 0
-    for d in dumps:
-        await store.import_session(d, replace=replace)
-        written.append(d.info.id)
-        count += len(d.messages)
-    return ImportResult(sessions=written, messages=count)
+    """Write sessions in one transaction of ``store``, all or nothing, after
+    :func:`check_dumps` (the dumps of :func:`parse_dump` pass it; those built elsewhere are
+    checked the same way)."""
+    check_dumps(dumps)
+    stored = await store.import_sessions(dumps, replace=replace)
+    return ImportResult(sessions=[i.id for i in stored], messages=sum(len(d.messages) for d in dumps))
 
 
 @contextlib.asynccontextmanager
@@ -331,9 +381,10 @@ def from_ui_messages(data: bytes | str, session_id: str, name: str | None = None
             raise InvalidInput(f"message {i}: id {message.id!r} appears twice")
         seen.add(message.id)
         parent = messages[-1].message.id if messages else None
-        messages.append(
-            DumpedMessage(message=message, parent_id=parent, created_at=message.created_at or now)
-        )
+        at = message.created_at or now
+        if (problem := time_problem(at, "'createdAt'")) is not None:
+            raise InvalidInput(f"message {i}: {problem}")
+        messages.append(DumpedMessage(message=message, parent_id=parent, created_at=at))
     info = SessionInfo(
         id=session_id, name=name or session_id, source="ui-messages", created_at=now, updated_at=now
     )

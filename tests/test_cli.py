@@ -266,3 +266,58 @@ async def test_a_node_on_another_bus_is_refused_until_overridden(tmp_path: Path)
     back = await arun("serve", "--db", db, "--port", "0")
     assert back.returncode == 2
     assert "served with bus redis://" in one_line(back)
+
+
+# -- import: a bad dump is exit 2 in one line, and writes nothing (issue 24, items 5-7) --------
+
+#: The refusals the issue saw end in tracebacks or partial writes, on each store.
+CLI_IMPORT_CASES = [
+    "the same session twice",
+    "input_tokens 2**63",
+    "a 5,000-deep line",
+    "created_at in year 1",
+]
+
+
+@contextlib.asynccontextmanager
+async def cli_db(kind: str, tmp_path: Path) -> AsyncIterator[str]:
+    """A ``--db`` of ``kind`` holding one session."""
+    from hub.dump import import_lines, open_store
+
+    from .dumps import dump, session
+    from .nodes import scratch_database
+    from .services import postgres_dsn
+
+    async with contextlib.AsyncExitStack() as stack:
+        if kind == "sqlite":
+            db = str(tmp_path / "hub.db")
+        else:
+            db = await stack.enter_async_context(scratch_database(postgres_dsn(), "sessionhub_cli"))
+        async with open_store(db) as store:
+            await import_lines(store, dump(session("seed")))
+        yield db
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_a_bad_dump_exits_2_in_one_line_and_writes_nothing(kind: str, tmp_path: Path) -> None:
+    """The CLI exited 1 with a RecursionError or OverflowError traceback, after writing
+    the sessions ahead of the bad line."""
+    from .dumps import bad_dumps, dump, session
+
+    async with cli_db(kind, tmp_path) as db:
+        before = await arun("export", "--db", db)
+        assert before.returncode == 0, before.stderr
+        for case in CLI_IMPORT_CASES:
+            bad = bad_dumps()[case]
+            file = tmp_path / "bad.jsonl"
+            file.write_text("\n".join(bad.lines) + "\n")
+            refused = await arun("import", str(file), "--db", db)
+            line = one_line(refused)
+            assert refused.returncode == 2, (case, refused.stderr)
+            assert f"line {bad.line}: " in line and bad.says in line and "nothing was written" in line, line
+        # A session already stored, after a new one: exit 7, and the new one is not written.
+        file.write_text("\n".join(dump(session("new"), session("seed"))) + "\n")
+        refused = await arun("import", str(file), "--db", db)
+        assert refused.returncode == 7 and "'seed' already exists" in one_line(refused)
+        after = await arun("export", "--db", db)
+        assert after.stdout == before.stdout

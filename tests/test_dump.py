@@ -6,19 +6,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import re
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from clients import HubClient, HubError
-from hub import PostgresStore, SessionManager, SqliteStore, session_stream
+from hub import REGISTRY, PostgresStore, SessionManager, SqliteStore, session_stream
 from hub.auth import issue_token
-from hub.dump import DumpError, export_lines, from_ui_messages, import_lines
+from hub.dump import DumpError, export_lines, from_ui_messages, import_dumps, import_lines, parse_dump
 from hub.server import HubConfig, create_app, ops
 from hub.server.ops import DUMP_BATCH_BYTES
 from hub.store.base import Store, context_key
 from protocol import Conflict, InvalidInput, SessionNotFound
 
+from . import dumps
+from .dumps import bad_dumps
 from .hubtest import served, text
 from .test_cli import one_line, run
 
@@ -354,3 +359,127 @@ async def test_an_import_past_the_per_connection_bound_is_too_large(
         refused = await raw.request("import", lines=lines, final=True)
         assert refused["code"] == "too_large" and "nothing was written" in refused["message"]
         assert await empty.list_sessions() == []
+
+
+# -- all or nothing, every record checked first (issue 24, items 5-7) --------------------------
+
+
+async def snapshot(store: Store) -> tuple[list[str], object]:
+    """What a failed import must leave as it was: a whole export and the registry's log."""
+    return await export_all(store), await store.stream_position(REGISTRY)
+
+
+@pytest.mark.parametrize("case", sorted(bad_dumps()))
+async def test_a_bad_record_anywhere_in_the_dump_writes_nothing(store: Store, case: str) -> None:
+    """Each line is refused naming its number and field, before the sessions ahead of it
+    in the dump are written (they were: item 5; a 5,000-deep line was a RecursionError)."""
+    await rich_session(store)
+    before = await snapshot(store)
+    bad = bad_dumps()[case]
+    with pytest.raises(DumpError) as refused:
+        await import_lines(store, bad.lines)
+    assert refused.value.line == bad.line and bad.says in str(refused.value), refused.value
+    assert "nothing was written" in str(refused.value)
+    assert await snapshot(store) == before
+
+
+async def test_a_refusal_by_the_store_rolls_back_the_whole_dump(store: Store) -> None:
+    """The store writes a dump in one transaction: its second copy of a session (past the
+    reader's checks, as a caller of import_dumps may hand it) rolls back the first."""
+    await rich_session(store)
+    before = await snapshot(store)
+    twice = parse_dump(dumps.dump(dumps.session("imp-a"), dumps.session("imp-b")))
+    with pytest.raises(Conflict, match="'imp-a' already exists"):
+        await store.import_sessions([*twice, twice[0]])
+    assert await snapshot(store) == before
+    with pytest.raises(InvalidInput, match="'imp-a': it is in the dump twice; nothing was written"):
+        await import_dumps(store, [*twice, twice[0]])  # checked before the store is asked
+    # An existing session later in the dump, without replace: nothing of the dump either.
+    existing = parse_dump(await export_all(store))
+    with pytest.raises(Conflict, match="already exists"):
+        await import_dumps(store, [*twice, *existing])
+    assert await snapshot(store) == before
+    # With replace, the whole dump is written, in one go.
+    done = await import_dumps(store, [*twice, *existing], replace=True)
+    assert done.sessions == ["imp-a", "imp-b", *(d.info.id for d in existing)]
+    assert {s.id for s in await store.list_sessions()} == {"imp-a", "imp-b", *(d.info.id for d in existing)}
+
+
+async def test_a_year_one_session_stored_before_the_checks_does_not_break_export(store: Store) -> None:
+    """Item 7: on Postgres 0001-01-01T00:00Z was stored as -infinity, read back naive, and
+    every whole-store export failed comparing it. A row like it still exports (as the
+    calendar's first instant), and importing that export is refused naming the field."""
+    ids = await rich_session(store)
+    if isinstance(store, PostgresStore):
+        async with store._pool.acquire() as conn:
+            await conn.execute("UPDATE sessions SET created_at = '-infinity' WHERE id = $1", ids[0])
+    else:
+        assert isinstance(store, SqliteStore)
+        store._writer.raw.execute("UPDATE sessions SET created_at = ? WHERE id = ?", (-1e300, ids[0]))
+        store._writer.raw.commit()
+    lines = await export_all(store)
+    first = json.loads(lines[1])["session"]
+    assert (first["id"], first["created_at"]) == (ids[0], "0001-01-01T00:00:00Z")
+    assert [s.id for s in await store.list_sessions()].count(ids[0]) == 1
+    async with await SqliteStore.open(":memory:") as copy:
+        with pytest.raises(DumpError, match=re.escape("line 2: 'session.created_at' 0001-01-01T00:00:00")):
+            await import_lines(copy, lines)
+        assert await copy.list_sessions() == []
+
+
+@pytest.mark.parametrize("case", ["the same session twice", "input_tokens 2**63", "a 5,000-deep line"])
+async def test_a_bad_import_over_the_socket_is_invalid_and_the_connection_stays(
+    store: Store, case: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Item 6: the 5,000-deep line dropped the socket with 1006 and no error frame; item 5:
+    2**63 tokens answered `internal` after writing the sessions before it."""
+    caplog.set_level(logging.ERROR)
+    await rich_session(store)
+    before = await snapshot(store)
+    bad = bad_dumps()[case]
+    async with served(manager=SessionManager(store)) as h, h.client() as raw:
+        # In two chunks, as a client sends a big dump: the bad line arrives in the final one.
+        chunk = await raw.request("import", lines=bad.lines[:5])
+        assert chunk["frame"] == "reply", chunk
+        refused = await raw.request("import", lines=bad.lines[5:], final=True)
+        assert refused["frame"] == "error" and refused["code"] == "invalid", refused
+        assert f"line {bad.line}: " in refused["message"] and bad.says in refused["message"]
+        assert (await raw.request("ping"))["frame"] == "reply" and raw.close_code is None
+    assert await snapshot(store) == before
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_sessions_built_elsewhere_are_checked_as_dump_lines_are(store: Store) -> None:
+    """``--from`` sources and callers of import_dumps build sessions without the reader:
+    the same rules hold, naming the session, before the store is asked."""
+    await rich_session(store)
+    before = await snapshot(store)
+    good, bad = parse_dump(dumps.dump(dumps.session("imp-a"), dumps.session("imp-b")))
+    bad.info.input_tokens = 2**63
+    with pytest.raises(InvalidInput, match="'imp-b': input_tokens must fit in 64 bits"):
+        await import_dumps(store, [good, bad])
+    bad.info.input_tokens = 0
+    bad.messages[1].created_at = datetime(1, 1, 1, tzinfo=UTC)
+    with pytest.raises(InvalidInput, match="'imp-b': the created_at of message 'imp-b-m1' 0001-01-01"):
+        await import_dumps(store, [good, bad])
+    bad.messages[1].created_at = good.messages[1].created_at
+    bad.context = {"memory": "a\x00"}
+    with pytest.raises(InvalidInput, match=r"'imp-b': 'context\.memory' holds a NUL"):
+        await import_dumps(store, [good, bad])
+    assert await snapshot(store) == before
+    year_one = [{**text("u1", "hello"), "createdAt": "0001-01-01T00:00:00Z"}]
+    with pytest.raises(InvalidInput, match="message 0: 'createdAt' 0001-01-01"):
+        from_ui_messages(json.dumps(year_one), "ui")
+
+
+async def test_concurrent_imports_serialize_without_deadlock_or_double_writes(store: Store) -> None:
+    """Two imports of the same new session: one is written, the other is `conflict` (on
+    Postgres its INSERT waits for the first's commit). Two replacing the same sessions in
+    opposite orders both complete: the locks are taken in one order."""
+    one = dumps.dump(dumps.session("imp-a"), dumps.session("imp-b"))
+    results = await asyncio.gather(import_lines(store, one), import_lines(store, one), return_exceptions=True)
+    assert sorted(type(r).__name__ for r in results) == ["Conflict", "ImportResult"], results
+    reverse = dumps.dump(dumps.session("imp-b"), dumps.session("imp-a"))
+    done = await asyncio.gather(*(import_lines(store, d, replace=True) for d in [one, reverse] * 3))
+    assert [r.messages for r in done] == [4] * 6
+    assert sorted(s.id for s in await store.list_sessions()) == ["imp-a", "imp-b"]

@@ -22,9 +22,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from hub import ReadonlyText, SessionManager, SqliteStore
+from hub import REGISTRY, ReadonlyText, SessionManager, SqliteStore, Store
 from protocol.frames import ERROR_CODES, REQUEST_TYPES
 
+from . import dumps as d
 from .hubtest import Client, Frame, Served, served, text
 from .test_protocol import MSG, VALID
 
@@ -282,3 +283,142 @@ async def test_invalid_utf8_text_frames_close_with_1007(hub: Served, payload: by
         await c.ws.send(payload, text=True)  # a text frame whose bytes are not UTF-8
         assert (await c.wait_closed())[0] == 1007
         await responsive(observer)
+
+
+# -- the import op (issue 24, items 5-7) --------------------------------------------------------
+
+#: Imports sent by the random part of the import run.
+RANDOM_IMPORTS = 300
+
+#: Values for a time field: no zone, beyond the calendar, the stores' ends, not a time.
+BAD_TIMES: list[Any] = [
+    "0001-01-01T00:00:00+00:00",
+    "0001-01-01T00:30:00+01:00",
+    "9999-12-31T23:59:59.999999+00:00",
+    "9999-12-31T23:59:59-05:00",
+    "1699-12-31T23:59:59.999999+00:00",
+    "2200-01-01T00:00:00+00:00",
+    "2026-01-02T03:04:05",
+    "2026-13-01T00:00:00+00:00",
+    "yesterday",
+    "",
+    0,
+    None,
+]
+#: Raw number texts: beyond int64, beyond a double, not JSON numbers.
+BAD_NUMBERS = [
+    str(2**63),
+    str(-(2**63) - 1),
+    str(2**64 + 5),
+    "1" + "0" * 30,
+    "9" * 5000,
+    "1e400",
+    "-1e400",
+    "NaN",
+]
+
+
+def import_cases() -> Iterator[tuple[str, list[str]]]:
+    """Dumps broken in one place each, after a good session (which must not be written)."""
+    good = d.session("fz-good")
+    head = [*d.dump(), *good]
+    for depth in (129, 1000, 5000, 100_000):
+        yield f"a {depth}-deep line", [*head, d.deep(depth)]
+        message = d.session("fz")[1].replace('"type": "text"', f'"type": "text", "x": {d.deep(depth)}')
+        yield f"a {depth}-deep message", [*head, d.session("fz")[0], message]
+        yield (
+            f"a {depth}-deep session",
+            [*head, json.dumps({"type": "session", "session": "@"}).replace('"@"', d.deep(depth))],
+        )
+    for junk in ("x", "}", " {}", ",", "\x00", "]"):
+        for index in (0, 1, len(head)):
+            lines = [*head, *d.session("fz")]
+            lines[index] += junk
+            yield f"junk {junk!r} after line {index + 1}", lines
+    for field in ("input_tokens", "output_tokens", "estimated_cost"):
+        for number in BAD_NUMBERS:
+            line = d.session("fz")[0].replace(f'"{field}": ', f'"{field}": {number}, "_was": ')
+            yield f"{field} {number[:20]}", [*head, line]
+    for when in BAD_TIMES:
+        for field in ("created_at", "updated_at"):
+            yield f"session {field} {when!r}", [*head, *d.session("fz", **{field: when})]
+        third = d.session("fz")
+        message = json.loads(third[1])
+        yield f"message created_at {when!r}", [*head, third[0], json.dumps({**message, "created_at": when})]
+    yield "the same session twice", [*d.dump(), *good, *good]
+    big = "x" * 900_000  # a frame holds it (under max_frame_bytes), the line is still bad
+    yield "a 900 KB name, then 2**63 tokens", [*head, *d.session("fz", name=big, input_tokens=2**63)]
+    third = d.session("fz")
+    yield "a 900 KB message, then junk", [*head, third[0], third[1].replace("line 0", big) + "x"]
+    yield "an empty line", [*head, ""]
+    yield "no header", good
+
+
+def mutated(rng: random.Random, n: int) -> list[str]:
+    """A valid dump of a fresh session with one line cut, spliced or given a bad value."""
+    lines = [*d.dump(), *d.session(f"fz-{n}", messages=3)]
+    i = rng.randrange(len(lines))
+    line = lines[i]
+    how = rng.randrange(4)
+    if how == 0:
+        lines[i] = line[: rng.randrange(len(line))]
+    elif how == 1:
+        at = rng.randrange(len(line))
+        lines[i] = line[:at] + rng.choice(["[", "{", '"', "\\", "1e400", "]]]", "\\ud800"]) + line[at:]
+    elif how == 2:
+        obj = json.loads(line)
+        target = obj.get("session") or obj.get("message") or obj
+        target[rng.choice(sorted(target))] = rng.choice([*BAD_VALUES, *BAD_TIMES])
+        lines[i] = json.dumps(obj)
+    else:
+        lines.insert(i, rng.choice(lines))
+    return lines
+
+
+async def import_answer(client: Client, lines: list[str]) -> Frame:
+    """An import in two chunks (the second final), or the refusal of the first."""
+    half = len(lines) // 2
+    first = await client.request("import", lines=lines[:half])
+    if first["frame"] == "error":
+        return first
+    return await client.request("import", lines=lines[half:], final=True)
+
+
+async def test_every_bad_import_is_typed_and_writes_nothing(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each import is answered (a reply, or a typed error other than `internal`) on a
+    connection that stays open, and a refused one leaves the registry's log where it was."""
+    caplog.set_level(logging.ERROR)
+    rng = random.Random(SEED)
+    codes: dict[str, int] = {}
+    written = 0
+    started = time.perf_counter()
+    async with served(manager=SessionManager(store)) as h, h.client() as fuzzer, h.client() as observer:
+        cases = [*import_cases(), *((f"mutated {n}", mutated(rng, n)) for n in range(RANDOM_IMPORTS))]
+        for i, (name, lines) in enumerate(cases):
+            before = await store.stream_position(REGISTRY)
+            answer = await import_answer(fuzzer, lines)
+            if answer["frame"] == "error":
+                assert answer["code"] in ERROR_CODES and answer["code"] != "internal", (name, answer)
+                assert await store.stream_position(REGISTRY) == before, (name, answer)
+                assert not name.startswith("mutated") or "nothing was written" in answer["message"], answer
+                codes[answer["code"]] = codes.get(answer["code"], 0) + 1
+            else:
+                assert name.startswith("mutated"), (name, answer)  # still a valid dump
+                written += 1
+            if i % BATCH == BATCH - 1:
+                await responsive(observer)
+        # A chunk beyond the frame limit: `too_large`, before any line is read.
+        before = await store.stream_position(REGISTRY)
+        oversize = await fuzzer.request("import", lines=[*d.dump(), "x" * 1_100_000], final=True)
+        assert oversize["code"] == "too_large", oversize
+        assert await store.stream_position(REGISTRY) == before
+        await responsive(fuzzer)
+        assert fuzzer.close_code is None
+    elapsed = time.perf_counter() - started
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert codes.get("invalid", 0) > 100, codes
+    stored = {s.id for s in await store.list_sessions()}
+    assert "fz-good" not in stored and "fz" not in stored and len(stored) == written
+    print(f"{len(cases)} imports in {elapsed:.2f}s: {codes}, {written} valid mutations written")

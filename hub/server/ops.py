@@ -274,6 +274,12 @@ def import_chunk(connection: Connection, request: f.Import, manager: SessionMana
     except dump.DumpError as exc:
         refuse(error_frame(request.id, exc))
         return
+    except Exception:
+        # The reader runs in the socket's loop: anything escaping it would drop the
+        # connection without an answer (as a 5,000-deep line did). Nothing is written yet.
+        log.exception("op import failed reading line %d", state.reader.n)
+        refuse(f.ErrorFrame(id=request.id, code="internal", message="internal error; nothing was written"))
+        return
     if not request.final:
         connection.spawn(connection.send(f.ReplyFrame(id=request.id, result={"lines": state.reader.n})))
         return

@@ -424,10 +424,17 @@ class Store(abc.ABC):
         """The session's contents, read in one snapshot; SessionNotFound if unregistered."""
 
     @abc.abstractmethod
+    async def import_sessions(
+        self, dumps: Sequence[SessionDump], *, replace: bool = False
+    ) -> list[SessionInfo]:
+        """Write dumped sessions, all in one transaction (all or nothing), with their ids,
+        timestamps and usage. A registered id is :class:`~protocol.errors.Conflict` unless
+        ``replace`` (then its messages, overlays and context rows are replaced); then
+        nothing is written. Logs what a subscriber needs: ``session.created`` (both logs;
+        on replace ``messages.cleared`` then ``session.renamed``), a ``message.appended``
+        per message and a ``compaction.added`` per overlay. The dumps are taken as checked
+        (``hub.dump`` checks every line before it calls this)."""
+
     async def import_session(self, dump: SessionDump, *, replace: bool = False) -> SessionInfo:
-        """Write a dumped session in one transaction, with its ids, timestamps and usage.
-        A registered id is :class:`~protocol.errors.Conflict` unless ``replace`` (then its
-        messages, overlays and context rows are replaced). Logs what a subscriber needs:
-        ``session.created`` (both logs; on replace ``messages.cleared`` then
-        ``session.renamed``), a ``message.appended`` per message and a ``compaction.added``
-        per overlay."""
+        """One dumped session in one transaction (:meth:`import_sessions`)."""
+        return (await self.import_sessions([dump], replace=replace))[0]

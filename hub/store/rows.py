@@ -22,6 +22,7 @@ __all__ = [
     "Row",
     "appended_json",
     "appended_ref",
+    "aware",
     "compaction",
     "decode_message",
     "message_json",
@@ -53,12 +54,25 @@ SESSION_COLS = (
 
 
 def ts(value: float) -> datetime:
-    """A stored epoch-seconds float as an aware UTC datetime."""
-    return datetime.fromtimestamp(value, UTC)
+    """A stored epoch-seconds float as an aware UTC datetime. One beyond the calendar (a
+    row written by hand, or before imports checked their times) reads as its first or last
+    instant, logged, instead of failing every list and export that meets it."""
+    try:
+        return datetime.fromtimestamp(value, UTC)
+    except (OverflowError, OSError, ValueError):
+        log.warning("a stored time %r is outside the calendar; read as its nearest end", value)
+        return _END if value > 0 else _START
 
 
-def _same(value: Any) -> Any:
-    return value
+_START = datetime.min.replace(tzinfo=UTC)
+_END = datetime.max.replace(tzinfo=UTC)
+
+
+def aware(value: datetime) -> datetime:
+    """A timestamptz as read, with its zone. asyncpg reads the infinities as naive
+    ``datetime.min``/``max`` (a row stored before imports checked their times): read as UTC,
+    so that sorting sessions by time, and so every export, still works."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def new_epoch() -> str:
@@ -154,7 +168,7 @@ def updated_json(content: str) -> str:
     return f'{{"message":{content}}}'
 
 
-def session_info(row: Row, when: Callable[[Any], datetime] = _same) -> SessionInfo:
+def session_info(row: Row, when: Callable[[Any], datetime] = aware) -> SessionInfo:
     """A :data:`SESSION_COLS` row; ``when`` turns the stored timestamps into datetimes."""
     return SessionInfo(
         id=row[0],
@@ -172,7 +186,7 @@ def session_info(row: Row, when: Callable[[Any], datetime] = _same) -> SessionIn
     )
 
 
-def compaction(row: Row, when: Callable[[Any], datetime] = _same) -> Compaction:
+def compaction(row: Row, when: Callable[[Any], datetime] = aware) -> Compaction:
     """An ``id, summary, from_message_id, to_message_id, created_at`` row."""
     return Compaction(
         id=row[0], summary=row[1], from_message_id=row[2], to_message_id=row[3], created_at=when(row[4])

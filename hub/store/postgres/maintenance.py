@@ -1,9 +1,10 @@
 """Retention and export/import statements of the Postgres store (``prune_events``,
-``dump_session``, ``import_session``). Messages go in through :func:`.sql.insert_messages`,
+``dump_session``, ``import_sessions``). Messages go in through :func:`.sql.insert_messages`,
 so the search vectors and the ``message.appended`` events are those of any append."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from protocol import Conflict, SessionInfo
@@ -11,9 +12,10 @@ from protocol import Conflict, SessionInfo
 from ..base import PROMPT_LABEL, DumpedMessage, SessionDump, context_key
 from ..policy import context_owners, owned_context, session_stream
 from ..prune import PruneArgs, batch_end
-from ..rows import SESSION_COLS, decode_message, session_info, ts
+from ..rows import SESSION_COLS, aware, decode_message, session_info, ts
 from . import sql
 from .keys import SESSION_KEY
+from .schema import lock_key
 from .tx import PostgresTx, session_row
 
 if TYPE_CHECKING:
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
 __all__ = [
     "count_events",
     "dump_session",
-    "import_session",
+    "import_sessions",
     "prune_batch",
     "prune_candidates",
 ]
@@ -112,7 +114,7 @@ async def dump_session(conn: Conn, session_id: str) -> SessionDump:
             session_id,
         )
         messages = [
-            DumpedMessage(message=m, parent_id=r[1], created_at=r[2])
+            DumpedMessage(message=m, parent_id=r[1], created_at=aware(r[2]))
             for r in rows
             if (m := decode_message(r[0])) is not None
         ]
@@ -124,7 +126,31 @@ async def dump_session(conn: Conn, session_id: str) -> SessionDump:
     )
 
 
-async def import_session(tx: PostgresTx, dump: SessionDump, replace: bool) -> SessionInfo:
+async def import_sessions(tx: PostgresTx, dumps: Sequence[SessionDump], replace: bool) -> list[SessionInfo]:
+    """Every session of a dump in the caller's one transaction: a refusal of any rolls back
+    those written before it.
+
+    The sessions already stored are write-locked first, all at once and in key order (two
+    imports never deadlock; a writer of one waits for the import, holding nothing it
+    needs). A new one takes no advisory lock, so a dump of thousands of sessions stays
+    within the server's lock table: its ``INSERT ... ON CONFLICT DO NOTHING`` waits for
+    anyone creating the same id meanwhile, and is a conflict if they commit."""
+    conn = tx.conn
+    ids = [d.info.id for d in dumps]
+    found = {str(r[0]) for r in await conn.fetch("SELECT id FROM sessions WHERE id = ANY($1::text[])", ids)}
+    if found and not replace:
+        raise _exists(next(sid for sid in ids if sid in found))
+    keys = sorted({lock_key(session_stream(sid)) for sid in found})
+    if keys:
+        await conn.execute("SELECT pg_advisory_xact_lock(k) FROM unnest($1::bigint[]) AS k", keys)
+    return [await _import_session(tx, d, replace) for d in dumps]
+
+
+def _exists(session_id: str) -> Conflict:
+    return Conflict(f"session {session_id!r} already exists (import with replace to overwrite it)")
+
+
+async def _import_session(tx: PostgresTx, dump: SessionDump, replace: bool) -> SessionInfo:
     conn = tx.conn
     info = dump.info
     sid = info.id
@@ -142,7 +168,7 @@ async def import_session(tx: PostgresTx, dump: SessionDump, replace: bool) -> Se
     )
     exists = await conn.fetchval("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", sid) is not None
     if exists and not replace:
-        raise Conflict(f"session {sid!r} already exists (import with replace to overwrite it)")
+        raise _exists(sid)
     if exists:
         await conn.execute(sql.CLEAR, sid, session_stream(sid))
         keys = [context_key(label, sid) for label, _ in await _context_rows(conn, sid)]
@@ -159,12 +185,14 @@ async def import_session(tx: PostgresTx, dump: SessionDump, replace: bool) -> Se
     else:
         row = await conn.fetchrow(
             f"INSERT INTO sessions ({SESSION_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) "
-            f"RETURNING {SESSION_COLS}",
+            f"ON CONFLICT (id) DO NOTHING RETURNING {SESSION_COLS}",
             sid,
             *values,
         )
+        if row is None:  # created by someone else since the check, and committed
+            raise _exists(sid)
         event = "session.created"
-    if row is None:  # not after FOR UPDATE or an INSERT; typed for mypy
+    if row is None:  # not after FOR UPDATE; typed for mypy
         raise Conflict(f"session {sid!r} changed during the import")
     stored = session_info(row)
     await tx.registry_change(stored, event)

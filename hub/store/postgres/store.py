@@ -619,8 +619,11 @@ class PostgresStore(Store):
     async def dump_session(self, session_id: str) -> SessionDump:
         return await self._read(maintenance.dump_session, session_id)
 
-    async def import_session(self, dump: SessionDump, *, replace: bool = False) -> SessionInfo:
-        return await self._write(maintenance.import_session, dump, replace, lock=session_stream(dump.info.id))
+    async def import_sessions(
+        self, dumps: Sequence[SessionDump], *, replace: bool = False
+    ) -> list[SessionInfo]:
+        # No lock in BEGIN: import_sessions takes those of the sessions it replaces.
+        return await self._write(maintenance.import_sessions, dumps, replace)
 
     # -- settings ------------------------------------------------------------------------
     async def claim_setting(self, key: str, value: str, *, replace: bool = False) -> str:

@@ -1,8 +1,10 @@
 """Retention and export/import statements of the SQLite store (``prune_events``,
-``dump_session``, ``import_session``). Messages go in through :func:`.sql.insert_messages`,
+``dump_session``, ``import_sessions``). Messages go in through :func:`.sql.insert_messages`,
 so the search index and the ``message.appended`` events are those of any append."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from protocol import Conflict, SessionInfo
 
@@ -18,7 +20,7 @@ from .tx import SqliteTx, session_row
 __all__ = [
     "count_events",
     "dump_session",
-    "import_session",
+    "import_sessions",
     "prune_batch",
     "prune_candidates",
 ]
@@ -127,7 +129,13 @@ def dump_session(conn: Conn, session_id: str) -> SessionDump:
     )
 
 
-def import_session(tx: SqliteTx, dump: SessionDump, replace: bool) -> SessionInfo:
+def import_sessions(tx: SqliteTx, dumps: Sequence[SessionDump], replace: bool) -> list[SessionInfo]:
+    """Every session of a dump in the caller's one transaction: a refusal of any (an
+    existing id without ``replace``) rolls back those written before it."""
+    return [_import_session(tx, dump, replace) for dump in dumps]
+
+
+def _import_session(tx: SqliteTx, dump: SessionDump, replace: bool) -> SessionInfo:
     conn = tx.conn
     info = dump.info
     sid = info.id

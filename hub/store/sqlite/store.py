@@ -672,8 +672,10 @@ class SqliteStore(Store):
     async def dump_session(self, session_id: str) -> SessionDump:
         return await self._read(maintenance.dump_session, session_id)
 
-    async def import_session(self, dump: SessionDump, *, replace: bool = False) -> SessionInfo:
-        return await self._write(maintenance.import_session, dump, replace, inline=False)
+    async def import_sessions(
+        self, dumps: Sequence[SessionDump], *, replace: bool = False
+    ) -> list[SessionInfo]:
+        return await self._write(maintenance.import_sessions, dumps, replace, inline=False)
 
     # -- settings ------------------------------------------------------------------------
     async def claim_setting(self, key: str, value: str, *, replace: bool = False) -> str:
