@@ -23,17 +23,15 @@ The endpoints see the running hub as a :class:`~hub.server.ports.ChatHost`
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import copy
 import json
 import logging
-from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 import msgspec
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from protocol import (
@@ -49,10 +47,12 @@ from protocol import frames as f
 from protocol.deltas import apply_delta
 
 from ..auth import Grant, verify_token
+from .httpbody import BodyError, content_type_refused, parse_body, read_body
 from .ports import ChatHost, ChatTurn
+from .ssefeed import KEEPALIVE, SseFeed
 from .turnframes import TurnOutcome
 
-__all__ = ["KEEPALIVE", "UIMessageEncoder", "chat_routes", "sse_headers"]
+__all__ = ["KEEPALIVE", "UIMessageEncoder", "chat_routes", "reply_stream", "sse_headers"]
 
 log = logging.getLogger("sessionhub.chat")
 
@@ -215,55 +215,69 @@ class UIMessageEncoder:
         return chunks
 
 
-#: What an idle reply stream sends every ``HubConfig.chat_keepalive`` seconds.
-KEEPALIVE = b": keep-alive\n\n"
+def _sse(chunks: list[Chunk]) -> str:
+    # json.dumps escapes non-ASCII: the feed sends the text as ASCII bytes.
+    return "".join(f"data: {json.dumps(c, separators=(',', ':'))}\n\n" for c in chunks)
 
 
-def _sse(chunks: list[Chunk]) -> bytes:
-    return "".join(f"data: {json.dumps(c, separators=(',', ':'))}\n\n" for c in chunks).encode()
+def _render(encoder: UIMessageEncoder, item: f.StreamFrame | TurnOutcome) -> tuple[list[Chunk], bool]:
+    """The chunks one stream frame (or the turn's outcome, ``True``: the last) makes."""
+    if isinstance(item, TurnOutcome):
+        chunks = encoder.close()
+        if item.status == "finished":
+            chunks.append({"type": "finish", "finishReason": "stop"})
+        elif item.status == "stopped":
+            # What the SDK's own streamText sends when its generation is aborted.
+            chunks.append({"type": "abort", "reason": item.reason or "stopped"})
+        else:
+            chunks.append({"type": "error", "errorText": item.error or "the turn failed"})
+        return chunks, True
+    if item.action == "delta":
+        return encoder.deltas(item.deltas or []), False
+    if item.message is not None:
+        return encoder.message(item.message, item.index), False
+    return [], False
 
 
-async def turn_stream(hub: ChatHost, turn: ChatTurn) -> AsyncIterator[bytes]:
-    """The turn's reply as SSE: from its ``start``, everything so far, then live."""
-    queue: asyncio.Queue[f.StreamFrame | TurnOutcome] = asyncio.Queue()
+def reply_stream(hub: ChatHost, turn: ChatTurn, headers: dict[str, str]) -> SseFeed:
+    """The turn's reply as SSE to one reader: from its ``start``, everything so far, then
+    live, bounded per reader (:mod:`.ssefeed`): a reader that falls behind is dropped."""
     encoder = UIMessageEncoder(turn.reply_id)
+
+    def dropped(reason: str) -> None:
+        hub.metrics.sse_dropped.labels(reason).inc()
+        log.info("dropped a reader of the reply %s in %s (%s)", turn.reply_id, turn.session_id, reason)
+
+    feed = SseFeed(
+        headers={**sse_headers, **headers},
+        max_bytes=hub.config.outbox_bytes,
+        send_timeout=hub.config.send_timeout,
+        keepalive=hub.config.chat_keepalive,
+        held=hub.held,
+        on_drop=dropped,
+        on_close=lambda: None,
+    )
+
+    def on_item(item: f.StreamFrame | TurnOutcome) -> None:
+        # Called by the turn for every reader in turn: one reader's failure must not
+        # reach the turn, or the others.
+        try:
+            chunks, last = _render(encoder, item)
+        except Exception:
+            log.exception("a reply chunk could not be rendered for one reader")
+            feed.drop("error")
+            return
+        if chunks or last:
+            feed.push(_sse(chunks) + ("data: [DONE]\n\n" if last else ""), last=last)
+
     # Watch, then read what is there, with no await between: every later frame is new.
-    stop = turn.watch(queue.put_nowait)
-    try:
-        chunks = encoder.start()
-        current = hub.streams.current(turn.session_id, turn.reply_id)
-        if current is not None:
-            chunks += encoder.message(*current)
-        yield _sse(chunks)
-        while True:
-            try:
-                item = await asyncio.wait_for(queue.get(), hub.config.chat_keepalive)
-            except TimeoutError:
-                # An SSE comment: every parser skips it (the AI SDK's included); it keeps
-                # an idle-cutting proxy from closing the stream while nothing is said.
-                yield KEEPALIVE
-                continue
-            if isinstance(item, TurnOutcome):
-                chunks = encoder.close()
-                if item.status == "finished":
-                    chunks.append({"type": "finish", "finishReason": "stop"})
-                elif item.status == "stopped":
-                    # What the SDK's own streamText sends when its generation is aborted.
-                    chunks.append({"type": "abort", "reason": item.reason or "stopped"})
-                else:
-                    chunks.append({"type": "error", "errorText": item.error or "the turn failed"})
-                yield _sse(chunks) + b"data: [DONE]\n\n"
-                return
-            if item.action == "delta":
-                chunks = encoder.deltas(item.deltas or [])
-            elif item.message is not None:
-                chunks = encoder.message(item.message, item.index)
-            else:
-                chunks = []
-            if chunks:
-                yield _sse(chunks)
-    finally:
-        stop()
+    feed.on_close = turn.watch(on_item)
+    chunks = encoder.start()
+    current = hub.streams.current(turn.session_id, turn.reply_id)
+    if current is not None:
+        chunks += encoder.message(*current)
+    feed.push(_sse(chunks))
+    return feed
 
 
 # -- HTTP ----------------------------------------------------------------------------------
@@ -278,11 +292,21 @@ class ChatBody(msgspec.Struct, kw_only=True):
     messageId: str | None = None  # the SDK's name
 
 
-_STATUS = {"invalid": 400, "forbidden": 403, "not_found": 404, "conflict": 409, "unavailable": 503}
+_STATUS = {
+    "too_large": 413,
+    "invalid": 400,
+    "forbidden": 403,
+    "not_found": 404,
+    "conflict": 409,
+    "unavailable": 503,
+}
 
 
-def _error(code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    status = 401 if code == "unauthorized" else _STATUS.get(code, 500)
+def _error(
+    code: str, message: str, headers: dict[str, str] | None = None, status: int | None = None
+) -> JSONResponse:
+    if status is None:
+        status = 401 if code == "unauthorized" else _STATUS.get(code, 500)
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
 
 
@@ -342,26 +366,32 @@ def _title(messages: list[dict[str, Any]]) -> str:
     return "chat"
 
 
-async def _post(request: Request) -> Response:
+async def _post(request: Request) -> Response | SseFeed:
     hub: ChatHost = request.app.state.hub
     cors = _cors(request, hub)
     if cors is None:
         return _error("forbidden", "origin not allowed")
     if hub.closing:
         return _error("unavailable", "the hub is shutting down", cors)
+    # The token and the declared size first: a stranger's body is never read, and nobody's
+    # is read past max_body_bytes.
     try:
-        body = msgspec.json.decode(await request.body(), type=ChatBody)
-    except msgspec.DecodeError as exc:  # ValidationError included
-        return _error("invalid", f"the body is not a chat request: {exc}", cors)
+        grant = _grant(request, hub)
+    except Forbidden:
+        return _refused(request, cors)
+    try:
+        refused = content_type_refused(request.headers)
+        if refused is not None:
+            raise refused
+        data = await read_body(request.receive, request.headers, hub.config.max_body_bytes)
+        body: ChatBody = parse_body(data, ChatBody)
+    except BodyError as exc:
+        return _error(exc.code, str(exc), cors, exc.status)
     if not body.messages:
         return _error("invalid", "`messages` is empty: nothing to answer", cors)
     try:
-        grant = _grant(request, hub)
         _check(grant, hub, "append_all", body.id)
-        if await hub.manager.get(body.id) is None:
-            if hub.config.auth_secret is not None and (grant is None or not grant.allows("create", body.id)):
-                raise SessionNotFound(body.id)  # creating one needs admin
-            await hub.store.create_session(_title(body.messages), source="api/chat", session_id=body.id)
+        await _ensure_session(hub, grant, body)
         await hub.manager.append_all(body.id, body.messages, None)
         last = body.messages[-1].get("id")
         turn = await hub.turns.start(body.id, str(last), body.trigger)
@@ -369,7 +399,22 @@ async def _post(request: Request) -> Response:
         return _refused(request, cors)
     except SessionHubError as exc:
         return _error(_code(exc), str(exc), cors)
-    return StreamingResponse(turn_stream(hub, turn), headers={**sse_headers, **cors})
+    return reply_stream(hub, turn, cors)
+
+
+async def _ensure_session(hub: ChatHost, grant: Grant | None, body: ChatBody) -> None:
+    """Create the chat's session if it is new. Several first POSTs of one chat race here:
+    the one whose create loses finds the session made and goes on to the turn, where all
+    but one are told ``conflict`` (a turn is in flight), not that the session exists."""
+    if await hub.manager.get(body.id) is not None:
+        return
+    if hub.config.auth_secret is not None and (grant is None or not grant.allows("create", body.id)):
+        raise SessionNotFound(body.id)  # creating one needs admin
+    try:
+        await hub.store.create_session(_title(body.messages), source="api/chat", session_id=body.id)
+    except InvalidInput:
+        if await hub.manager.get(body.id) is None:
+            raise  # not the race: the create itself was refused
 
 
 def _refused(request: Request, cors: dict[str, str]) -> Response:
@@ -379,7 +424,7 @@ def _refused(request: Request, cors: dict[str, str]) -> Response:
     return _error("forbidden", "forbidden", cors)
 
 
-async def _resume(request: Request) -> Response:
+async def _resume(request: Request) -> Response | SseFeed:
     hub: ChatHost = request.app.state.hub
     cors = _cors(request, hub)
     if cors is None:
@@ -395,7 +440,7 @@ async def _resume(request: Request) -> Response:
         return _error(_code(exc), str(exc), cors)
     if turn is None:
         return Response(status_code=204, headers=cors)
-    return StreamingResponse(turn_stream(hub, turn), headers={**sse_headers, **cors})
+    return reply_stream(hub, turn, cors)
 
 
 async def _stop(request: Request) -> Response:

@@ -18,6 +18,10 @@ class HubConfig:
     take the close frame before its transport is aborted."""
 
     max_frame_bytes: int = 1 << 20
+    #: The largest HTTP request body (``POST /api/chat`` and its sub-routes, ``/mcp``): a
+    #: declared ``Content-Length`` over it is answered 413 before a byte is read, a
+    #: chunked body is cut at it. The MCP SDK's own default, so ``/mcp`` keeps its bound.
+    max_body_bytes: int = 4 << 20
     #: HS256 secret: when set, every WebSocket request needs a token granting it.
     auth_secret: str | None = None
     #: Origins a browser may connect from, besides loopback ones and the bind host's
@@ -67,6 +71,7 @@ class HubConfig:
     def __post_init__(self) -> None:
         for name in (
             "max_frame_bytes",
+            "max_body_bytes",
             "max_subscriptions",
             "queue_frames",
             "tail_events",

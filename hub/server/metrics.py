@@ -27,6 +27,13 @@ class Metrics:
             "Connections evicted (close code 4008): too slow, or over a byte limit; once each",
             registry=self.registry,
         )
+        self.sse_dropped = Counter(
+            "sessionhub_sse_dropped",
+            "Chat SSE readers dropped: over outbox_bytes unsent (behind), or a send not taken "
+            "for send_timeout (timeout); the reply went on for everyone else",
+            ["reason"],
+            registry=self.registry,
+        )
         self.tail_evictions = Counter(
             "sessionhub_tail_evictions",
             "Events dropped from tail caches to stay within tail_bytes or tail_bytes_total",
