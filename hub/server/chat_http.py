@@ -42,6 +42,7 @@ from protocol import (
     SessionHubError,
     SessionNotFound,
     SummarizerError,
+    coerce_message,
 )
 from protocol import frames as f
 from protocol.deltas import apply_delta
@@ -391,10 +392,12 @@ async def _post(request: Request) -> Response | SseFeed:
         return _error("invalid", "`messages` is empty: nothing to answer", cors)
     try:
         _check(grant, hub, "append_all", body.id)
+        # Every message checked (depth, numbers, parts) before anything is written: a bad
+        # one must not leave a new chat's session behind, empty.
+        messages = [coerce_message(m) for m in body.messages]
         await _ensure_session(hub, grant, body)
-        await hub.manager.append_all(body.id, body.messages, None)
-        last = body.messages[-1].get("id")
-        turn = await hub.turns.start(body.id, str(last), body.trigger)
+        await hub.manager.append_all(body.id, messages, None)
+        turn = await hub.turns.start(body.id, messages[-1].id, body.trigger)
     except Forbidden:
         return _refused(request, cors)
     except SessionHubError as exc:

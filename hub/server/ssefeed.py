@@ -79,9 +79,7 @@ class SseFeed:
             return
         self.dropped = reason
         self.outbox.close()
-        self._ready.set()
-        if self._sending is not None:
-            self._sending.reschedule(asyncio.get_running_loop().time())
+        self._end_send()
         self.on_drop(reason)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -130,8 +128,12 @@ class SseFeed:
             pass
         self._gone = True
         self.outbox.close()
+        self._end_send()
+
+    def _end_send(self) -> None:
+        """Wake the sender: from its wait for a frame, or from a send the reader is not taking."""
         self._ready.set()
-        if self._sending is not None:
+        if self._sending is not None and not self._sending.expired():
             self._sending.reschedule(asyncio.get_running_loop().time())
 
     def _raw_headers(self) -> list[tuple[bytes, bytes]]:
