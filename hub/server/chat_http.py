@@ -48,7 +48,7 @@ from protocol import frames as f
 from protocol.deltas import apply_delta
 
 from ..auth import Grant, verify_token
-from .httpbody import BodyError, content_type_refused, parse_body, read_body
+from .httpbody import BodyError, parse_body, read_body
 from .ports import ChatHost, ChatTurn
 from .ssefeed import KEEPALIVE, SseFeed
 from .turnframes import TurnOutcome
@@ -381,9 +381,6 @@ async def _post(request: Request) -> Response | SseFeed:
     except Forbidden:
         return _refused(request, cors)
     try:
-        refused = content_type_refused(request.headers)
-        if refused is not None:
-            raise refused
         data = await read_body(request.receive, request.headers, hub.config.max_body_bytes)
         body: ChatBody = parse_body(data, ChatBody)
     except BodyError as exc:

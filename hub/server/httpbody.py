@@ -47,11 +47,14 @@ def check_declared(headers: Headers, limit: int) -> None:
         raise BodyError(413, "too_large", f"a body of {declared} bytes is over the {limit}-byte limit")
 
 
-def content_type_refused(headers: Headers) -> BodyError | None:
+def content_type_refused(headers: Headers, *, required: bool = False) -> BodyError | None:
     """A body that says it is not JSON (a form, text/plain): refused unread. No
-    ``Content-Type`` at all is read as JSON, as clients that post bytes send it."""
+    ``Content-Type`` at all is read as JSON, as clients that post bytes send it, unless
+    ``required`` (MCP's transport requires it)."""
     kind = headers.get("content-type")
     if kind is None:
+        if required:
+            return BodyError(415, "invalid", "the body must be sent as Content-Type: application/json")
         return None
     media = kind.split(";", 1)[0].strip().lower()
     if media == "application/json" or media.endswith("+json"):
@@ -59,10 +62,14 @@ def content_type_refused(headers: Headers) -> BodyError | None:
     return BodyError(415, "invalid", f"the body must be application/json, not {kind[:60]!r}")
 
 
-async def read_body(receive: Receive, headers: Headers, limit: int) -> bytes:
-    """The whole body, at most ``limit`` bytes: the declared length is checked first, and
-    chunks are counted as they come (a chunked body, or one longer than it said)."""
+async def read_body(receive: Receive, headers: Headers, limit: int, *, type_required: bool = False) -> bytes:
+    """The whole body, at most ``limit`` bytes: the declared length and the content type
+    are checked first, and chunks are counted as they come (a chunked body, or one longer
+    than it said)."""
     check_declared(headers, limit)
+    refused = content_type_refused(headers, required=type_required)
+    if refused is not None:
+        raise refused
     chunks: list[bytes] = []
     size = 0
     while True:

@@ -145,7 +145,8 @@ async def _bounded(scope: Scope, receive: Receive, limit: int) -> Receive:
     ``receive`` that replays it."""
     from starlette.datastructures import Headers
 
-    data = await read_body(receive, Headers(scope=scope), limit)
+    # A content type required: the SDK would refuse its absence in plain text.
+    data = await read_body(receive, Headers(scope=scope), limit, type_required=True)
     parse_body(data)
     replayed = False
 
