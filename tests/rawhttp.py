@@ -5,12 +5,13 @@ or open a reply stream and never read it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RawAnswer", "open_unread", "read_to_end", "request_head"]
+__all__ = ["RawAnswer", "open_unread", "read_to_end", "request_head", "send_until_answered"]
 
 #: How long a test waits for an answer that must come before the body is sent: a guard
 #: against a hub that waits for the body forever, not a measurement.
@@ -90,3 +91,27 @@ async def read_to_end(sock: socket.socket) -> int:
         except ConnectionResetError:
             pass
     return total
+
+
+async def send_until_answered(
+    port: int, path: str, headers: dict[str, str], total: int, chunk: int = 64 << 10
+) -> tuple[RawAnswer, int]:
+    """POST a body of ``total`` bytes for real, a chunk at a time, and stop sending once the
+    answer has come: the answer, and how many body bytes had been sent by then."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    head = _head("POST", path, port, {**headers, "content-length": str(total)})
+    answer = asyncio.create_task(_read_answer(reader))
+    sent = 0
+    try:
+        writer.write(head)
+        piece = b" " * chunk
+        with contextlib.suppress(ConnectionError):
+            while sent < total and not answer.done():
+                writer.write(piece[: total - sent])
+                sent += min(chunk, total - sent)
+                await writer.drain()
+        async with asyncio.timeout(ANSWER_WAIT):
+            return await answer, sent
+    finally:
+        answer.cancel()
+        writer.close()
