@@ -91,6 +91,11 @@ class UIMessageEncoder:
         self._sent: list[dict[str, Any]] = []  # per part: what the reader has
         self._step = False
         self._metadata_sent = False
+        self.metadata: Any = None
+
+    def snapshot(self) -> dict[str, Any]:
+        """The message as rendered so far (its parts are this encoder's: do not change them)."""
+        return {"parts": self.parts, "metadata": self.metadata}
 
     def start(self) -> list[Chunk]:
         return [{"type": "start", "messageId": self.message_id}]
@@ -103,6 +108,8 @@ class UIMessageEncoder:
         self.parts = copy.deepcopy(list(message.get("parts") or []))
         chunks: list[Chunk] = []
         metadata = message.get("metadata")
+        if metadata is not None:
+            self.metadata = metadata
         if metadata is not None and not self._metadata_sent:
             self._metadata_sent = True
             chunks.append({"type": "message-metadata", "messageMetadata": metadata})
@@ -240,45 +247,78 @@ def _render(encoder: UIMessageEncoder, item: f.StreamFrame | TurnOutcome) -> tup
     return [], False
 
 
-def reply_stream(hub: ChatHost, turn: ChatTurn, headers: dict[str, str]) -> SseFeed:
-    """The turn's reply as SSE to one reader: from its ``start``, everything so far, then
-    live, bounded per reader (:mod:`.ssefeed`): a reader that falls behind is dropped."""
-    encoder = UIMessageEncoder(turn.reply_id)
+class _Readers:
+    """One turn's readers on this node, and its reply rendered once for all of them: every
+    reader that has caught up is where the others are, so each frame's chunks are encoded
+    once and the same text is queued to each (a reader's queue costs the hub its share of
+    the bytes, not a copy of the reply per reader). A reader that joins gets ``start`` and
+    the message as rendered so far, from a fresh encoder, then the shared chunks."""
 
-    def dropped(reason: str) -> None:
-        hub.metrics.sse_dropped.labels(reason).inc()
-        log.info("dropped a reader of the reply %s in %s (%s)", turn.reply_id, turn.session_id, reason)
+    def __init__(self, hub: ChatHost, turn: ChatTurn, key: int) -> None:
+        self.hub, self.turn, self.key = hub, turn, key
+        self.encoder = UIMessageEncoder(turn.reply_id)
+        current = hub.streams.current(turn.session_id, turn.reply_id)
+        if current is not None:
+            self.encoder.message(*current)
+        self.feeds: list[SseFeed] = []
+        self.unwatch = turn.watch(self.on_item)
 
-    feed = SseFeed(
-        headers={**sse_headers, **headers},
-        max_bytes=hub.config.outbox_bytes,
-        send_timeout=hub.config.send_timeout,
-        keepalive=hub.config.chat_keepalive,
-        held=hub.held,
-        on_drop=dropped,
-        on_close=lambda: None,
-    )
+    def join(self, headers: dict[str, str]) -> SseFeed:
+        config = self.hub.config
+        feed = SseFeed(
+            headers={**sse_headers, **headers},
+            max_bytes=config.outbox_bytes,
+            send_timeout=config.send_timeout,
+            keepalive=config.chat_keepalive,
+            held=self.hub.held,
+            on_drop=self.dropped,
+            on_close=lambda: self.leave(feed),
+        )
+        fresh = UIMessageEncoder(self.turn.reply_id)
+        chunks = fresh.start() + fresh.message(self.encoder.snapshot(), self.encoder.index)
+        feed.push(_sse(chunks))
+        self.feeds.append(feed)
+        return feed
 
-    def on_item(item: f.StreamFrame | TurnOutcome) -> None:
-        # Called by the turn for every reader in turn: one reader's failure must not
-        # reach the turn, or the others.
+    def leave(self, feed: SseFeed) -> None:
+        if feed in self.feeds:
+            self.feeds.remove(feed)
+        if not self.feeds:
+            self.unwatch()
+            _READERS.pop(self.key, None)
+
+    def dropped(self, reason: str) -> None:
+        self.hub.metrics.sse_dropped.labels(reason).inc()
+        log.info(
+            "dropped a reader of the reply %s in %s (%s)", self.turn.reply_id, self.turn.session_id, reason
+        )
+
+    def on_item(self, item: f.StreamFrame | TurnOutcome) -> None:
+        # Called by the turn among its other watchers: a failure here must not reach it.
         try:
-            chunks, last = _render(encoder, item)
+            chunks, last = _render(self.encoder, item)
         except Exception:
-            log.exception("a reply chunk could not be rendered for one reader")
-            feed.drop("error")
+            log.exception("a reply chunk could not be rendered; its readers are dropped")
+            for feed in list(self.feeds):
+                feed.drop("error")
             return
         if chunks or last:
-            feed.push(_sse(chunks) + ("data: [DONE]\n\n" if last else ""), last=last)
+            text = _sse(chunks) + ("data: [DONE]\n\n" if last else "")
+            for feed in list(self.feeds):
+                feed.push(text, last=last)
 
-    # Watch, then read what is there, with no await between: every later frame is new.
-    feed.on_close = turn.watch(on_item)
-    chunks = encoder.start()
-    current = hub.streams.current(turn.session_id, turn.reply_id)
-    if current is not None:
-        chunks += encoder.message(*current)
-    feed.push(_sse(chunks))
-    return feed
+
+#: id(turn) -> its readers on this node (the entry holds the turn, so the id is not reused).
+_READERS: dict[int, _Readers] = {}
+
+
+def reply_stream(hub: ChatHost, turn: ChatTurn, headers: dict[str, str]) -> SseFeed:
+    """The turn's reply as SSE to one more reader: from its ``start``, everything so far,
+    then live, bounded per reader (:mod:`.ssefeed`): a reader that falls behind is dropped."""
+    readers = _READERS.get(id(turn))
+    if readers is None or readers.turn is not turn:
+        readers = _READERS[id(turn)] = _Readers(hub, turn, id(turn))
+    return readers.join(headers)
 
 
 # -- HTTP ----------------------------------------------------------------------------------
