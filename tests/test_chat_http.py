@@ -287,7 +287,7 @@ async def test_a_reader_that_stops_reading_is_dropped_and_the_reply_goes_on(
         dropped = await _metric(http, h.url, f'sessionhub_sse_dropped_total{{reason="{reason}"}}')
         reply = first["messageId"]  # type: ignore[index]
         stored = await h.hub.manager.get_session("s-big").get_message(reply)
-        held = h.hub.held.outbox
+        held = h.hub.sse_held.outbox
     deltas = "".join(c["delta"] for c in rest if isinstance(c, dict) and c["type"] == "text-delta")
     print(f"{reason}: the stalled reader got {read} bytes of {len(deltas)} and was dropped ({dropped:.0f})")
     assert rest[-2:] == [{"type": "finish", "finishReason": "stop"}, "[DONE]"]

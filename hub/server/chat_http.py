@@ -270,7 +270,7 @@ class _Readers:
             max_bytes=config.outbox_bytes,
             send_timeout=config.send_timeout,
             keepalive=config.chat_keepalive,
-            held=self.hub.held,
+            held=self.hub.sse_held,
             on_drop=self.dropped,
             on_close=lambda: self.leave(feed),
         )

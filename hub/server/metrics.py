@@ -69,6 +69,14 @@ class Metrics:
             gauge = Gauge(name, help_, registry=self.registry)
             gauge.set_function(functools.partial(_read_held, held, attr))
 
+    def watch_sse(self, held: Held) -> None:
+        """Export what chat SSE readers have queued (read at scrape time)."""
+        Gauge(
+            "sessionhub_sse_bytes",
+            "Chunks queued for chat SSE readers, in bytes (a chunk shared by readers counts once per reader)",
+            registry=self.registry,
+        ).set_function(functools.partial(_read_held, held, "outbox"))
+
     def watch_bus(self, bus: RemoteBus) -> None:
         """Export a cross-node bus's state (read at scrape time)."""
         Gauge(

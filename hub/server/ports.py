@@ -259,6 +259,6 @@ class ChatHost(Served, Protocol):
     @property
     def metrics(self) -> Metrics: ...
     @property
-    def held(self) -> Held:
-        """The bytes the hub holds for its peers: a reply's readers count in them."""
+    def sse_held(self) -> Held:
+        """What the chat SSE readers have queued (``sessionhub_sse_bytes``)."""
         ...

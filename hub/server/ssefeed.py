@@ -3,7 +3,7 @@
 A reply is written to every reader as it grows, whether the reader reads or not. A reader
 that stops reading must not make the hub hold the reply again for it, so what is queued
 for one reader sits in an :class:`~hub.server.outbox.Outbox` bounded by ``outbox_bytes``
-(and counted in the hub's ``held`` bytes, under ``outbox_bytes_total``), and a send that
+(and counted in ``sessionhub_sse_bytes``), and a send that
 the reader does not take within ``send_timeout`` ends it. Either way the reader is
 *dropped*: its TCP connection is cut (an SSE stream has no close frame to offer), the
 ``sessionhub_sse_dropped`` counter goes up, and nothing else changes: the turn goes on, and
