@@ -298,10 +298,10 @@ class _Readers:
         try:
             chunks, last = _render(self.encoder, item)
         except Exception:
-            log.exception("a reply chunk could not be rendered; its readers are dropped")
-            for feed in list(self.feeds):
-                feed.drop("error")
-            return
+            # The stream has begun: its readers are told in its own form, an error chunk.
+            log.exception("a chunk of the reply %s could not be rendered", self.turn.reply_id)
+            chunks = [{"type": "error", "errorText": "the hub could not render the reply; resume it"}]
+            last = True
         if chunks or last:
             text = _sse(chunks) + ("data: [DONE]\n\n" if last else "")
             for feed in list(self.feeds):
