@@ -17,6 +17,11 @@ as the hub holds it: what the SDK rebuilds is what the hub stores. ``GET
 message from its ``start`` (everything so far, in one go) and then live. ``POST
 /api/chat/{id}/stop`` stops the turn in flight: the stream ends with an ``abort`` chunk.
 
+A POST's token is checked before its body is read, and the body is read within
+``HubConfig.max_body_bytes`` and parsed by the socket's decoder (:mod:`.httpbody`); each
+reader's stream is bounded as a WebSocket's outbox is (:mod:`.ssefeed`), and a turn's chunks
+are rendered once for all its readers (:class:`_Readers`).
+
 The endpoints see the running hub as a :class:`~hub.server.ports.ChatHost`
 (``request.app.state.hub``), a turn as a :class:`~hub.server.ports.ChatTurn`.
 """
@@ -285,7 +290,8 @@ class _Readers:
             self.feeds.remove(feed)
         if not self.feeds:
             self.unwatch()
-            _READERS.pop(self.key, None)
+            if _READERS.get(self.key) is self:
+                del _READERS[self.key]
 
     def dropped(self, reason: str) -> None:
         self.hub.metrics.sse_dropped.labels(reason).inc()
