@@ -185,12 +185,10 @@ def test_the_keep_alive_interval_must_be_positive() -> None:
 SECRET = "a-test-secret-of-at-least-32-bytes!!"
 
 
-def _chat(session_id: str, text: str, part: str | None = None) -> bytes:
-    """A chat request as bytes (``part``: a raw JSON part, e.g. one json.dumps cannot write)."""
-    parts = part if part is not None else json.dumps({"type": "text", "text": text})
-    return (
-        f'{{"id":{json.dumps(session_id)},"messages":[{{"id":"u1","role":"user","parts":[{parts}]}}]}}'
-    ).encode()
+def _chat(session_id: str, part: str) -> bytes:
+    """A chat request as bytes around one raw JSON part (one json.dumps cannot write)."""
+    message = f'{{"id":"u1","role":"user","parts":[{part}]}}'
+    return f'{{"id":{json.dumps(session_id)},"messages":[{message}]}}'.encode()
 
 
 def _nested(depth: int) -> str:
@@ -208,7 +206,7 @@ async def test_a_deeply_nested_part_is_invalid_and_nothing_is_written(
     async with served(db=tmp_path / "hub.db") as h, httpx2.AsyncClient() as http:
         r = await http.post(
             f"{h.url}/api/chat",
-            content=_chat("s-deep", "", _nested(depth)),
+            content=_chat("s-deep", _nested(depth)),
             headers={"content-type": "application/json"},
         )
         assert r.status_code == 400, r.text
