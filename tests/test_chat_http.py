@@ -17,6 +17,7 @@ import pytest
 from hub.auth import issue_token
 from hub.server import HubConfig
 from hub.server.chat_http import KEEPALIVE
+from hub.store.base import Store
 
 from .chatkit import responder, sse_chunks
 from .hubtest import served
@@ -295,12 +296,12 @@ async def test_a_reader_that_stops_reading_is_dropped_and_the_reply_goes_on(
     assert read < len(deltas) and held == 0
 
 
-async def test_first_posts_of_a_new_chat_at_once_one_streams_the_others_conflict(tmp_path: Path) -> None:
+async def test_first_posts_of_a_new_chat_at_once_one_streams_the_others_conflict(store: Store) -> None:
     """Six at once on a new id: one got the stream, the others `400 invalid: session ...
     already exists` (5 of 6 trials). Now the others are told a turn is in flight (409)."""
     trials, posters = 5, 6
     async with (
-        served(db=tmp_path / "hub.db") as h,
+        served(store=store) as h,
         responder(h.ws_url, lambda: len(h.hub.turns.responders) == 1),
         httpx2.AsyncClient(timeout=30) as http,
     ):
