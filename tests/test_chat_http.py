@@ -247,6 +247,16 @@ async def test_the_token_and_the_size_are_checked_before_the_body_is_read(tmp_pa
         assert await h.hub.manager.get("s-big") is None
 
 
+def _past_socket_buffers() -> int:
+    """KiB of reply that a stalled reader's socket cannot all hold: twice the most the
+    server's send buffer may grow to (``tcp_wmem``, 4 MiB by default), 8 MiB at least."""
+    try:
+        most = int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
+    except (OSError, IndexError, ValueError):
+        most = 4 << 20
+    return max(8192, 2 * most >> 10)
+
+
 async def _metric(http: httpx2.AsyncClient, url: str, name: str) -> float:
     text = (await http.get(f"{url}/metrics")).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
@@ -256,8 +266,8 @@ async def _metric(http: httpx2.AsyncClient, url: str, name: str) -> float:
     ("reason", "config", "kib"),
     [
         ("behind", HubConfig(outbox_bytes=256 << 10, send_timeout=30), 4096),
-        # Past what the kernel's socket buffers take (up to tcp_wmem's 4 MiB), so that a send waits.
-        ("timeout", HubConfig(outbox_bytes=64 << 20, send_timeout=0.5), 8192),
+        # Past what the kernel's socket buffers take, so that a send waits.
+        ("timeout", HubConfig(outbox_bytes=64 << 20, send_timeout=0.5), _past_socket_buffers()),
     ],
 )
 async def test_a_reader_that_stops_reading_is_dropped_and_the_reply_goes_on(
