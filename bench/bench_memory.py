@@ -19,6 +19,12 @@ once started (MiB), with what the peers saw:
 4. ping flood: one connection sends pings without reading a reply, for a fixed time;
    meanwhile another client pings every 20 ms: its round trips (p50, max), and how many
    pings the flood got into the hub's socket.
+5. http bodies: one 128 MiB ``POST /api/chat`` without a token, then six 64 MiB ones at
+   once, each body really sent until its answer comes: the answers, and how much of each
+   body was sent by then.
+6. sse stalled: a poster and 40 resumers of an 8 MiB chat reply (64 KiB deltas from a
+   ``HubClient`` responder), none reading: how many are still connected 15 s after the
+   reply ended (a reader the hub dropped has its connection cut).
 """
 
 from __future__ import annotations
@@ -324,6 +330,114 @@ async def flood(repo: Path, tmp: Path, seconds: float) -> dict[str, Any]:
         }
 
 
+def _http_head(method: str, path: str, port: int, headers: dict[str, str]) -> bytes:
+    lines = [
+        f"{method} {path} HTTP/1.1",
+        f"host: 127.0.0.1:{port}",
+        *(f"{k}: {v}" for k, v in headers.items()),
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+async def _post_until_answered(port: int, total: int) -> tuple[int, int]:
+    """POST ``total`` bytes without a token, sending until the status line comes back:
+    (status, bytes sent by then)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    head = {"content-type": "application/json", "content-length": str(total)}
+    answer = asyncio.ensure_future(reader.readline())
+    sent = 0
+    try:
+        writer.write(_http_head("POST", "/api/chat", port, head))
+        piece = b" " * (64 * KiB)
+        with contextlib.suppress(ConnectionError):
+            while sent < total and not answer.done():
+                writer.write(piece)
+                sent += len(piece)
+                await writer.drain()
+        status = await asyncio.wait_for(answer, 60)
+        return int(status.split()[1]), sent
+    finally:
+        answer.cancel()
+        writer.close()
+
+
+async def http_bodies(repo: Path, tmp: Path) -> dict[str, Any]:
+    async with hub(repo, tmp, ["--auth-secret", "bench-secret-of-at-least-32-bytes-long!"]) as h:
+        h.start_sampling()
+        one = await _post_until_answered(h.port, 128 * MiB)
+        six = await asyncio.gather(*(_post_until_answered(h.port, 64 * MiB) for _ in range(6)))
+        await asyncio.sleep(0.2)
+        return {
+            "answers": [one[0], *(s for s, _ in six)],
+            "mib_sent_before_answer": [one[1] // MiB, *(n // MiB for _, n in six)],
+            "peak_rss_mib": h.peak_mib(),
+        }
+
+
+async def _sse_unread(port: int, path: str, body: bytes = b"") -> socket.socket:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * KiB)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, ("127.0.0.1", port))
+    method = "POST" if body else "GET"
+    head = {"content-type": "application/json", "content-length": str(len(body))}
+    await loop.sock_sendall(sock, _http_head(method, path, port, head) + body)
+    return sock
+
+
+async def _cut(sock: socket.socket, timeout: float) -> bool:
+    """Whether the hub ended the connection: reading what is buffered reaches its end."""
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(timeout):
+            while await loop.sock_recv(sock, 1 << 20):
+                pass
+    except TimeoutError:
+        return False
+    except ConnectionError:
+        return True
+    return True
+
+
+async def sse_stalled(repo: Path, tmp: Path, resumers: int) -> dict[str, Any]:
+    from clients import HubClient
+
+    size = 8 * MiB
+    async with hub(repo, tmp, []) as h, HubClient(h.url, name="bench", role="worker") as worker:
+        ended = asyncio.Event()
+
+        async def answer() -> None:
+            async for turn in worker.turns():
+                async with turn.reply() as st:
+                    await asyncio.sleep(0.5)  # the resumers join meanwhile
+                    for _ in range(size // (64 * KiB)):
+                        await st.text("x" * (64 * KiB))
+                ended.set()
+                return
+
+        responder = asyncio.create_task(answer())
+        await asyncio.sleep(0.3)
+        h.start_sampling()
+        chat = {"id": "bench-sse", "messages": [message(1, "hello")]}
+        poster = await _sse_unread(h.port, "/api/chat", json.dumps(chat).encode())
+        await asyncio.sleep(0.2)
+        readers = [poster] + [
+            await _sse_unread(h.port, "/api/chat/bench-sse/stream") for _ in range(resumers)
+        ]
+        await asyncio.wait_for(ended.wait(), 120)
+        await responder
+        await asyncio.sleep(15)
+        cut = [await _cut(sock, 2) for sock in readers]
+        for sock in readers:
+            sock.close()
+        return {
+            "readers": len(readers),
+            "still_connected_15s_after": cut.count(False),
+            "peak_rss_mib": h.peak_mib(),
+        }
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -345,6 +459,8 @@ async def main() -> None:
             "replay": lambda: replay(args.repo, Path(tmp), 400 // scale),
             "stalled": lambda: stall(args.repo, Path(tmp), 200 // scale),
             "ping_flood": lambda: flood(args.repo, Path(tmp), 20 / scale),
+            "http_bodies": lambda: http_bodies(args.repo, Path(tmp)),
+            "sse_stalled": lambda: sse_stalled(args.repo, Path(tmp), 40 // scale),
         }
         for name, run in scenarios.items():
             if args.only and name not in args.only:

@@ -128,6 +128,7 @@ def _parser() -> argparse.ArgumentParser:
         ("--tail-bytes", "8M", "events one stream keeps in memory for its subscribers"),
         ("--tail-bytes-total", "256M", "events all streams keep in memory"),
         ("--replay-bytes", "8M", "backlog one connection's catching-up subscriptions hold"),
+        ("--max-body-bytes", "4M", "largest HTTP request body (POST /api/chat, /mcp); past it: 413"),
     ):
         serve.add_argument(flag, type=_size, default=_size(default), help=f"{what} (default: {default})")
     serve.add_argument(
@@ -411,6 +412,7 @@ def _serve(args: argparse.Namespace) -> int:
             tail_bytes=args.tail_bytes,
             tail_bytes_total=args.tail_bytes_total,
             replay_bytes=args.replay_bytes,
+            max_body_bytes=args.max_body_bytes,
             max_in_flight=args.max_in_flight,
             send_timeout=args.send_timeout,
             turn_timeout=args.turn_timeout,

@@ -9,7 +9,7 @@ import msgspec
 
 from .frames import REQUEST_TYPES, ErrorCode, ErrorFrame, Request, ServerFrame
 
-__all__ = ["FrameError", "decode_frame", "decode_request", "encode"]
+__all__ = ["FrameError", "decode_document", "decode_frame", "decode_request", "encode"]
 
 _requests: msgspec.json.Decoder[Request] = msgspec.json.Decoder(Request)
 _frames: msgspec.json.Decoder[ServerFrame] = msgspec.json.Decoder(ServerFrame)
@@ -82,3 +82,21 @@ def decode_frame(data: str | bytes) -> ServerFrame:
 
 def encode(frame: Any) -> bytes:
     return _encoder.encode(frame)
+
+
+def decode_document(data: str | bytes, type_: Any = Any) -> Any:
+    """Parse one JSON document (an HTTP body) by the rules a frame is parsed by: strict JSON
+    (one value, nothing after it, no NaN, every float a double), nesting bounded as the
+    socket's decoder bounds it, ``type_`` validated. Raises :class:`FrameError`: ``invalid``
+    for a document that parses but does not fit (too deep included), ``bad_frame`` for one
+    that is not JSON. One decoder for both doors, so what the socket refuses, HTTP does."""
+    try:
+        return msgspec.json.decode(data, type=type_)
+    except RecursionError:
+        # As for a frame: msgspec bounds nesting by the interpreter's recursion limit, and
+        # the RecursionError it raises is no DecodeError (it escaped as a 500).
+        raise FrameError("invalid", "the body is nested too deeply to decode") from None
+    except msgspec.ValidationError as exc:
+        raise FrameError("invalid", str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise FrameError("bad_frame", f"not JSON: {exc}") from None

@@ -13,7 +13,10 @@ import httpx2
 
 from clients import HubClient, Turn
 
-__all__ = ["answer", "responder", "sse_chunks"]
+__all__ = ["BIG_PIECE", "answer", "responder", "sse_chunks"]
+
+#: The characters a "big" reply's deltas repeat, one per delta in turn.
+BIG_PIECE = "abcdefghij"
 
 
 async def answer(turn: Turn) -> None:
@@ -30,6 +33,12 @@ async def answer(turn: Turn) -> None:
             for i in range(40):
                 await st.text(f"w{i} ")
                 await asyncio.sleep(0.04)
+        elif asked.startswith("big"):
+            # "big N": N KiB of text in 64 KiB deltas, paced so that the turn is still in
+            # flight when a second reader joins.
+            for i in range(int(asked.split()[1]) // 64):
+                await st.text(BIG_PIECE[i % 10] * (64 << 10))
+                await asyncio.sleep(0.005)
         elif asked.startswith("fail"):
             await st.text("Thinking")
             raise RuntimeError("the model is down")

@@ -19,10 +19,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import msgspec
 import pytest
 
 from hub import REGISTRY, ReadonlyText, SessionManager, SqliteStore, Store
+from hub.auth import issue_token
+from hub.server import HubConfig
 from protocol.frames import ERROR_CODES, REQUEST_TYPES
 
 from . import dumps as d
@@ -422,3 +425,120 @@ async def test_every_bad_import_is_typed_and_writes_nothing(
     stored = {s.id for s in await store.list_sessions()}
     assert "fz-good" not in stored and "fz" not in stored and len(stored) == written
     print(f"{len(cases)} imports in {elapsed:.2f}s: {codes}, {written} valid mutations written")
+
+
+# -- the HTTP doors (issue 24): every route x every bad body and token ---------------------
+
+HTTP_SECRET = "fuzz-test-secret-of-at-least-32-bytes!"
+#: Small, so that "over the bound" costs little to send.
+HTTP_MAX_BODY = 64 << 10
+CHAT = '{"id":"s-fuzz","messages":[{"id":"u1","role":"user","parts":[%s]}]}'
+RPC = '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"append_message","arguments":%s}}'
+
+#: Bodies no route may answer with a 500 or an untyped error: nesting past the decoder,
+#: junk after a document, numbers beyond a double and beyond int64, wrong shapes, not JSON.
+HTTP_BODIES: list[bytes] = (
+    [("[" * n + "]" * n).encode() for n in (DEEP, 5000, 100_000)]
+    + [(CHAT % ('{"type":"data-x","data":' + "[" * n + "]" * n + "}")).encode() for n in (900, 5000)]
+    + [
+        (RPC % ('{"session_id":"s-fuzz","text":' + "[" * 5000 + "]" * 5000 + "}")).encode(),
+        (CHAT % '{"type":"text","text":"hi"}').encode() + b"x",
+        b"{}x",
+        b'{"jsonrpc":"2.0","id":1,"method":"ping"} {"jsonrpc":"2.0","id":2,"method":"ping"}',
+        b'{"id":1e999,"messages":[]}',
+        b'{"id":"s-fuzz","messages":[{"id":"u1","role":"user","parts":[{"type":"data-x","n":'
+        + b"9" * 5000
+        + b"}]}]}",
+        (CHAT % '{"type":"data-x","n":-1e400}').encode(),
+        (CHAT % '{"type":"data-x","n":NaN}').encode(),
+        (CHAT % '{"type":"data-x","n":18446744073709551616}').encode(),
+        b'{"id":5,"messages":[]}',
+        b'{"id":"s-fuzz","messages":"x"}',
+        b'{"id":"s-fuzz","messages":[5]}',
+        b'{"id":"s-fuzz","messages":[{}]}',
+        b'{"id":"\\ud800","messages":[{"id":"u1","role":"user","parts":[]}]}',
+        (CHAT % '{"type":"text","text":"\\udfff"}').encode(),
+        b'{"id":"s-fuzz","messages":[{"id":"u1","role":"user","parts":[],"createdAt":"0001-01-01T00:30:00+01:00"}]}',
+        b"",
+        b"{",
+        b"null",
+        b"not json",
+        b"\xff\xfe\x00",
+        b" " * (HTTP_MAX_BODY + 1),
+    ]
+)
+
+HTTP_ROUTES = [
+    ("POST", "/api/chat"),
+    ("POST", "/api/chat/s-fuzz/stop"),
+    ("GET", "/api/chat/s-fuzz/stream"),
+    ("POST", "/mcp"),
+    ("GET", "/healthz"),
+    ("GET", "/metrics"),
+    ("PUT", "/api/chat"),
+    ("DELETE", "/api/chat/s-fuzz/stream"),
+    ("POST", "/healthz"),
+    ("POST", "/api/nothing"),
+]
+
+HTTP_CONTENT_TYPES = ["application/json", None, "text/plain", "application/x-www-form-urlencoded"]
+
+
+def _typed(path: str, response: httpx2.Response) -> str:
+    """The answer's error code, asserting it is typed JSON in the route's protocol."""
+    assert response.headers.get("content-type", "").startswith("application/json"), response.text[:200]
+    answer = response.json()
+    if path == "/mcp":  # JSON-RPC: an integer code; the hub's own refusals name theirs in data
+        assert isinstance(answer["error"]["code"], int), answer
+        return str(answer["error"].get("data", {}).get("code", answer["error"]["code"]))
+    code = answer["error"]["code"]
+    assert code in ERROR_CODES or code == "unauthorized", answer
+    return str(code)
+
+
+async def test_every_http_route_answers_every_body_typed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 24: a 5,000-deep part in a chat POST was a plain-text 500, before the token was
+    checked. Every route, every body above, every content type, no token, a forged one, a
+    reader's and an admin's: never a 500, every refusal typed JSON (a stream only where a
+    request was valid), and the hub still serves."""
+    caplog.set_level(logging.ERROR)
+    config = HubConfig(auth_secret=HTTP_SECRET, max_body_bytes=HTTP_MAX_BODY, turn_timeout=0.1)
+    tokens: list[str | None] = [
+        None,
+        issue_token("another-secret-of-at-least-32-bytes!!", {"*": "admin"}),
+        issue_token(HTTP_SECRET, {"s-fuzz": "read"}),
+        issue_token(HTTP_SECRET, {"*": "admin"}),
+    ]
+    codes: dict[str, int] = {}
+    sent = 0
+    started = time.perf_counter()
+    async with served(db=tmp_path / "http.db", config=config) as h, httpx2.AsyncClient(timeout=30) as http:
+        for r_index, (method, path) in enumerate(HTTP_ROUTES):
+            for b_index, body in enumerate(HTTP_BODIES):
+                # Each body meets every content type across the routes.
+                kind = HTTP_CONTENT_TYPES[(r_index + b_index) % len(HTTP_CONTENT_TYPES)]
+                for token in tokens:
+                    headers = {"accept": "application/json, text/event-stream"}
+                    if kind is not None:
+                        headers["content-type"] = kind
+                    if token is not None:
+                        headers["authorization"] = f"Bearer {token}"
+                    async with http.stream(method, h.url + path, content=body, headers=headers) as r:
+                        await r.aread()
+                    sent += 1
+                    assert r.status_code < 500, (method, path, body[:80], r.status_code, r.text[:200])
+                    if r.status_code >= 400:
+                        code = _typed(path, r)
+                    elif r.headers.get("content-type", "").startswith("text/event-stream"):
+                        assert path.startswith("/api/chat") and r.text.rstrip().endswith("data: [DONE]")
+                        code = "stream"
+                    else:
+                        code = str(r.status_code)
+                    codes[code] = codes.get(code, 0) + 1
+        assert (await http.get(f"{h.url}/healthz")).json()["status"] == "ok"
+    elapsed = time.perf_counter() - started
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert codes.get("too_large", 0) >= 1 and codes.get("invalid", 0) > 20, codes
+    print(f"{sent} HTTP requests in {elapsed:.2f}s: {codes}")

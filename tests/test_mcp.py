@@ -175,11 +175,22 @@ async def test_serve_process_tools_events_and_scopes(tmp_path: Path) -> None:
                 with pytest.raises(MCPError, match="forbidden"):
                     await mcp.read_resource(f"sessionhub://sessions/{other.id}/prompt")
 
-            # No token at all, and a forged one: every call refused, nothing written.
+            # No token at all, and a forged one: a 401 before the body is read, nothing written.
+            arguments = {"session_id": info.id, "text": "x"}
+            call = {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "tools/call",
+                "params": {"name": "append_message", "arguments": arguments},
+            }
             for token in (None, issue_token("another-secret-of-at-least-32-bytes!!", {"*": "admin"})):
-                async with mcp_client(url, token) as mcp:
-                    refused = await mcp.call_tool("append_message", {"session_id": info.id, "text": "x"})
-                    assert refused.is_error and body(refused) == "forbidden: forbidden"
+                headers = {"accept": "application/json, text/event-stream"}
+                if token is not None:
+                    headers["authorization"] = f"Bearer {token}"
+                async with httpx2.AsyncClient() as http:
+                    response = await http.post(url, json=call, headers=headers)
+                assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
+                assert response.json()["error"]["data"] == {"code": "unauthorized"}
             assert [m.id for m in await hub.sessions.get_history(info.id)] == ["u1", "m2"]
 
 

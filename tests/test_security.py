@@ -27,7 +27,8 @@ from clients import HubClient, HubError, TokenExpired
 from hub.auth import issue_token
 
 from .hubtest import Client, Frame, is_event, text
-from .nodes import free_port
+from .nodes import Node, free_port
+from .rawhttp import send_until_answered
 from .services import node
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -509,3 +510,50 @@ async def test_the_js_client_renews_its_token(tmp_path: Path) -> None:
         )  # fmt: skip
         out, _ = await asyncio.wait_for(proc.communicate(), 30)
         assert proc.returncode == 0 and out.decode().strip().endswith("renewed"), out.decode()
+
+
+# -- HTTP bodies (issue 24, item 2) ---------------------------------------------------------
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+async def test_http_bodies_are_not_read_before_the_token_nor_past_the_bound(tmp_path: Path) -> None:
+    """One 128 MiB POST without a token raised a served hub's RSS by 159-256 MiB before its
+    401; six 64 MiB at once, by 506-521 MiB. Here the bodies are really sent, and each
+    answer comes while most of its body is still unsent: RSS stays where it was."""
+    MiB = 1 << 20
+    admin = issue_token(SECRET, {"*": "admin"})
+    json_type = {"content-type": "application/json"}
+    async with Node(
+        str(tmp_path / "hub.db"), None, None, "--auth-secret", SECRET, "--max-body-bytes", "1M"
+    ) as hub:
+        assert hub.proc is not None
+        pid, peak = hub.proc.pid, 0.0
+        base = _rss_mib(pid)
+
+        async def sample() -> None:
+            nonlocal peak
+            while True:
+                peak = max(peak, _rss_mib(pid) - base)
+                await asyncio.sleep(0.02)
+
+        sampler = asyncio.create_task(sample())
+        try:
+            cases = [("/api/chat", json_type, 128 * MiB)] + [("/api/chat", json_type, 64 * MiB)] * 3
+            cases += [("/mcp", json_type, 64 * MiB)] * 3
+            bearer = {**json_type, "authorization": f"Bearer {admin}"}
+            cases += [("/api/chat", bearer, 64 * MiB), ("/mcp", bearer, 64 * MiB)]
+            answers = await asyncio.gather(*(send_until_answered(hub.port, p, h, n) for p, h, n in cases))
+        finally:
+            sampler.cancel()
+        statuses = [answer.status for answer, _ in answers]
+        sent = [n // MiB for _, n in answers]
+        print(f"answers {statuses}, MiB sent by each before its answer {sent}, RSS peak +{peak:.1f} MiB")
+        assert statuses == [401] * 7 + [413] * 2
+        assert all(n < total // 4 for (_, n), (_, _, total) in zip(answers, cases, strict=True))
+        assert peak < 48, f"RSS rose by {peak:.1f} MiB"

@@ -17,23 +17,26 @@ as the hub holds it: what the SDK rebuilds is what the hub stores. ``GET
 message from its ``start`` (everything so far, in one go) and then live. ``POST
 /api/chat/{id}/stop`` stops the turn in flight: the stream ends with an ``abort`` chunk.
 
+A POST's token is checked before its body is read, and the body is read within
+``HubConfig.max_body_bytes`` and parsed by the socket's decoder (:mod:`.httpbody`); each
+reader's stream is bounded as a WebSocket's outbox is (:mod:`.ssefeed`), and a turn's chunks
+are rendered once for all its readers (:class:`_Readers`).
+
 The endpoints see the running hub as a :class:`~hub.server.ports.ChatHost`
 (``request.app.state.hub``), a turn as a :class:`~hub.server.ports.ChatTurn`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import copy
 import json
 import logging
-from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 import msgspec
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from protocol import (
@@ -44,15 +47,18 @@ from protocol import (
     SessionHubError,
     SessionNotFound,
     SummarizerError,
+    coerce_message,
 )
 from protocol import frames as f
 from protocol.deltas import apply_delta
 
 from ..auth import Grant, verify_token
+from .httpbody import BodyError, parse_body, read_body
 from .ports import ChatHost, ChatTurn
+from .ssefeed import KEEPALIVE, SseFeed
 from .turnframes import TurnOutcome
 
-__all__ = ["KEEPALIVE", "UIMessageEncoder", "chat_routes", "sse_headers"]
+__all__ = ["KEEPALIVE", "UIMessageEncoder", "chat_routes", "reply_stream", "sse_headers"]
 
 log = logging.getLogger("sessionhub.chat")
 
@@ -90,6 +96,11 @@ class UIMessageEncoder:
         self._sent: list[dict[str, Any]] = []  # per part: what the reader has
         self._step = False
         self._metadata_sent = False
+        self.metadata: Any = None
+
+    def snapshot(self) -> dict[str, Any]:
+        """The message as rendered so far (its parts are this encoder's: do not change them)."""
+        return {"parts": self.parts, "metadata": self.metadata}
 
     def start(self) -> list[Chunk]:
         return [{"type": "start", "messageId": self.message_id}]
@@ -102,6 +113,8 @@ class UIMessageEncoder:
         self.parts = copy.deepcopy(list(message.get("parts") or []))
         chunks: list[Chunk] = []
         metadata = message.get("metadata")
+        if metadata is not None:
+            self.metadata = metadata
         if metadata is not None and not self._metadata_sent:
             self._metadata_sent = True
             chunks.append({"type": "message-metadata", "messageMetadata": metadata})
@@ -215,55 +228,103 @@ class UIMessageEncoder:
         return chunks
 
 
-#: What an idle reply stream sends every ``HubConfig.chat_keepalive`` seconds.
-KEEPALIVE = b": keep-alive\n\n"
+def _sse(chunks: list[Chunk]) -> str:
+    # json.dumps escapes non-ASCII: the feed sends the text as ASCII bytes.
+    return "".join(f"data: {json.dumps(c, separators=(',', ':'))}\n\n" for c in chunks)
 
 
-def _sse(chunks: list[Chunk]) -> bytes:
-    return "".join(f"data: {json.dumps(c, separators=(',', ':'))}\n\n" for c in chunks).encode()
+def _render(encoder: UIMessageEncoder, item: f.StreamFrame | TurnOutcome) -> tuple[list[Chunk], bool]:
+    """The chunks one stream frame (or the turn's outcome, ``True``: the last) makes."""
+    if isinstance(item, TurnOutcome):
+        chunks = encoder.close()
+        if item.status == "finished":
+            chunks.append({"type": "finish", "finishReason": "stop"})
+        elif item.status == "stopped":
+            # What the SDK's own streamText sends when its generation is aborted.
+            chunks.append({"type": "abort", "reason": item.reason or "stopped"})
+        else:
+            chunks.append({"type": "error", "errorText": item.error or "the turn failed"})
+        return chunks, True
+    if item.action == "delta":
+        return encoder.deltas(item.deltas or []), False
+    if item.message is not None:
+        return encoder.message(item.message, item.index), False
+    return [], False
 
 
-async def turn_stream(hub: ChatHost, turn: ChatTurn) -> AsyncIterator[bytes]:
-    """The turn's reply as SSE: from its ``start``, everything so far, then live."""
-    queue: asyncio.Queue[f.StreamFrame | TurnOutcome] = asyncio.Queue()
-    encoder = UIMessageEncoder(turn.reply_id)
-    # Watch, then read what is there, with no await between: every later frame is new.
-    stop = turn.watch(queue.put_nowait)
-    try:
-        chunks = encoder.start()
+class _Readers:
+    """One turn's readers on this node, and its reply rendered once for all of them: every
+    reader that has caught up is where the others are, so each frame's chunks are encoded
+    once and the same text is queued to each (a reader's queue costs the hub its share of
+    the bytes, not a copy of the reply per reader). A reader that joins gets ``start`` and
+    the message as rendered so far, from a fresh encoder, then the shared chunks."""
+
+    def __init__(self, hub: ChatHost, turn: ChatTurn, key: int) -> None:
+        self.hub, self.turn, self.key = hub, turn, key
+        self.encoder = UIMessageEncoder(turn.reply_id)
         current = hub.streams.current(turn.session_id, turn.reply_id)
         if current is not None:
-            chunks += encoder.message(*current)
-        yield _sse(chunks)
-        while True:
-            try:
-                item = await asyncio.wait_for(queue.get(), hub.config.chat_keepalive)
-            except TimeoutError:
-                # An SSE comment: every parser skips it (the AI SDK's included); it keeps
-                # an idle-cutting proxy from closing the stream while nothing is said.
-                yield KEEPALIVE
-                continue
-            if isinstance(item, TurnOutcome):
-                chunks = encoder.close()
-                if item.status == "finished":
-                    chunks.append({"type": "finish", "finishReason": "stop"})
-                elif item.status == "stopped":
-                    # What the SDK's own streamText sends when its generation is aborted.
-                    chunks.append({"type": "abort", "reason": item.reason or "stopped"})
-                else:
-                    chunks.append({"type": "error", "errorText": item.error or "the turn failed"})
-                yield _sse(chunks) + b"data: [DONE]\n\n"
-                return
-            if item.action == "delta":
-                chunks = encoder.deltas(item.deltas or [])
-            elif item.message is not None:
-                chunks = encoder.message(item.message, item.index)
-            else:
-                chunks = []
-            if chunks:
-                yield _sse(chunks)
-    finally:
-        stop()
+            self.encoder.message(*current)
+        self.feeds: list[SseFeed] = []
+        self.unwatch = turn.watch(self.on_item)
+
+    def join(self, headers: dict[str, str]) -> SseFeed:
+        config = self.hub.config
+        feed = SseFeed(
+            headers={**sse_headers, **headers},
+            max_bytes=config.outbox_bytes,
+            send_timeout=config.send_timeout,
+            keepalive=config.chat_keepalive,
+            held=self.hub.sse_held,
+            on_drop=self.dropped,
+            on_close=lambda: self.leave(feed),
+        )
+        fresh = UIMessageEncoder(self.turn.reply_id)
+        chunks = fresh.start() + fresh.message(self.encoder.snapshot(), self.encoder.index)
+        feed.push(_sse(chunks))
+        self.feeds.append(feed)
+        return feed
+
+    def leave(self, feed: SseFeed) -> None:
+        if feed in self.feeds:
+            self.feeds.remove(feed)
+        if not self.feeds:
+            self.unwatch()
+            if _READERS.get(self.key) is self:
+                del _READERS[self.key]
+
+    def dropped(self, reason: str) -> None:
+        self.hub.metrics.sse_dropped.labels(reason).inc()
+        log.info(
+            "dropped a reader of the reply %s in %s (%s)", self.turn.reply_id, self.turn.session_id, reason
+        )
+
+    def on_item(self, item: f.StreamFrame | TurnOutcome) -> None:
+        # Called by the turn among its other watchers: a failure here must not reach it.
+        try:
+            chunks, last = _render(self.encoder, item)
+        except Exception:
+            # The stream has begun: its readers are told in its own form, an error chunk.
+            log.exception("a chunk of the reply %s could not be rendered", self.turn.reply_id)
+            chunks = [{"type": "error", "errorText": "the hub could not render the reply; resume it"}]
+            last = True
+        if chunks or last:
+            text = _sse(chunks) + ("data: [DONE]\n\n" if last else "")
+            for feed in list(self.feeds):
+                feed.push(text, last=last)
+
+
+#: id(turn) -> its readers on this node (the entry holds the turn, so the id is not reused).
+_READERS: dict[int, _Readers] = {}
+
+
+def reply_stream(hub: ChatHost, turn: ChatTurn, headers: dict[str, str]) -> SseFeed:
+    """The turn's reply as SSE to one more reader: from its ``start``, everything so far,
+    then live, bounded per reader (:mod:`.ssefeed`): a reader that falls behind is dropped."""
+    readers = _READERS.get(id(turn))
+    if readers is None or readers.turn is not turn:
+        readers = _READERS[id(turn)] = _Readers(hub, turn, id(turn))
+    return readers.join(headers)
 
 
 # -- HTTP ----------------------------------------------------------------------------------
@@ -278,11 +339,21 @@ class ChatBody(msgspec.Struct, kw_only=True):
     messageId: str | None = None  # the SDK's name
 
 
-_STATUS = {"invalid": 400, "forbidden": 403, "not_found": 404, "conflict": 409, "unavailable": 503}
+_STATUS = {
+    "too_large": 413,
+    "invalid": 400,
+    "forbidden": 403,
+    "not_found": 404,
+    "conflict": 409,
+    "unavailable": 503,
+}
 
 
-def _error(code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    status = 401 if code == "unauthorized" else _STATUS.get(code, 500)
+def _error(
+    code: str, message: str, headers: dict[str, str] | None = None, status: int | None = None
+) -> JSONResponse:
+    if status is None:
+        status = 401 if code == "unauthorized" else _STATUS.get(code, 500)
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
 
 
@@ -342,34 +413,54 @@ def _title(messages: list[dict[str, Any]]) -> str:
     return "chat"
 
 
-async def _post(request: Request) -> Response:
+async def _post(request: Request) -> Response | SseFeed:
     hub: ChatHost = request.app.state.hub
     cors = _cors(request, hub)
     if cors is None:
         return _error("forbidden", "origin not allowed")
     if hub.closing:
         return _error("unavailable", "the hub is shutting down", cors)
+    # The token and the declared size first: a stranger's body is never read, and nobody's
+    # is read past max_body_bytes.
     try:
-        body = msgspec.json.decode(await request.body(), type=ChatBody)
-    except msgspec.DecodeError as exc:  # ValidationError included
-        return _error("invalid", f"the body is not a chat request: {exc}", cors)
+        grant = _grant(request, hub)
+    except Forbidden:
+        return _refused(request, cors)
+    try:
+        data = await read_body(request.receive, request.headers, hub.config.max_body_bytes)
+        body: ChatBody = parse_body(data, ChatBody)
+    except BodyError as exc:
+        return _error(exc.code, str(exc), cors, exc.status)
     if not body.messages:
         return _error("invalid", "`messages` is empty: nothing to answer", cors)
     try:
-        grant = _grant(request, hub)
         _check(grant, hub, "append_all", body.id)
-        if await hub.manager.get(body.id) is None:
-            if hub.config.auth_secret is not None and (grant is None or not grant.allows("create", body.id)):
-                raise SessionNotFound(body.id)  # creating one needs admin
-            await hub.store.create_session(_title(body.messages), source="api/chat", session_id=body.id)
-        await hub.manager.append_all(body.id, body.messages, None)
-        last = body.messages[-1].get("id")
-        turn = await hub.turns.start(body.id, str(last), body.trigger)
+        # Every message checked (depth, numbers, parts) before anything is written: a bad
+        # one must not leave a new chat's session behind, empty.
+        messages = [coerce_message(m) for m in body.messages]
+        await _ensure_session(hub, grant, body)
+        await hub.manager.append_all(body.id, messages, None)
+        turn = await hub.turns.start(body.id, messages[-1].id, body.trigger)
     except Forbidden:
         return _refused(request, cors)
     except SessionHubError as exc:
         return _error(_code(exc), str(exc), cors)
-    return StreamingResponse(turn_stream(hub, turn), headers={**sse_headers, **cors})
+    return reply_stream(hub, turn, cors)
+
+
+async def _ensure_session(hub: ChatHost, grant: Grant | None, body: ChatBody) -> None:
+    """Create the chat's session if it is new. Several first POSTs of one chat race here:
+    the one whose create loses finds the session made and goes on to the turn, where all
+    but one are told ``conflict`` (a turn is in flight), not that the session exists."""
+    if await hub.manager.get(body.id) is not None:
+        return
+    if hub.config.auth_secret is not None and (grant is None or not grant.allows("create", body.id)):
+        raise SessionNotFound(body.id)  # creating one needs admin
+    try:
+        await hub.store.create_session(_title(body.messages), source="api/chat", session_id=body.id)
+    except InvalidInput:
+        if await hub.manager.get(body.id) is None:
+            raise  # not the race: the create itself was refused
 
 
 def _refused(request: Request, cors: dict[str, str]) -> Response:
@@ -379,7 +470,7 @@ def _refused(request: Request, cors: dict[str, str]) -> Response:
     return _error("forbidden", "forbidden", cors)
 
 
-async def _resume(request: Request) -> Response:
+async def _resume(request: Request) -> Response | SseFeed:
     hub: ChatHost = request.app.state.hub
     cors = _cors(request, hub)
     if cors is None:
@@ -395,7 +486,7 @@ async def _resume(request: Request) -> Response:
         return _error(_code(exc), str(exc), cors)
     if turn is None:
         return Response(status_code=204, headers=cors)
-    return StreamingResponse(turn_stream(hub, turn), headers={**sse_headers, **cors})
+    return reply_stream(hub, turn, cors)
 
 
 async def _stop(request: Request) -> Response:

@@ -15,9 +15,15 @@ class HubConfig:
     (``tail_bytes``), and all of it across the hub (``outbox_bytes_total``,
     ``tail_bytes_total``). ``send_timeout`` is how long a full outbox may stay full before
     the peer is evicted (close code 4008); ``close_grace`` how long an evicted peer has to
-    take the close frame before its transport is aborted."""
+    take the close frame before its transport is aborted. A chat SSE reader is bounded by
+    the same two: ``outbox_bytes`` queued for it, or a send not taken for ``send_timeout``,
+    and it is dropped (hub/server/ssefeed.py)."""
 
     max_frame_bytes: int = 1 << 20
+    #: The largest HTTP request body (``POST /api/chat`` and its sub-routes, ``/mcp``): a
+    #: declared ``Content-Length`` over it is answered 413 before a byte is read, a
+    #: chunked body is cut at it. The MCP SDK's own default, so ``/mcp`` keeps its bound.
+    max_body_bytes: int = 4 << 20
     #: HS256 secret: when set, every WebSocket request needs a token granting it.
     auth_secret: str | None = None
     #: Origins a browser may connect from, besides loopback ones and the bind host's
@@ -67,6 +73,7 @@ class HubConfig:
     def __post_init__(self) -> None:
         for name in (
             "max_frame_bytes",
+            "max_body_bytes",
             "max_subscriptions",
             "queue_frames",
             "tail_events",

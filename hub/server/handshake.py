@@ -21,8 +21,8 @@ log = logging.getLogger("sessionhub.server")
 
 
 class KeepTransport:
-    """ASGI middleware: keep the server's transport in a WebSocket's scope, so that an
-    evicted peer that reads nothing, not even its close frame, can be cut off. uvicorn
+    """ASGI middleware: keep the server's transport in a WebSocket's (or HTTP request's)
+    scope, so that an evicted peer that reads nothing, not even its close frame, can be cut off. uvicorn
     passes its protocol's bound ``send``, whose ``transport`` this is; under another
     server nothing is kept and eviction ends the app instead."""
 
@@ -30,8 +30,10 @@ class KeepTransport:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "websocket":
-            scope[RAW_SEND] = send
+        if scope["type"] in ("websocket", "http"):
+            # HTTP too: a chat SSE reader that stops reading is cut off the same way.
+            if scope["type"] == "websocket":
+                scope[RAW_SEND] = send
             transport = getattr(getattr(send, "__self__", None), "transport", None)
             if isinstance(transport, asyncio.WriteTransport):
                 scope[TRANSPORT] = transport

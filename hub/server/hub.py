@@ -53,6 +53,10 @@ class Hub:
         self.metrics = Metrics()
         self.held = Held()
         self.metrics.watch_held(self.held)
+        #: What chat SSE readers have queued (hub/server/ssefeed.py): apart from ``held``, as
+        #: their queues share one text per chunk, and outbox_bytes_total evicts WebSockets.
+        self.sse_held = Held()
+        self.metrics.watch_sse(self.sse_held)
         self.tails = Tails(store, config.tail_events, config.tail_bytes, config.tail_bytes_total, self.held)
         self.tails.on_delivered = self.metrics.delivered.inc
         self.tails.on_dropped = self.metrics.tail_evictions.inc

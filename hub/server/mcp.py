@@ -32,13 +32,16 @@ from protocol import Forbidden, InvalidInput, Message, SessionHubError
 from ..auth import Grant, verify_token
 from ..store.base import LATEST
 from ..tools import Tool, dispatch
+from .httpbody import BodyError, parse_body, read_body
 
 if TYPE_CHECKING:
     import mcp_types as types
     from mcp.server.context import ServerRequestContext
     from mcp.server.lowlevel import Server
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+    from starlette.responses import Response
     from starlette.routing import Route
+    from starlette.types import Message as AsgiMessage
     from starlette.types import Receive, Scope, Send
 
     from .ports import Served
@@ -132,6 +135,41 @@ def _string(arguments: dict[str, Any], name: str, *, required: bool = True) -> s
     return value
 
 
+#: JSON-RPC's codes for a body that is not JSON, and for one refused as a request.
+_PARSE_ERROR, _INVALID_REQUEST = -32700, -32600
+
+
+async def _bounded(scope: Scope, receive: Receive, limit: int) -> Receive:
+    """Read the body within ``limit`` (:mod:`.httpbody`), parse it by the socket's rules
+    (the SDK's own parser would meet what the socket refuses), and hand the SDK a
+    ``receive`` that replays it."""
+    from starlette.datastructures import Headers
+
+    # A content type required: the SDK would refuse its absence in plain text.
+    data = await read_body(receive, Headers(scope=scope), limit, type_required=True)
+    parse_body(data)
+    replayed = False
+
+    async def replay() -> AsgiMessage:
+        nonlocal replayed
+        if replayed:
+            return await receive()
+        replayed = True
+        return {"type": "http.request", "body": data, "more_body": False}
+
+    return replay
+
+
+def _rpc_error(exc: BodyError) -> Response:
+    """A refused request in JSON-RPC's form, the hub's code in ``data``."""
+    from starlette.responses import JSONResponse
+
+    rpc = _PARSE_ERROR if exc.status == 400 else _INVALID_REQUEST
+    error = {"code": rpc, "message": str(exc), "data": {"code": exc.code}}
+    headers = {"www-authenticate": "Bearer"} if exc.status == 401 else None
+    return JSONResponse({"jsonrpc": "2.0", "id": None, "error": error}, exc.status, headers=headers)
+
+
 class _AsgiApp:
     def __init__(self, endpoint: McpEndpoint) -> None:
         self.endpoint = endpoint
@@ -160,7 +198,12 @@ class McpEndpoint:
     async def run(self, hub: Served) -> AsyncIterator[None]:
         from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
-        manager = StreamableHTTPSessionManager(app=self._server, stateless=True, json_response=True)
+        manager = StreamableHTTPSessionManager(
+            app=self._server,
+            stateless=True,
+            json_response=True,
+            max_request_body_size=hub.config.max_body_bytes,
+        )
         async with manager.run():
             self._hub, self._manager = hub, manager
             try:
@@ -188,9 +231,21 @@ class McpEndpoint:
             return
         secret = hub.config.auth_secret
         grant: Grant | None = None
-        if secret is not None:
-            with contextlib.suppress(Forbidden):  # a bad token: every call is refused
-                grant = verify_token(secret, _bearer(scope))
+        try:
+            if secret is not None:
+                # A missing or bad token is refused before its body is read (the MCP
+                # authorization spec's 401); a good one is checked per call below.
+                try:
+                    grant = verify_token(secret, _bearer(scope))
+                except Forbidden:
+                    raise BodyError(
+                        401, "unauthorized", "this hub needs a token: Authorization: Bearer <token>"
+                    ) from None
+            if scope.get("method") == "POST":
+                receive = await _bounded(scope, receive, hub.config.max_body_bytes)
+        except BodyError as exc:
+            await _rpc_error(exc)(scope, receive, send)
+            return
         # The SDK serves the request in tasks started from here, which inherit this context.
         reset = _ACCESS.set(_Access(secret is not None, grant))
         try:

@@ -27,6 +27,13 @@ class Metrics:
             "Connections evicted (close code 4008): too slow, or over a byte limit; once each",
             registry=self.registry,
         )
+        self.sse_dropped = Counter(
+            "sessionhub_sse_dropped",
+            "Chat SSE readers dropped: over outbox_bytes unsent (behind), or a send not taken "
+            "for send_timeout (timeout); the reply went on for everyone else",
+            ["reason"],
+            registry=self.registry,
+        )
         self.tail_evictions = Counter(
             "sessionhub_tail_evictions",
             "Events dropped from tail caches to stay within tail_bytes or tail_bytes_total",
@@ -61,6 +68,14 @@ class Metrics:
         ):
             gauge = Gauge(name, help_, registry=self.registry)
             gauge.set_function(functools.partial(_read_held, held, attr))
+
+    def watch_sse(self, held: Held) -> None:
+        """Export what chat SSE readers have queued (read at scrape time)."""
+        Gauge(
+            "sessionhub_sse_bytes",
+            "Chunks queued for chat SSE readers, in bytes (a chunk shared by readers counts once per reader)",
+            registry=self.registry,
+        ).set_function(functools.partial(_read_held, held, "outbox"))
 
     def watch_bus(self, bus: RemoteBus) -> None:
         """Export a cross-node bus's state (read at scrape time)."""

@@ -20,6 +20,8 @@ from ..manager import SessionManager
 from ..session import Session
 from ..store.base import Store
 from .config import HubConfig
+from .metrics import Metrics
+from .outbox import Held
 from .turnframes import TurnOffer, TurnStatus, Watcher
 
 __all__ = [
@@ -254,3 +256,9 @@ class ChatHost(Served, Protocol):
     def streams(self) -> ChatStreams: ...
     @property
     def turns(self) -> TurnDesk: ...
+    @property
+    def metrics(self) -> Metrics: ...
+    @property
+    def sse_held(self) -> Held:
+        """What the chat SSE readers have queued (``sessionhub_sse_bytes``)."""
+        ...
