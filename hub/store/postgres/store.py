@@ -99,7 +99,19 @@ def _abandon(conn: Conn) -> None:
     conn.terminate()
 
 
+def _limit_reached(exc: BaseException) -> StoreUnavailable | None:
+    """One of the server's timeouts of :mod:`.timeouts` ended the statement: a lock held too
+    long (``lock_timeout``, as behind a partitioned node's transaction) or a statement
+    (``statement_timeout``, or an administrator's cancel). The transaction is rolled back
+    with it, so the write was not applied and a retry may succeed."""
+    if isinstance(exc, asyncpg.exceptions.LockNotAvailableError | asyncpg.exceptions.QueryCanceledError):
+        return StoreUnavailable(f"postgres: {exc}")
+    return None
+
+
 def _translate(exc: BaseException) -> BaseException:
+    if (limit := _limit_reached(exc)) is not None:
+        return limit
     if isinstance(exc, asyncpg.exceptions.DataError):
         return InvalidInput(f"postgres refused the value: {exc}")
     return StoreError(f"postgres: {exc}")
