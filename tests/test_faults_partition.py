@@ -25,13 +25,14 @@ import asyncpg
 import httpx2
 import pytest
 
-from clients import HubClient
+from clients import ConnectionLost, HubClient
 from hub import PostgresStore
 from hub.store import session_stream
 from hub.store.postgres.timeouts import SERVER_DEFAULTS
 from protocol import SessionHubError, StoreUnavailable
 
 from .faults import TcpProxy, scratch_postgres
+from .hubtest import Client
 from .nodes import Node, scratch_database
 from .services import postgres_dsn
 
@@ -47,6 +48,8 @@ UNSAFE_SERVER = {
 IDLE_TIMEOUT = float(SERVER_DEFAULTS["idle_in_transaction_session_timeout"].rstrip("s"))
 #: Node A's client timeout, short so the test is too; its default is 35 s.
 COMMAND_TIMEOUT = 3.0
+#: Node A closes its WebSockets (1013) after this many seconds without its database.
+OUTAGE_CLOSE = 4.0
 #: How long A stays cut off: past IDLE_TIMEOUT + MARGIN, so that a healthy node blocked
 #: until the partition ends fails the bound below.
 HOLD = 12.0
@@ -133,7 +136,10 @@ async def audit(dsn: str, sids: Iterable[str], ledger: Ledger) -> Audit:
     refused = ledger.refused()
 
     def unknown(exc: SessionHubError) -> bool:
-        return isinstance(exc, StoreUnavailable) and exc.outcome == "unknown"
+        # A request whose socket closed before its answer may have been done, or not.
+        return isinstance(exc, ConnectionLost) or (
+            isinstance(exc, StoreUnavailable) and exc.outcome == "unknown"
+        )
 
     # `internal` claims a rollback too, but what becomes of it is the driver errors' fix
     # (item 14): counted apart, and shown.
@@ -209,9 +215,10 @@ async def test_a_node_cut_off_from_postgres_does_not_block_the_healthy_one(end: 
         )
         admin = await asyncpg.connect(pg.dsn)
         async with (
-            Node(a_dsn) as a,
+            Node(a_dsn, None, None, "--store-outage-close", str(OUTAGE_CLOSE)) as a,
             Node(pg.dsn) as b,
-            HubClient(a.ws_url) as on_a,
+            HubClient(a.ws_url, max_backoff=0.5) as on_a,
+            Client.connect(a.ws_url) as idle_on_a,
             HubClient(b.ws_url) as on_b,
         ):
             shared = [(await on_b.sessions.create(f"shared {i}")).id for i in range(2)]
@@ -231,7 +238,12 @@ async def test_a_node_cut_off_from_postgres_does_not_block_the_healthy_one(end: 
                 await asyncio.sleep(1.0)  # load before the fault
                 locks = await hold_while_locking(proxy, admin)
                 held = time.monotonic()
-                await asyncio.sleep(HOLD)
+                # Cut off for a while, A sends its clients elsewhere, and the new ones too.
+                code, _ = await idle_on_a.wait_closed(timeout=HOLD)
+                sent_away = time.monotonic() - held
+                async with Client.connect(a.ws_url) as newcomer:
+                    code_new, _ = await newcomer.wait_closed(timeout=5)
+                await asyncio.sleep(held + HOLD - time.monotonic())
                 freed = time.monotonic()
                 if end == "cut":
                     proxy.cut()
@@ -265,6 +277,7 @@ async def test_a_node_cut_off_from_postgres_does_not_block_the_healthy_one(end: 
             "A's answers during the cut": len(a_answers),
             "A's slowest answer s": a_slowest,
             "A's answers": "/".join(a_codes),
+            "A closed its sockets after s": sent_away,
             "A recovered after s": recovered,
         },
     )
@@ -273,7 +286,10 @@ async def test_a_node_cut_off_from_postgres_does_not_block_the_healthy_one(end: 
     assert b_stall < IDLE_TIMEOUT + MARGIN, f"B's writes to the shared sessions stalled {b_stall:.1f} s"
     assert any(held < t < freed for t in shared_b)
     # A's clients are told, within their timeouts, instead of waiting for the partition to end.
-    assert a_answers and set(a_codes) <= {"ok", "StoreUnavailable"}
+    assert a_answers and set(a_codes) <= {"ok", "StoreUnavailable", "ConnectionLost"}
+    assert "StoreUnavailable" in a_codes
+    assert (code, code_new) == (1013, 1013)
+    assert sent_away < OUTAGE_CLOSE + 2 * COMMAND_TIMEOUT + MARGIN
     assert a_slowest < 2 * COMMAND_TIMEOUT + MARGIN
 
 
