@@ -144,6 +144,13 @@ def _parser() -> argparse.ArgumentParser:
         help="evict (4008) a peer whose outbox stays full this long, in s (default: 10)",
     )
     serve.add_argument(
+        "--store-outage-close",
+        type=float,
+        default=30.0,
+        help="close every WebSocket with 1013 once the store has failed this long, "
+        "so clients reconnect elsewhere; 0: never (default: %(default)s s)",
+    )
+    serve.add_argument(
         "--turn-timeout",
         type=float,
         default=30.0,
@@ -416,6 +423,7 @@ def _serve(args: argparse.Namespace) -> int:
             max_in_flight=args.max_in_flight,
             send_timeout=args.send_timeout,
             turn_timeout=args.turn_timeout,
+            store_outage_close=args.store_outage_close or None,
             retain_events=args.retain_events,
             retain_events_per_session=args.retain_events_per_session,
         )

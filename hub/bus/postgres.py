@@ -14,6 +14,7 @@ import logging
 
 import asyncpg
 
+from ..store.postgres.timeouts import limits
 from . import doorbell
 from .remote import RemoteBus
 
@@ -54,9 +55,20 @@ class PgListenBus(RemoteBus):
         """The listening connection's server process id (to find it in ``pg_stat_activity``)."""
         return None if self._conn is None else self._conn.get_server_pid()
 
+    async def _open(self, name: str) -> asyncpg.Connection:
+        # With the store's limits, and the DSN's: a DSN naming the client's timeouts
+        # (``?command_timeout=5``) opens here as it does for the store.
+        lim = limits(self.dsn)
+        return await asyncpg.connect(
+            lim.dsn,
+            server_settings={**lim.server_settings, "application_name": name},
+            timeout=lim.connect_timeout,
+            command_timeout=lim.command_timeout,
+        )
+
     async def _connect(self) -> None:
         self._lost = asyncio.Event()
-        conn = await asyncpg.connect(self.dsn, server_settings={"application_name": "sessionhub-listen"})
+        conn = await self._open("sessionhub-listen")
         self._conn = conn
         conn.add_termination_listener(lambda c: self._lost.set())
         await conn.add_listener(self.channel, self._on_notify)
@@ -80,9 +92,7 @@ class PgListenBus(RemoteBus):
         # Its own connection: the listener's must stay free for its pings, and a sender
         # failure must not look like a lost listener.
         if self._sender is None or self._sender.is_closed():
-            self._sender = await asyncpg.connect(
-                self.dsn, server_settings={"application_name": "sessionhub-relay"}
-            )
+            self._sender = await self._open("sessionhub-relay")
         try:
             await self._sender.execute(
                 "SELECT pg_notify($1, p) FROM unnest($2::text[]) WITH ORDINALITY AS t(p, i) ORDER BY i",

@@ -27,6 +27,7 @@ from .handshake import HostCheck, KeepTransport, origin_allowed
 from .hub import Hub
 from .logfilter import install_log_filters
 from .mcp import create_endpoint as create_mcp_endpoint
+from .outage import CLOSE_TRY_AGAIN_LATER, OUTAGE_REASON
 from .static import WEB_DIR, InspectorFiles
 from .unrouted import unrouted
 from .workers import WorkerSummarizer
@@ -114,6 +115,10 @@ def create_app(
             # client must read as "refused", not as "try again elsewhere".
             await websocket.accept()
             await websocket.close(CLOSE_GOING_AWAY, "server shutting down; resume elsewhere")
+            return
+        if hub.store_watch.down:
+            await websocket.accept()
+            await websocket.close(CLOSE_TRY_AGAIN_LATER, OUTAGE_REASON)
             return
         await hub.serve(websocket)
 

@@ -69,6 +69,10 @@ class HubConfig:
     retain_events: float | None = None
     retain_events_per_session: int | None = None
     retention_interval: float = 60.0
+    #: After this many seconds of a store that fails every read (a node cut off from its
+    #: database), close every WebSocket with 1013 so clients reconnect to another node
+    #: (hub/server/outage.py). None: never.
+    store_outage_close: float | None = 30.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -87,6 +91,10 @@ class HubConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"HubConfig.{name} must be at least 1, not {getattr(self, name)}")
+        if self.store_outage_close is not None and not self.store_outage_close > 0:
+            raise ValueError(
+                f"HubConfig.store_outage_close must be more than 0 or None, not {self.store_outage_close}"
+            )
         for name in ("send_timeout", "close_grace", "shutdown_grace", "turn_timeout", "chat_keepalive"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"HubConfig.{name} must be more than 0, not {getattr(self, name)}")

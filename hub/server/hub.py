@@ -22,6 +22,7 @@ from .connection import CLOSE_GOING_AWAY, CLOSE_UNSUPPORTED, Connection
 from .handshake import token_of
 from .metrics import Metrics
 from .ops import Op, operations, receive
+from .outage import StoreWatch
 from .outbox import Held
 from .presence import Presence
 from .relay import Relay
@@ -89,6 +90,9 @@ class Hub:
             interval=config.retention_interval,
         )
         self.retention.start()
+        #: Sends the clients elsewhere while the store cannot be reached.
+        self.store_watch = StoreWatch(store, self.connections, config.store_outage_close)
+        self.store_watch.start()
         #: The op table: every request type's handler (hub/server/ops.py).
         self.ops: dict[str, Op] = operations(self, self.turns)
 
@@ -134,6 +138,7 @@ class Hub:
         for connection in list(self.connections):
             await connection.close(CLOSE_GOING_AWAY, "server shutting down; resume elsewhere")
         await self.retention.close()
+        await self.store_watch.close()
         await self.turns.close()
         await self.tails.close()
         if self.relay is not None:

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 from protocol import StoreError
 
 if TYPE_CHECKING:
+    import asyncpg
+
     from .tx import Conn
 
 __all__ = ["MIGRATIONS", "SCHEMA_SQL", "lock_key", "migrate"]
@@ -111,7 +113,7 @@ def lock_key(name: str) -> int:
 _MIGRATION_LOCK = lock_key("sessionhub.schema_migrations")
 
 
-async def migrate(conn: Conn) -> int:
+async def migrate(conn: Conn | asyncpg.Connection[asyncpg.Record]) -> int:
     """Bring the schema to the newest version; two nodes starting at once take turns."""
     if await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL"):
         current = await conn.fetchval("SELECT coalesce(max(version), 0) FROM schema_migrations")

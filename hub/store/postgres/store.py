@@ -21,6 +21,7 @@ from protocol import (
     SessionNotFound,
     StoreClosed,
     StoreError,
+    StoreUnavailable,
 )
 
 from ...bus import Bus, MemoryBus
@@ -56,6 +57,7 @@ from ..rows import SESSION_COLS, decode_message, session_info, text_of
 from . import maintenance, sql
 from .keys import SESSION_KEY
 from .schema import lock_key, migrate
+from .timeouts import limits, set_keepalives
 from .tx import PostgresTx
 
 if TYPE_CHECKING:
@@ -71,13 +73,45 @@ _decode = msgspec.json.Decoder().decode
 class _Connection(asyncpg.Connection):
     """Pooled connections skip asyncpg's reset query on release (one round trip per
     operation): the store keeps no session state (advisory locks are transaction-scoped,
-    no LISTEN, no cursors), and an open transaction is still rolled back."""
+    no LISTEN, no cursors), and an open transaction is still rolled back. Their socket gets
+    the keepalives their server settings name (:func:`.timeouts.set_keepalives`)."""
+
+    def __init__(self, protocol: Any, transport: Any, loop: Any, addr: Any, config: Any, params: Any) -> None:
+        super().__init__(protocol, transport, loop, addr, config, params)
+        set_keepalives(transport.get_extra_info("socket"), params.server_settings or {})
 
     def get_reset_query(self) -> str:
         return ""
 
 
+def _timed_out(exc: TimeoutError, committing: bool) -> StoreUnavailable:
+    """A query, commit, connect or wait for a pooled connection that got no answer within
+    the client's timeouts (:mod:`.timeouts`): the database is unreachable or stuck. A commit
+    may have reached the server."""
+    outcome = "unknown" if committing else "not_applied"
+    return StoreUnavailable("postgres: no answer within the store's timeout (unreachable?)", outcome)
+
+
+def _abandon(conn: Conn) -> None:
+    """Drop a connection whose query timed out, without a word to the server: a ROLLBACK
+    or asyncpg's cancel request would wait as long again for an answer that may never come.
+    The server ends the transaction itself (its idle-in-transaction timeout, keepalives)."""
+    conn.terminate()
+
+
+def _limit_reached(exc: BaseException) -> StoreUnavailable | None:
+    """One of the server's timeouts of :mod:`.timeouts` ended the statement: a lock held too
+    long (``lock_timeout``, as behind a partitioned node's transaction) or a statement
+    (``statement_timeout``, or an administrator's cancel). The transaction is rolled back
+    with it, so the write was not applied and a retry may succeed."""
+    if isinstance(exc, asyncpg.exceptions.LockNotAvailableError | asyncpg.exceptions.QueryCanceledError):
+        return StoreUnavailable(f"postgres: {exc}")
+    return None
+
+
 def _translate(exc: BaseException) -> BaseException:
+    if (limit := _limit_reached(exc)) is not None:
+        return limit
     if isinstance(exc, asyncpg.exceptions.DataError):
         return InvalidInput(f"postgres refused the value: {exc}")
     return StoreError(f"postgres: {exc}")
@@ -86,10 +120,19 @@ def _translate(exc: BaseException) -> BaseException:
 class PostgresStore(Store):
     """Everything in one Postgres database (the schema on the role's ``search_path``)."""
 
-    def __init__(self, pool: asyncpg.Pool[asyncpg.Record], bus: Bus, *, notify: bool = True) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool[asyncpg.Record],
+        bus: Bus,
+        *,
+        notify: bool = True,
+        acquire_timeout: float | None = None,
+    ) -> None:
         self.bus = bus
         self.notify = notify
         self._pool = pool
+        #: How long an operation waits for a pooled connection (all may be stuck in a partition).
+        self._acquire_timeout = acquire_timeout
         self._closed = False
 
     @classmethod
@@ -102,32 +145,49 @@ class PostgresStore(Store):
         max_size: int = 10,
         notify: bool = True,
         server_settings: dict[str, str] | None = None,
+        command_timeout: float | None = None,
+        connect_timeout: float | None = None,
     ) -> PostgresStore:
         """Open a pool on ``dsn`` and create or migrate the schema as needed.
 
         ``notify=True`` sends a ``pg_notify`` doorbell per stream written, in each write's
         transaction, for the hub nodes listening on :data:`hub.bus.doorbell.CHANNEL`.
-        ``server_settings`` (e.g. ``{"search_path": "tenant_a"}``) apply to every connection.
+        ``server_settings`` (e.g. ``{"search_path": "tenant_a"}``) apply to every connection,
+        over the store's timeouts and keepalives (:mod:`.timeouts`, which the DSN's query can
+        change too); ``command_timeout`` and ``connect_timeout`` are the client's, in
+        seconds (``0``: none).
         """
+        lim = limits(dsn, server_settings, command_timeout, connect_timeout)
         try:
-            pool = await asyncpg.create_pool(
-                dsn,
-                min_size=min_size,
-                max_size=max_size,
-                server_settings=server_settings,
+            # The migration may copy whole tables, and may wait for another node's: on a
+            # connection of its own with no statement, lock or client timeout.
+            admin = await asyncpg.connect(
+                lim.dsn,
+                server_settings={**lim.server_settings, "statement_timeout": "0", "lock_timeout": "0"},
+                timeout=lim.connect_timeout,
                 connection_class=_Connection,
             )
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise StoreError(f"postgres: cannot connect: {exc}") from exc
         try:
-            async with pool.acquire() as conn:
-                await migrate(conn)
-        except BaseException as exc:
-            await pool.close()
-            if isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError | OSError):
-                raise StoreError(f"postgres: cannot migrate: {exc}") from exc
-            raise
-        return cls(pool, bus or MemoryBus(), notify=notify)
+            await migrate(admin)
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+            raise StoreError(f"postgres: cannot migrate: {exc}") from exc
+        finally:
+            await admin.close()
+        try:
+            pool = await asyncpg.create_pool(
+                lim.dsn,
+                min_size=min_size,
+                max_size=max_size,
+                server_settings=lim.server_settings,
+                command_timeout=lim.command_timeout,
+                timeout=lim.connect_timeout,
+                connection_class=_Connection,
+            )
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise StoreError(f"postgres: cannot connect: {exc}") from exc
+        return cls(pool, bus or MemoryBus(), notify=notify, acquire_timeout=lim.command_timeout)
 
     async def close(self) -> None:
         if self._closed:
@@ -144,20 +204,26 @@ class PostgresStore(Store):
         ``lock``), send the doorbells inside it, commit, then ring the bus."""
         if self._closed:
             raise StoreClosed("store is closed")
+        committing = False
         try:
-            async with self._pool.acquire() as conn:
+            async with self._pool.acquire(timeout=self._acquire_timeout) as conn:
                 tx = PostgresTx(conn)
                 await conn.execute(
                     "BEGIN" if lock is None else f"BEGIN; SELECT pg_advisory_xact_lock({lock_key(lock)})"
                 )
                 try:
                     result = await fn(tx, *args)
+                    committing = True
                     await conn.execute(self._commit(tx))
-                except BaseException:
-                    if not conn.is_closed():
+                except BaseException as exc:
+                    if isinstance(exc, TimeoutError):
+                        _abandon(conn)
+                    elif not conn.is_closed():
                         with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
                             await conn.execute("ROLLBACK")
                     raise
+        except TimeoutError as exc:
+            raise _timed_out(exc, committing) from exc
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
             if self._closed:
                 raise StoreClosed("store is closed") from exc
@@ -192,8 +258,14 @@ class PostgresStore(Store):
         if self._closed:
             raise StoreClosed("store is closed")
         try:
-            async with self._pool.acquire() as conn:
-                return await fn(conn, *args)
+            async with self._pool.acquire(timeout=self._acquire_timeout) as conn:
+                try:
+                    return await fn(conn, *args)
+                except TimeoutError:
+                    _abandon(conn)
+                    raise
+        except TimeoutError as exc:
+            raise _timed_out(exc, committing=False) from exc
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
             if self._closed:
                 raise StoreClosed("store is closed") from exc
