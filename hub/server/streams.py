@@ -57,6 +57,8 @@ class LiveStream:
     outbox: list[dict[str, Any]] = field(default_factory=list)  # deltas not yet broadcast
     sender: asyncio.TimerHandle | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: Connections refused a write into this stream (each is logged once).
+    refused: set[str] = field(default_factory=set)
 
     def apply(self, request: f.StreamDelta) -> None:
         apply_delta(self.message.parts, request.kind, request.text, request.part)
@@ -149,6 +151,16 @@ class Streams:
         if stream is None:
             raise InvalidInput(f"no stream {message_id!r} is running in this session")
         if stream.owner is not connection:
+            if connection.connection_id not in stream.refused:
+                # One line per intruder and stream, not one per delta of a flood.
+                stream.refused.add(connection.connection_id)
+                log.warning(
+                    "refused a write into stream %s of session %s from %s: it belongs to %s",
+                    message_id,
+                    session_id,
+                    connection.name or connection.connection_id,
+                    stream.owner.name or stream.owner.connection_id,
+                )
             raise Conflict(f"stream {message_id!r} belongs to another connection")
         return stream
 

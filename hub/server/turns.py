@@ -354,6 +354,11 @@ class Turns:
         if turn is None or turn.outcome is not None:
             raise NotFound(f"no turn {request.turn_id!r} is waiting for an answer")
         if turn.responder is not connection:
+            log.warning(
+                "refused stream_start of turn %s from %s: it was given to another connection",
+                turn.turn_id,
+                _label(connection),
+            )
             raise Forbidden(f"turn {request.turn_id!r} was given to another connection")
         if turn.started:
             raise Conflict(f"turn {request.turn_id!r} is already being answered")
@@ -367,8 +372,52 @@ class Turns:
         turn.started = True
         return turn
 
+    def _reply_of(self, session_id: str, message_id: str) -> LiveTurn | None:
+        """The turn in flight on this node whose reply is ``message_id``, if any (one this
+        node posted, or one it answers for another node)."""
+        turn = self._by_reply.get((session_id, message_id))
+        if turn is None:
+            turn = next(
+                (
+                    t
+                    for _, t in self.foreign.values()
+                    if (t.session_id, t.reply_id) == (session_id, message_id)
+                ),
+                None,
+            )
+        return turn if turn is not None and turn.outcome is None else None
+
+    async def _guard_reply(self, connection: ReplyWriter, request: f.StreamStart) -> None:
+        """A turn's ``reply_id`` is in the log (``turn.started``) for any reader to see: a
+        stream of that id that does not claim that very turn is refused ``forbidden``, so
+        that only the turn's responder can answer it. A turn another node holds is found in
+        the log (:meth:`find`), and costs a scan only with several nodes."""
+        local = self._reply_of(request.session_id, request.message_id)
+        if local is not None:
+            if request.turn_id == local.turn_id:
+                return  # :meth:`claim` checks it was given to this connection
+            turn_id = local.turn_id
+        else:
+            # A turn given to one of this node's responders would be held here (``foreign``):
+            # one found only in the log is not this connection's, whatever it claims.
+            remote = None if self._bus is None else await self.find(request.session_id)
+            if remote is None or remote.reply_id != request.message_id:
+                return
+            turn_id = remote.turn_id
+        log.warning(
+            "refused stream_start of %s in session %s from %s: the reply of turn %s, given to another",
+            request.message_id,
+            request.session_id,
+            _label(connection),
+            turn_id,
+        )
+        raise Forbidden(
+            f"message {request.message_id!r} is the reply of turn {turn_id!r}, given to another connection"
+        )
+
     async def start_stream(self, connection: ReplyWriter, request: f.StreamStart) -> dict[str, Any]:
         """``stream_start``, claiming its turn first when it names one."""
+        await self._guard_reply(connection, request)
         if request.turn_id is None:
             return await self.host.streams.start(connection, request)
         turn = self.claim(connection, request)
