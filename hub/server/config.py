@@ -18,6 +18,9 @@ class HubConfig:
     take the close frame before its transport is aborted."""
 
     max_frame_bytes: int = 1 << 20
+    #: The largest message one stream may grow to (its text, UTF-8, and its tool parts,
+    #: encoded): past it the stream ends ``too_large``, keeping what it had.
+    max_stream_bytes: int = 16 << 20
     #: HS256 secret: when set, every WebSocket request needs a token granting it.
     auth_secret: str | None = None
     #: Origins a browser may connect from, besides loopback ones and the bind host's
@@ -67,6 +70,7 @@ class HubConfig:
     def __post_init__(self) -> None:
         for name in (
             "max_frame_bytes",
+            "max_stream_bytes",
             "max_subscriptions",
             "queue_frames",
             "tail_events",

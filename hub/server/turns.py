@@ -563,6 +563,8 @@ class Turns:
                 self._finish(turn, TurnOutcome("finished"))
             elif frame.status == "interrupted":
                 self._finish(turn, TurnOutcome("failed", "the responder disconnected mid-reply"))
+            elif frame.status == "too_large":
+                self._finish(turn, TurnOutcome("failed", _TOO_LARGE))
             else:
                 self._finish(turn, TurnOutcome("failed", turn.error or "the responder aborted the reply"))
 
@@ -779,6 +781,12 @@ async def _wait(event: asyncio.Event, timeout: float) -> bool:
 def _in_flight(turn_id: str, node: str | None = None) -> str:
     where = "" if node is None else f" (on hub node {node})"
     return f"turn {turn_id} is still in flight in this session{where}"
+
+
+#: The error of a turn whose reply outgrew ``max_stream_bytes`` (its partial reply is stored).
+_TOO_LARGE = (
+    "the reply grew past the hub's limit of a streamed message (max_stream_bytes); what it had is kept"
+)
 
 
 def _label(connection: Responder) -> str:
