@@ -346,6 +346,8 @@ def stream_frames(session_id: str, rng: random.Random) -> Iterator[str]:
 
     ok = {"session_id": session_id, "message_id": mid}
     yield frame("stream_start", **ok)
+    # Decodable, but deeper than a stored message may nest: refused like an appended one.
+    yield frame("stream_delta", **ok, kind="tool", part={"type": "tool-x", "toolCallId": "d", "v": deep(200)})
     for value in BAD_VALUES:
         yield frame("stream_start", session_id=session_id, message_id=value)
         yield frame("stream_delta", **{**ok, "message_id": value}, kind="text", text="x")
@@ -402,6 +404,9 @@ async def test_stream_ops_get_typed_answers_and_a_stream_ends_too_large(
         assert end["status"] == "too_large", end
         assert stored is not None and 0 < len(stored.text()) <= 4096
         assert stored.to_dict()["parts"] == end["message"]["parts"]
+        assert all(p.get("toolCallId") != "d" for p in stored.parts), (
+            "a part deeper than 128 levels was stored"
+        )
     finally:
         await store.close()
     assert {"too_large", "invalid", "bad_frame"} <= codes.keys(), codes

@@ -30,6 +30,7 @@ from protocol import Conflict, InvalidInput, Message, SessionHubError
 from protocol import frames as f
 from protocol.codec import encode
 from protocol.deltas import GrowingParts
+from protocol.message import check_json
 
 from ..bus import RemoteBus
 from ..store.base import LATEST, LogEntry
@@ -215,6 +216,10 @@ class Streams:
 
     async def delta(self, connection: Peer, request: f.StreamDelta) -> int:
         stream = self._get(connection, request.session_id, request.message_id)
+        if request.part is not None:
+            # The rules of an appended message's parts (a part is at level 3): a part the
+            # engine would refuse must not reach the store through a stream.
+            check_json(request.part, "part", 3)
         size = stream.parts.size_after(request.kind, request.text, request.part)
         if size > self.max_bytes:
             log.warning(
