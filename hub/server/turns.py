@@ -42,7 +42,7 @@ from ..bus import RemoteBus
 from ..store.base import LogEntry
 from .outbox import Evicted
 from .ports import ReplyWriter, Responder, TurnHost
-from .remoteturns import REFUSED, RemoteTurn, latest_turn_event
+from .remoteturns import REFUSED, RemoteTurn, TurnLog, latest_turn_event
 from .turnframes import TurnOffer, TurnOutcome, TurnStatus, Watcher
 
 __all__ = ["LiveTurn", "TurnOffer", "TurnOutcome", "TurnStatus", "Turns", "Watcher"]
@@ -100,6 +100,8 @@ class Turns:
         # (the hub's relay hands theirs to :meth:`relayed`).
         bus = host.store.bus
         self._bus = bus if isinstance(bus, RemoteBus) else None
+        #: The newest turn event of sessions streamed into here (with several nodes).
+        self._turn_log = TurnLog(host.store)
         #: responder -> how many turns it is answering now
         self.responders: dict[Responder, int] = {}
         self.live: dict[str, LiveTurn] = {}
@@ -391,7 +393,7 @@ class Turns:
         """A turn's ``reply_id`` is in the log (``turn.started``) for any reader to see: a
         stream of that id that does not claim that very turn is refused ``forbidden``, so
         that only the turn's responder can answer it. A turn another node holds is found in
-        the log (:meth:`find`), and costs a scan only with several nodes."""
+        the log (:class:`~hub.server.remoteturns.TurnLog`: with several nodes only)."""
         local = self._reply_of(request.session_id, request.message_id)
         if local is not None:
             if request.turn_id == local.turn_id:
@@ -400,10 +402,11 @@ class Turns:
         else:
             # A turn given to one of this node's responders would be held here (``foreign``):
             # one found only in the log is not this connection's, whatever it claims.
-            remote = None if self._bus is None else await self.find(request.session_id)
-            if remote is None or remote.reply_id != request.message_id:
+            event = None if self._bus is None else await self._turn_log.latest(request.session_id)
+            open_ = None if event is None else self._open_elsewhere(event)
+            if event is None or open_ is None or event.data.get("reply_id") != request.message_id:
                 return
-            turn_id = remote.turn_id
+            turn_id = open_[0]
         log.warning(
             "refused stream_start of %s in session %s from %s: the reply of turn %s, given to another",
             request.message_id,
