@@ -87,6 +87,12 @@ def _parser() -> argparse.ArgumentParser:
         "--max-frame-bytes", type=int, default=1 << 20, help="largest request frame (default: 1 MiB)"
     )
     serve.add_argument(
+        "--max-stream-bytes",
+        type=int,
+        default=16 << 20,
+        help="largest streamed message: past it the stream ends too_large, kept (default: 16 MiB)",
+    )
+    serve.add_argument(
         "--ping-interval", type=float, default=20.0, help="keepalive ping every N s (default: 20)"
     )
     serve.add_argument(
@@ -272,7 +278,14 @@ _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 _HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
 
 #: serve options that must be above zero (every other number must not be negative).
-_POSITIVE = ("max_frame_bytes", "ping_interval", "ping_timeout", "presence_ttl", "summarizer_timeout")
+_POSITIVE = (
+    "max_frame_bytes",
+    "max_stream_bytes",
+    "ping_interval",
+    "ping_timeout",
+    "presence_ttl",
+    "summarizer_timeout",
+)
 
 
 def _secret_problem(secret: str | None, where: str) -> str | None:
@@ -409,6 +422,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         config_ = HubConfig(
             max_frame_bytes=args.max_frame_bytes,
+            max_stream_bytes=args.max_stream_bytes,
             auth_secret=args.auth_secret,
             allowed_origins=tuple(args.allowed_origin),
             bind_host=args.host,

@@ -35,9 +35,12 @@ class FrameError(Exception):
 
 def _request_id(data: str | bytes) -> str | int | None:
     try:
-        value = _peek.decode(data).id
+        return _echoable(_peek.decode(data).id)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return None
+
+
+def _echoable(value: Any) -> str | int | None:
     return value if isinstance(value, str | int) and not isinstance(value, bool) else None
 
 
@@ -57,22 +60,34 @@ def decode_request(data: str | bytes, max_bytes: int = 1 << 20) -> Request:
         # a RuntimeError as "the socket went away").
         raise FrameError("invalid", "the frame is nested too deeply to decode", _request_id(data)) from None
     except msgspec.ValidationError as exc:
-        rid = _request_id(data)
-        text = str(exc)
-        if text.startswith("Expected `object`") and " - at `$" not in text:
-            raise FrameError("bad_frame", f"a request is a JSON object: {text}", rid) from None
-        if _AT_OP.search(text) or text.startswith("Object missing required field `op`"):
-            op = _peek.decode(data).op
-            if isinstance(op, str) and op not in REQUEST_TYPES:
-                raise FrameError("unknown_op", f"unknown op {op!r}", rid) from None
-            raise FrameError("bad_frame", f"every request needs an `op` string: {text}", rid) from None
-        if "`$.id`" in text or "missing required field `id`" in text:
-            raise FrameError(
-                "bad_frame", f"every request needs an `id` (string or integer): {text}", rid
-            ) from None
-        raise FrameError("invalid", text, rid) from None
+        raise _invalid(data, str(exc)) from None
     except msgspec.DecodeError as exc:
         raise FrameError("bad_frame", f"not a JSON object: {exc}") from None
+
+
+def _invalid(data: str | bytes, text: str) -> FrameError:
+    """The answer to a frame msgspec refused while validating. Validation stops at the first
+    wrong field, before the parser has seen the rest of the text, so the frame may not be
+    JSON at all (``{}x``): it is parsed whole again first, and that parse's own failure is
+    the answer (before, it escaped from this handler and dropped the connection)."""
+    try:
+        peek = _peek.decode(data)
+    except msgspec.ValidationError as exc:  # (a DecodeError too) not an object
+        return FrameError("bad_frame", f"a request is a JSON object: {exc}")
+    except msgspec.DecodeError as exc:
+        return FrameError("bad_frame", f"not a JSON object: {exc}")
+    except RecursionError:
+        return FrameError("invalid", "the frame is nested too deeply to decode")
+    rid = _echoable(peek.id)
+    if text.startswith("Expected `object`") and " - at `$" not in text:
+        return FrameError("bad_frame", f"a request is a JSON object: {text}", rid)
+    if _AT_OP.search(text) or text.startswith("Object missing required field `op`"):
+        if isinstance(peek.op, str) and peek.op not in REQUEST_TYPES:
+            return FrameError("unknown_op", f"unknown op {peek.op!r}", rid)
+        return FrameError("bad_frame", f"every request needs an `op` string: {text}", rid)
+    if "`$.id`" in text or "missing required field `id`" in text:
+        return FrameError("bad_frame", f"every request needs an `id` (string or integer): {text}", rid)
+    return FrameError("invalid", text, rid)
 
 
 def decode_frame(data: str | bytes) -> ServerFrame:

@@ -6,33 +6,109 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from .errors import InvalidInput
 
-__all__ = ["apply_delta"]
+__all__ = ["GrowingParts", "apply_delta"]
+
+_encode = msgspec.json.Encoder().encode
+
+
+class GrowingParts:
+    """A message's parts as deltas grow them, each delta in amortized O(1) of the text
+    held: the last part's new text is kept as a list of chunks, joined when the parts are
+    read (:meth:`parts`), not copied whole on every delta (``+=`` on a string held in a dict
+    copies it, which made streaming one big message quadratic). Tool parts are found by
+    ``toolCallId`` through an index, not a scan. :attr:`bytes` is the size (UTF-8 text,
+    encoded tool parts) of what the deltas brought, for a limit."""
+
+    __slots__ = ("_by_call", "_chunks", "_parts", "_tools", "bytes")
+
+    def __init__(self, parts: list[dict[str, Any]] | None = None) -> None:
+        self._parts: list[dict[str, Any]] = parts if parts is not None else []
+        self._chunks: list[str] = []  # text of the last part not joined into it yet
+        self._by_call: dict[Any, int] = {}
+        self._tools: dict[int, int] = {}  # part position -> its encoded size
+        self.bytes = 0
+        for i, existing in enumerate(self._parts):
+            if existing.get("toolCallId") is not None:
+                self._by_call.setdefault(existing["toolCallId"], i)
+
+    def size_after(self, kind: Any, text: Any, part: Any) -> int:
+        """:attr:`bytes` once this delta is applied (a malformed delta: as now)."""
+        if kind in ("text", "reasoning"):
+            return self.bytes + _utf8(text) if isinstance(text, str) else self.bytes
+        if not isinstance(part, dict):
+            return self.bytes
+        replaced = self._by_call.get(part.get("toolCallId")) if part.get("toolCallId") is not None else None
+        old = 0 if replaced is None else self._tools.get(replaced, 0)
+        return self.bytes - old + _tool_size(part)
+
+    def apply(self, kind: Any, text: Any, part: Any) -> None:
+        """Grow the parts by one delta: text and reasoning extend the last part of their
+        kind; a tool part replaces the part with its ``toolCallId`` (or is added). A delta
+        that is none of these raises :class:`~protocol.errors.InvalidInput` and changes
+        nothing."""
+        parts = self._parts
+        if kind in ("text", "reasoning"):
+            if not isinstance(text, str):
+                raise InvalidInput(f"a {kind} delta needs `text`")
+            if parts and parts[-1].get("type") == kind and isinstance(parts[-1].get("text"), str):
+                self._chunks.append(text)
+            else:
+                self._join()
+                parts.append({"type": kind, "text": text})
+            self.bytes += _utf8(text)
+            return
+        tool = part.get("type") if isinstance(part, dict) else None
+        if (
+            not isinstance(part, dict)
+            or not isinstance(tool, str)
+            or not (tool.startswith("tool-") or tool == "dynamic-tool")
+        ):
+            raise InvalidInput("a tool delta needs a `part` of type `tool-<name>` or `dynamic-tool`")
+        self._join()
+        size = _tool_size(part)
+        call_id = part.get("toolCallId")
+        at = self._by_call.get(call_id) if call_id is not None else None
+        if at is None:
+            at = len(parts)
+            parts.append(dict(part))
+            if call_id is not None:
+                self._by_call[call_id] = at
+        else:
+            parts[at] = dict(part)
+        self.bytes += size - self._tools.get(at, 0)
+        self._tools[at] = size
+
+    def parts(self) -> list[dict[str, Any]]:
+        """The parts as they stand (the list held, not a copy)."""
+        self._join()
+        return self._parts
+
+    def _join(self) -> None:
+        if self._chunks:
+            last = self._parts[-1]
+            last["text"] = "".join([last["text"], *self._chunks])
+            self._chunks.clear()
+
+
+def _utf8(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _tool_size(part: dict[str, Any]) -> int:
+    try:
+        return len(_encode(part))
+    except (TypeError, ValueError, OverflowError):
+        return 0
 
 
 def apply_delta(parts: list[dict[str, Any]], kind: Any, text: Any, part: Any) -> None:
-    """Grow ``parts`` by one delta: text and reasoning extend the last part of their kind;
-    a tool part replaces the part with its ``toolCallId`` (or is added). A delta that is
-    none of these raises :class:`~protocol.errors.InvalidInput` and changes nothing."""
-    if kind in ("text", "reasoning"):
-        if not isinstance(text, str):
-            raise InvalidInput(f"a {kind} delta needs `text`")
-        if parts and parts[-1].get("type") == kind and isinstance(parts[-1].get("text"), str):
-            parts[-1]["text"] += text
-        else:
-            parts.append({"type": kind, "text": text})
-        return
-    tool = part.get("type") if isinstance(part, dict) else None
-    if (
-        not isinstance(part, dict)
-        or not isinstance(tool, str)
-        or not (tool.startswith("tool-") or tool == "dynamic-tool")
-    ):
-        raise InvalidInput("a tool delta needs a `part` of type `tool-<name>` or `dynamic-tool`")
-    call_id = part.get("toolCallId")
-    for i, existing in enumerate(parts):
-        if call_id is not None and existing.get("toolCallId") == call_id:
-            parts[i] = dict(part)
-            return
-    parts.append(dict(part))
+    """Grow ``parts`` in place by one delta (:meth:`GrowingParts.apply`), for a caller that
+    holds the parts as a plain list: O(the part's text) per delta, so a hub holding a
+    stream keeps a :class:`GrowingParts` instead."""
+    grown = GrowingParts(parts)
+    grown.apply(kind, text, part)
+    grown.parts()  # joins the text it kept aside into the caller's list

@@ -573,8 +573,9 @@ class StreamFrame(_Frame, tag="stream"):
     few milliseconds so a fast stream costs each subscriber tens of frames a second, not
     thousands), ``state`` (``message`` as accumulated so far: sent to a subscriber that
     catches up while the stream runs), or ``end`` (``status``: ``finished``, ``aborted``,
-    ``interrupted`` when the writer's connection died, or ``stopped`` when its turn was
-    stopped; ``message`` is what was stored).
+    ``interrupted`` when the writer's connection died, ``stopped`` when its turn was
+    stopped, or ``too_large`` when it grew past the hub's ``max_stream_bytes``; ``message``
+    is what was stored).
     ``index`` counts deltas (the last one, in a ``delta`` frame): apply a delta only if its
     index is one more than what you hold.
     """

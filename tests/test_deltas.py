@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from protocol import InvalidInput
-from protocol.deltas import apply_delta
+from protocol.deltas import GrowingParts, apply_delta
 
 TOOL = {"type": "tool-weather", "toolCallId": "c1", "state": "input-available"}
 
@@ -40,3 +43,37 @@ def test_a_bad_delta_raises_and_changes_nothing(kind: str, text: Any, part: Any)
     with pytest.raises(InvalidInput, match="delta needs"):
         apply_delta(parts, kind, text, part)
     assert parts == [{"type": "text", "text": "kept"}]
+
+
+_DELTA = st.one_of(
+    st.tuples(st.sampled_from(["text", "reasoning"]), st.text(max_size=5), st.none()),
+    st.tuples(
+        st.just("tool"),
+        st.none(),
+        st.fixed_dictionaries(
+            {"type": st.just("tool-x"), "toolCallId": st.sampled_from(["c1", "c2"]), "n": st.integers(0, 9)}
+        ),
+    ),
+    st.tuples(st.just("text"), st.none(), st.none()),  # malformed: refused, changes nothing
+)
+
+
+@given(st.lists(_DELTA, max_size=30))
+def test_growing_parts_apply_the_same_rule_as_apply_delta(deltas: list[tuple[Any, Any, Any]]) -> None:
+    """The hub's amortized accumulator and the one-delta rule give the same parts, and its
+    byte count is what the parts hold."""
+    plain: list[dict[str, Any]] = []
+    grown = GrowingParts()
+    for kind, text, part in deltas:
+        expected_size = grown.size_after(kind, text, part)
+        try:
+            apply_delta(plain, kind, text, part)
+        except InvalidInput:
+            with pytest.raises(InvalidInput):
+                grown.apply(kind, text, part)
+            continue
+        grown.apply(kind, text, part)
+        assert grown.bytes == expected_size
+    assert grown.parts() == plain
+    held = sum(len(p["text"].encode()) if "text" in p else len(msgspec.json.encode(p)) for p in plain)
+    assert grown.bytes == held

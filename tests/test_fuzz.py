@@ -22,10 +22,13 @@ from typing import Any
 import httpx2
 import msgspec
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hub import REGISTRY, ReadonlyText, SessionManager, SqliteStore, Store
 from hub.auth import issue_token
 from hub.server import HubConfig
+from protocol.codec import FrameError, decode_request
 from protocol.frames import ERROR_CODES, REQUEST_TYPES
 
 from . import dumps as d
@@ -542,3 +545,129 @@ async def test_every_http_route_answers_every_body_typed(
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
     assert codes.get("too_large", 0) >= 1 and codes.get("invalid", 0) > 20, codes
     print(f"{sent} HTTP requests in {elapsed:.2f}s: {codes}")
+
+
+# -- stream ops and junk after JSON (issue 24, items 9 and 10) ---------------------------------
+
+#: What may follow (or precede) a valid frame in one text frame; each once made the hub's
+#: fallback parse raise past every handler (1006, no answer) when validation failed first.
+JUNK = ["x", " x", "}", "{}", "[]", ",", "\x00", "\ufeff", "null", '"', "\\", "1e999", "\u2028", "/*"]
+
+
+def _junky(rng: random.Random, frame: str) -> str:
+    junk = rng.choice(JUNK) * rng.randint(1, 3)
+    return rng.choice([frame + junk, junk + frame, "\ufeff" + frame, frame[: rng.randint(1, len(frame))]])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    op=st.sampled_from(sorted(REQUEST_TYPES)),
+    prefix=st.sampled_from(["", "\ufeff", " ", "x", "[", "{}"]),
+    suffix=st.one_of(st.sampled_from(JUNK), st.text(max_size=8)),
+    fields=st.dictionaries(
+        st.sampled_from(["id", "session_id", "message_id", "kind", "text", "part", "turn_id", "x"]),
+        st.one_of(
+            st.none(),
+            st.integers(),
+            st.text(max_size=4),
+            st.just("@@deep:1500@@"),
+            st.lists(st.integers(), max_size=2),
+        ),
+        max_size=4,
+    ),
+    as_bytes=st.booleans(),
+)
+def test_decode_request_answers_every_frame_with_a_frame_error(
+    op: str, prefix: str, suffix: str, fields: dict[str, Any], as_bytes: bool
+) -> None:
+    """Whatever surrounds a frame, the decoder returns a request or raises FrameError with a
+    known code: never another exception (the socket loop reads those as a dead socket)."""
+    frame = prefix + dumps({"op": op, **fields}) + suffix
+    data: str | bytes = frame.encode("utf-8", "surrogatepass") if as_bytes else frame
+    code: str | None = None
+    try:
+        decode_request(data)
+    except FrameError as exc:
+        code = exc.frame.code
+    assert code is None or (code in ERROR_CODES and code != "internal"), (frame[:200], code)
+
+
+def stream_frames(session_id: str, rng: random.Random) -> Iterator[str]:
+    """stream_start / stream_delta / stream_end with bad ids, unknown streams, fields that are
+    not theirs, deltas over the frame and the stream limits, and junk after the JSON."""
+    mid = "fz-1"
+    rid = 10_000
+
+    def frame(op: str, **fields: Any) -> str:
+        nonlocal rid
+        rid += 1
+        return dumps({"op": op, "id": rid, **fields})
+
+    ok = {"session_id": session_id, "message_id": mid}
+    yield frame("stream_start", **ok)
+    # Decodable, but deeper than a stored message may nest: refused like an appended one.
+    yield frame("stream_delta", **ok, kind="tool", part={"type": "tool-x", "toolCallId": "d", "v": deep(200)})
+    for value in BAD_VALUES:
+        yield frame("stream_start", session_id=session_id, message_id=value)
+        yield frame("stream_delta", **{**ok, "message_id": value}, kind="text", text="x")
+        yield frame("stream_delta", **ok, kind="text", text=value)
+        yield frame("stream_delta", **ok, kind="tool", part=value)
+        yield frame("stream_end", **ok, status=value)
+        yield frame("stream_start", session_id=session_id, message_id="fz-t", turn_id=value)
+    for _ in range(40):
+        choice = rng.random()
+        if choice < 0.3:
+            yield frame("stream_delta", **ok, kind="text", text="y" * rng.choice([1, 700, 1500]))
+        elif choice < 0.4:
+            yield frame("stream_delta", **ok, kind="text", text="z" * (2 << 20))  # over the frame limit
+        elif choice < 0.5:
+            yield frame("stream_delta", **ok, kind="text", text="t", index=rng.choice([-1, 0, 2**63]))
+        elif choice < 0.6:
+            yield frame("stream_delta", session_id="no-such", message_id=mid, kind="text", text="x")
+        elif choice < 0.7:
+            yield frame("stream_delta", **ok, kind="tool", part={"type": "tool-x", "v": deep(1500)})
+        else:
+            yield _junky(rng, frame(rng.choice(["stream_delta", "stream_end", "stream_start"]), **ok))
+    yield frame("stream_end", **ok)
+
+
+async def test_stream_ops_get_typed_answers_and_a_stream_ends_too_large(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR)
+    rng = random.Random(SEED)
+    codes: dict[str, int] = {}
+    store = await SqliteStore.open(tmp_path / "streams.db")
+    try:
+        config = HubConfig(max_stream_bytes=4096)
+        async with (
+            served(manager=SessionManager(store), config=config) as h,
+            h.client() as fuzzer,
+            h.client() as watcher,
+        ):
+            session = await fuzzer.call("create", name="streams")
+            await watcher.call("subscribe", session_id=session["id"])
+            for data in stream_frames(session["id"], rng):
+                answer = await answer_to(fuzzer, data)
+                if answer["frame"] == "error":
+                    assert answer["code"] in ERROR_CODES and answer["code"] != "internal", (
+                        data[:200],
+                        answer,
+                    )
+                    codes[answer["code"]] = codes.get(answer["code"], 0) + 1
+                else:
+                    codes[answer["frame"]] = codes.get(answer["frame"], 0) + 1
+            await responsive(fuzzer)
+            end = await watcher.take(lambda f: f["frame"] == "stream" and f["action"] == "end")
+            stored = await SessionManager(store).get_session(session["id"]).get_message("fz-1")
+        assert end["status"] == "too_large", end
+        assert stored is not None and 0 < len(stored.text()) <= 4096
+        assert stored.to_dict()["parts"] == end["message"]["parts"]
+        assert all(p.get("toolCallId") != "d" for p in stored.parts), (
+            "a part deeper than 128 levels was stored"
+        )
+    finally:
+        await store.close()
+    assert {"too_large", "invalid", "bad_frame"} <= codes.keys(), codes
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    print(f"stream ops: {sum(codes.values())} frames: {codes}")

@@ -9,12 +9,16 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx2
 import pytest
 
 from clients import HubClient
+from hub import Message, SqliteStore
+from hub.server.remoteturns import TurnLog, latest_turn_event
+from hub.store.base import LogEntry
 from protocol import Conflict
 
 from .chatkit import responder, sse_chunks
@@ -250,3 +254,33 @@ async def test_two_posts_at_once_on_two_nodes_start_one_turn() -> None:
                 raced += 1
                 assert ended[0]["refused"] is True and "still in flight" in ended[0]["error"]
         print(f"{raced} of {rounds} rounds were decided after both nodes logged turn.started")
+
+
+async def test_the_turn_log_follows_the_log_as_a_full_scan_would(tmp_path: Path) -> None:
+    """What a stream_start on a node with several nodes asks (issue 24, item 8): read once,
+    then only what was logged since, with a lost start race's pair looked past."""
+    async with await SqliteStore.open(tmp_path / "hub.db") as store:
+        await store.create_session("t", session_id="s1")
+        turns = TurnLog(store)
+
+        async def log(type_: str, turn: str, **data: Any) -> None:
+            entry = LogEntry(
+                session_id="s1", type=type_, data={"turn_id": turn, "reply_id": f"r-{turn}", **data}
+            )
+            await store.log_event(entry)
+
+        async def agree() -> tuple[str, Any] | None:
+            """The cached answer, checked against a full scan: (type, turn id)."""
+            cached, scanned = await turns.latest("s1"), await latest_turn_event(store, "s1")
+            assert (cached and cached.seq) == (scanned and scanned.seq)
+            return None if cached is None else (cached.type, cached.data["turn_id"])
+
+        assert await agree() is None
+        await log("turn.started", "t1", node="a")
+        assert await agree() == ("turn.started", "t1")
+        await store.append_messages("s1", [Message.from_dict(text("m1", "between"))], None)
+        await log("turn.started", "t2", node="b")
+        await log("turn.ended", "t2", status="failed", refused=True)
+        assert await agree() == ("turn.started", "t1")  # t2 lost the start race
+        await log("turn.ended", "t1", status="finished")
+        assert await agree() == ("turn.ended", "t1")

@@ -7,13 +7,16 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
 
 from clients import HubClient, LiveMessages
 from hub import SqliteStore
+from hub.server import HubConfig
 from protocol import SessionHubError
 from protocol.frames import StreamFrame
 
+from .chatkit import sse_chunks
 from .hubtest import eventually as wait_for
 from .hubtest import served
 
@@ -211,3 +214,67 @@ async def test_stream_errors(tmp_path: Path) -> None:
         with pytest.raises(SessionHubError, match="tool"):
             await session._call("stream_delta", message_id="a1", kind="tool", part={"type": "text"})
         await st.__aexit__(None, None, None)
+
+
+# -- the byte limit of a streamed message (issue 24, item 9) ---------------------------------
+
+
+async def test_a_stream_past_its_byte_limit_ends_too_large_and_keeps_what_it_had(tmp_path: Path) -> None:
+    reader = Reader()
+    config = HubConfig(max_stream_bytes=1000)
+    async with (
+        served(db=tmp_path / "hub.db", config=config) as hub,
+        hub.client() as writer,
+        HubClient(hub.ws_url, on_stream=reader) as ui,
+    ):
+        info = await ui.sessions.create("chat")
+        watching = await follow(ui, info.id)
+        fields = {"session_id": info.id, "message_id": "a1"}
+        await writer.call("stream_start", **fields)
+        for _ in range(3):
+            await writer.call("stream_delta", **fields, kind="text", text="é" * 150)  # 300 bytes each
+        await writer.call("stream_delta", **fields, kind="tool", part=TOOL)  # ~90 bytes
+        refused = await writer.request("stream_delta", **fields, kind="text", text="x" * 200)
+        assert (refused["frame"], refused["code"]) == ("error", "too_large"), refused
+        assert "1000-byte limit" in refused["message"]
+        await wait_for(lambda: reader.live.status.get("a1") == "too_large")
+        # Everything before the refused delta is kept, live and stored; nothing of it after.
+        kept = "é" * 450
+        assert text_of(reader.live.messages["a1"]) == kept
+        (stored,) = await ui.sessions.get_history(info.id)
+        assert text_of(stored.to_dict()) == kept and stored.parts[-1]["toolCallId"] == "c1"
+        ended = [e for e in await ui.session(info.id).read_events() if e.type == "stream.ended"]
+        assert [e.data["status"] for e in ended] == ["too_large"]
+        # The stream is over; the connection is not.
+        late = await writer.request("stream_delta", **fields, kind="text", text="x")
+        assert (late["frame"], late["code"]) == ("error", "invalid"), late
+        assert await writer.call("ping") == "pong"
+        watching.cancel()
+
+
+async def test_a_chat_reply_past_the_limit_is_an_error_chunk_and_is_kept(tmp_path: Path) -> None:
+    config = HubConfig(max_stream_bytes=64)
+    async with served(db=tmp_path / "hub.db", config=config) as h, h.client() as responder:
+        await h.hub.store.create_session("t", session_id="s1")
+        await responder.call("take_turns")
+        body = {
+            "id": "s1",
+            "messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}],
+        }
+        async with httpx2.AsyncClient() as http, http.stream("POST", f"{h.url}/api/chat", json=body) as r:
+            chunks = sse_chunks(r)
+            await anext(chunks)
+            given = await responder.take(lambda f: f["frame"] == "turn")
+            fields = {"session_id": "s1", "message_id": given["reply_id"]}
+            await responder.call("stream_start", **fields, turn_id=given["turn_id"])
+            await responder.call("stream_delta", **fields, kind="text", text="a" * 60)
+            refused = await responder.request("stream_delta", **fields, kind="text", text="b" * 10)
+            assert refused["code"] == "too_large", refused
+            rest = [c async for c in chunks]
+        said = "".join(c["delta"] for c in rest if isinstance(c, dict) and c["type"] == "text-delta")
+        assert said == "a" * 60
+        error = rest[-2]
+        assert rest[-1] == "[DONE]" and isinstance(error, dict) and error["type"] == "error", rest
+        assert "max_stream_bytes" in error["errorText"]
+        stored = await h.hub.manager.get_session("s1").get_message(given["reply_id"])
+        assert stored is not None and stored.text() == "a" * 60

@@ -345,3 +345,99 @@ async def test_a_stop_cancels_the_python_responders_reply_block(tmp_path: Path) 
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+# -- a turn's reply is streamed only by its responder (issue 24, item 8) ----------------------
+
+
+async def _intrude(intruder: Client, session_id: str) -> tuple[str, str]:
+    """What any reader of the session sees: the turn's ids in its logged ``turn.started``.
+    Every way of streaming that reply from a connection it was not given to is refused
+    ``forbidden``; returns ``(turn_id, reply_id)``."""
+    async with asyncio.timeout(10):
+        while True:
+            events = await intruder.call("read_events", session_id=session_id)
+            started = [e for e in events if e["type"] == "turn.started"]
+            if started:
+                break
+            await asyncio.sleep(0.01)
+    turn_id, reply_id = started[-1]["data"]["turn_id"], started[-1]["data"]["reply_id"]
+    fields = {"session_id": session_id, "message_id": reply_id}
+    for claim in ({}, {"turn_id": "0" * 32}, {"turn_id": turn_id}, {"parent_id": "u1"}):
+        refused = await intruder.request("stream_start", **fields, **claim)
+        assert (refused["frame"], refused["code"]) == ("error", "forbidden"), (claim, refused)
+    return turn_id, reply_id
+
+
+async def test_a_connection_never_given_the_turn_cannot_stream_its_reply(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with served(db=tmp_path / "hub.db") as h, h.client() as real, h.client() as intruder:
+        await _session(h)
+        await _taker(real)
+        body = {"id": "s1", "messages": [text("u1", "hello")]}
+        async with httpx2.AsyncClient() as http, http.stream("POST", f"{h.url}/api/chat", json=body) as r:
+            chunks = sse_chunks(r)
+            start = await anext(chunks)
+            given = await real.take(lambda f: f["frame"] == "turn")
+            turn_id, reply_id = await _intrude(intruder, "s1")
+            assert (turn_id, reply_id) == (given["turn_id"], given["reply_id"])
+            fields = {"session_id": "s1", "message_id": reply_id}
+            # The real responder still starts it: the refusals claimed nothing.
+            assert await real.call("stream_start", **fields, turn_id=turn_id) == {"index": 0}
+            await real.call("stream_delta", **fields, kind="text", text="the real reply")
+            # Into the real responder's running stream: refused too, every delta and the end.
+            for op, extra in (("stream_delta", {"kind": "text", "text": " INTRUDER"}), ("stream_end", {})):
+                for _ in range(3):
+                    refused = await intruder.request(op, **fields, **extra)
+                    assert (refused["frame"], refused["code"]) == ("error", "conflict"), refused
+            await real.call("stream_end", **fields)
+            rest = [c async for c in chunks]
+        assert start == {"type": "start", "messageId": reply_id}
+        said = "".join(c["delta"] for c in rest if isinstance(c, dict) and c["type"] == "text-delta")
+        assert said == "the real reply"
+        assert [c if isinstance(c, str) else c["type"] for c in rest][-2:] == ["finish", "[DONE]"]
+        stored = await h.hub.manager.get_session("s1").get_message(reply_id)
+        assert stored is not None and stored.text() == "the real reply"
+        assert (await _outcome(h, "s1"))["status"] == "finished"
+    refusals = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused")]
+    # One line per refused start, one per intruder and stream for its writes.
+    assert len(refusals) == 5, refusals
+    assert all(reply_id in line or turn_id in line for line in refusals), refusals
+
+
+@pytest.mark.timeout(90)
+async def test_an_intruder_on_another_node_cannot_stream_the_reply() -> None:
+    async with (
+        scratch_database(postgres_dsn()) as database,
+        Node(database, "postgres", None, "--turn-timeout", "20") as a,
+        Node(database, "postgres", None, "--turn-timeout", "20") as b,
+    ):
+        async with HubClient(a.ws_url) as user:
+            info = await user.sessions.create("across nodes")
+            await user.sessions.append(info.id, text("u1", "hello"), None)
+        async with Client.connect(a.ws_url) as real, Client.connect(b.ws_url) as intruder:
+            await _taker(real)
+            body = {"id": info.id, "messages": [text("u1", "hello")]}
+            base = a.ws_url.replace("ws://", "http://").removesuffix("/ws")
+            async with (
+                httpx2.AsyncClient(timeout=30) as http,
+                http.stream("POST", f"{base}/api/chat", json=body) as r,
+            ):
+                chunks = sse_chunks(r)
+                await anext(chunks)
+                given = await real.take(lambda f: f["frame"] == "turn")
+                turn_id, reply_id = await _intrude(intruder, info.id)
+                assert reply_id == given["reply_id"]
+                fields = {"session_id": info.id, "message_id": reply_id}
+                await real.call("stream_start", **fields, turn_id=turn_id)
+                await real.call("stream_delta", **fields, kind="text", text="from A")
+                refused = await intruder.request("stream_delta", **fields, kind="text", text="from B")
+                assert refused["frame"] == "error" and refused["code"] in ("invalid", "conflict"), refused
+                await real.call("stream_end", **fields)
+                rest = [c async for c in chunks]
+        said = "".join(c["delta"] for c in rest if isinstance(c, dict) and c["type"] == "text-delta")
+        assert said == "from A"
+        async with HubClient(b.ws_url) as user:
+            stored = await user.session(info.id).get_message(reply_id)
+        assert stored is not None and stored.text() == "from A"

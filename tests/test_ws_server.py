@@ -542,6 +542,31 @@ async def test_malformed_json_keeps_the_connection_open(store: SqliteStore) -> N
         assert not c.closed.is_set()
 
 
+@pytest.mark.parametrize(
+    "data",
+    [
+        "{}x",
+        '{"op": 1}x',
+        '{"id": 1, "op": "launch"}x',
+        '{"op": "ping", "id": 1, "x": 1} junk',
+        "[]x",
+        "{}{}",
+    ],
+)
+async def test_json_followed_by_junk_is_a_bad_frame(
+    store: SqliteStore, data: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Validation stops at the first wrong field before the parser reads the rest: the
+    # fallback parse of such a frame used to raise past every handler (1006, tracebacks).
+    async with served(store=store) as h, h.client() as c:
+        await c.send_raw(data)
+        frame = await c.take(lambda f: f["frame"] == "error")
+        assert (frame["code"], frame["id"]) == ("bad_frame", None), frame
+        assert await c.call("ping") == "pong"
+        assert not c.closed.is_set()
+    assert not [r for r in caplog.records if r.exc_info], "no traceback"
+
+
 async def test_missing_or_bad_ids_and_ops(store: SqliteStore) -> None:
     async with served(store=store) as h, h.client() as c:
         await c.send_raw(json.dumps({"op": "ping"}))

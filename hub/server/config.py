@@ -24,6 +24,9 @@ class HubConfig:
     #: declared ``Content-Length`` over it is answered 413 before a byte is read, a
     #: chunked body is cut at it. The MCP SDK's own default, so ``/mcp`` keeps its bound.
     max_body_bytes: int = 4 << 20
+    #: The largest message one stream may grow to (its text, UTF-8, and its tool parts,
+    #: encoded): past it the stream ends ``too_large``, keeping what it had.
+    max_stream_bytes: int = 16 << 20
     #: HS256 secret: when set, every WebSocket request needs a token granting it.
     auth_secret: str | None = None
     #: Origins a browser may connect from, besides loopback ones and the bind host's
@@ -78,6 +81,7 @@ class HubConfig:
         for name in (
             "max_frame_bytes",
             "max_body_bytes",
+            "max_stream_bytes",
             "max_subscriptions",
             "queue_frames",
             "tail_events",

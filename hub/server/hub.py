@@ -64,7 +64,7 @@ class Hub:
         self.connections: set[Connection] = set()
         #: Who is on each session.
         self.presence = Presence(self)
-        self.streams = Streams(self)
+        self.streams = Streams(self, max_bytes=config.max_stream_bytes)
         #: Chat turns and the responders that answer them.
         self.turns = Turns(self, config.turn_timeout)
         #: With a cross-node bus: stream frames, turns and presence to and from the other nodes.

@@ -1,12 +1,16 @@
 """Streamed messages: a worker writes a reply piece by piece; subscribers watch it grow.
 
 A stream starts by storing the message with no parts (a logged ``message.appended``), then
-each delta is applied in memory and sent to the session's subscribers as a ``stream`` frame
-with a running ``index``; deltas are not logged one by one. The message is saved (silently)
-at most every ``save_every`` seconds while deltas arrive, so a crash of the hub loses at most
-that much of an unfinished stream, and saved for good — with a logged ``message.updated`` and
-``stream.ended`` in one transaction — when the writer finishes or aborts, or when its
-connection dies (``interrupted``). A subscriber that catches up while a stream runs gets its
+each delta is applied in memory (in amortized O(1): :class:`~protocol.deltas.GrowingParts`)
+and sent to the session's subscribers as a ``stream`` frame with a running ``index``; deltas
+are not logged one by one. The message is saved (silently) at most every ``save_every``
+seconds while deltas arrive (every ``save_every`` per MiB it holds, past 1 MiB: each save
+writes the whole message, so a fixed period would make a big stream quadratic again), so a
+crash of the hub loses at most that much of an unfinished stream, and saved for good — with
+a logged ``message.updated`` and ``stream.ended`` in one transaction — when the writer
+finishes or aborts, when its connection dies (``interrupted``), or when it would grow past
+``max_bytes`` (``too_large``: the delta that would cross the limit is refused, not applied,
+and what came before is kept). A subscriber that catches up while a stream runs gets its
 ``state`` (the message so far and its index), then the following deltas.
 """
 
@@ -22,18 +26,29 @@ from typing import Any
 
 import msgspec
 
-from protocol import Conflict, InvalidInput, Message
+from protocol import Conflict, InvalidInput, Message, SessionHubError
 from protocol import frames as f
 from protocol.codec import encode
-from protocol.deltas import apply_delta
+from protocol.deltas import GrowingParts
+from protocol.message import check_json
 
 from ..bus import RemoteBus
 from ..store.base import LATEST, LogEntry
 from .ports import Peer, StreamHost
 
-__all__ = ["LiveStream", "Streams"]
+__all__ = ["LiveStream", "StreamTooLarge", "Streams"]
 
 log = logging.getLogger("sessionhub.streams")
+
+#: A save of a running stream is put off by ``save_every`` per this many bytes it holds.
+_SAVE_SCALE = 1 << 20
+
+
+class StreamTooLarge(SessionHubError):
+    """A delta would take its stream past the hub's ``max_stream_bytes``: the stream was
+    ended ``too_large`` with what it had, and stored."""
+
+    code = "too_large"
 
 
 @dataclass
@@ -41,32 +56,39 @@ class Mirror:
     """Another node's running stream, rebuilt here from its relayed frames so that a
     subscriber catching up on this node gets its ``state`` too."""
 
-    message: dict[str, Any]
+    message: dict[str, Any]  # without its parts
+    parts: GrowingParts
     index: int
     seen: float
+
+    def current(self) -> dict[str, Any]:
+        return dict(self.message, parts=[dict(p) for p in self.parts.parts()])
 
 
 @dataclass
 class LiveStream:
     session_id: str
-    message: Message
+    message: Message  # its parts are in ``parts``
     owner: Peer
+    parts: GrowingParts = field(default_factory=GrowingParts)
     index: int = 0
     dirty: bool = False
     saver: asyncio.TimerHandle | None = None
     outbox: list[dict[str, Any]] = field(default_factory=list)  # deltas not yet broadcast
     sender: asyncio.TimerHandle | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: Connections refused a write into this stream (each is logged once).
+    refused: set[str] = field(default_factory=set)
 
     def apply(self, request: f.StreamDelta) -> None:
-        apply_delta(self.message.parts, request.kind, request.text, request.part)
+        self.parts.apply(request.kind, request.text, request.part)
         self.index += 1
 
     def snapshot(self) -> Message:
         return Message(
             id=self.message.id,
             role=self.message.role,
-            parts=[dict(p) for p in self.message.parts],
+            parts=[dict(p) for p in self.parts.parts()],
             metadata=self.message.metadata,
         )
 
@@ -83,9 +105,13 @@ class Streams:
     #: A mirrored stream with no frame for this long is forgotten (its node died).
     mirror_ttl = 600.0
 
-    def __init__(self, hub: StreamHost, save_every: float = 0.1, coalesce: float = 0.005) -> None:
+    def __init__(
+        self, hub: StreamHost, save_every: float = 0.1, coalesce: float = 0.005, max_bytes: int = 16 << 20
+    ) -> None:
         self.hub = hub
         self.save_every = save_every
+        #: The largest message a stream may grow to (UTF-8 text and encoded tool parts).
+        self.max_bytes = max_bytes
         self.coalesce = coalesce
         self.active: dict[tuple[str, str], LiveStream] = {}
         self.mirrors: dict[tuple[str, str], Mirror] = {}
@@ -118,19 +144,16 @@ class Streams:
         key = (frame.session_id, frame.message_id)
         now = time.monotonic()
         if frame.action == "start" and frame.message is not None:
-            self.mirrors[key] = Mirror(dict(frame.message, parts=[]), 0, now)
+            self.mirrors[key] = Mirror(
+                {k: v for k, v in frame.message.items() if k != "parts"}, GrowingParts(), 0, now
+            )
         elif frame.action == "delta" and key in self.mirrors:
             mirror = self.mirrors[key]
             mirror.seen = now
             for delta in frame.deltas or ():
                 if delta.get("index") == mirror.index + 1:
                     with contextlib.suppress(InvalidInput):
-                        apply_delta(
-                            mirror.message["parts"],
-                            delta.get("kind", ""),
-                            delta.get("text"),
-                            delta.get("part"),
-                        )
+                        mirror.parts.apply(delta.get("kind", ""), delta.get("text"), delta.get("part"))
                     mirror.index += 1
         elif frame.action == "end":
             self.mirrors.pop(key, None)
@@ -149,6 +172,16 @@ class Streams:
         if stream is None:
             raise InvalidInput(f"no stream {message_id!r} is running in this session")
         if stream.owner is not connection:
+            if connection.connection_id not in stream.refused:
+                # One line per intruder and stream, not one per delta of a flood.
+                stream.refused.add(connection.connection_id)
+                log.warning(
+                    "refused a write into stream %s of session %s from %s: it belongs to %s",
+                    message_id,
+                    session_id,
+                    connection.name or connection.connection_id,
+                    stream.owner.name or stream.owner.connection_id,
+                )
             raise Conflict(f"stream {message_id!r} belongs to another connection")
         return stream
 
@@ -183,6 +216,25 @@ class Streams:
 
     async def delta(self, connection: Peer, request: f.StreamDelta) -> int:
         stream = self._get(connection, request.session_id, request.message_id)
+        if request.part is not None:
+            # The rules of an appended message's parts (a part is at level 3): a part the
+            # engine would refuse must not reach the store through a stream.
+            check_json(request.part, "part", 3)
+        size = stream.parts.size_after(request.kind, request.text, request.part)
+        if size > self.max_bytes:
+            log.warning(
+                "stream %s of session %s ended too_large: a delta would take it to %d bytes (limit %d)",
+                request.message_id,
+                request.session_id,
+                size,
+                self.max_bytes,
+            )
+            await self.end(None, stream, "too_large")
+            raise StreamTooLarge(
+                f"the message would be {size} bytes, over the {self.max_bytes}-byte limit of a streamed"
+                f" message: the stream was ended too_large, and what it had ({stream.parts.bytes} bytes)"
+                " is stored"
+            )
         stream.apply(request)
         entry: dict[str, Any] = {"index": stream.index, "kind": request.kind}
         if request.text is not None:
@@ -205,7 +257,8 @@ class Streams:
         if not stream.dirty:
             stream.dirty = True
             loop = asyncio.get_running_loop()
-            stream.saver = loop.call_later(self.save_every, lambda: loop.create_task(self._save(stream)))
+            later = self.save_every * max(1.0, stream.parts.bytes / _SAVE_SCALE)
+            stream.saver = loop.call_later(later, lambda: loop.create_task(self._save(stream)))
         return stream.index
 
     def _flush(self, stream: LiveStream) -> None:
@@ -309,17 +362,19 @@ class Streams:
             return live.snapshot().to_dict(), live.index
         mirror = self.mirrors.get(key)
         if mirror is not None:
-            return mirror.message, mirror.index
+            return mirror.current(), mirror.index
         return None
 
     def states(self, session_id: str) -> list[str]:
         """``state`` frames of the session's running streams, this node's and mirrored ones."""
         running = [
-            (s.message.id, s.index, s.message.to_dict())
+            (s.message.id, s.index, s.snapshot().to_dict())
             for (sid, _), s in self.active.items()
             if sid == session_id
         ]
-        running += [(mid, m.index, m.message) for (sid, mid), m in self.mirrors.items() if sid == session_id]
+        running += [
+            (mid, m.index, m.current()) for (sid, mid), m in self.mirrors.items() if sid == session_id
+        ]
         return [
             encode(
                 f.StreamFrame(

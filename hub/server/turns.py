@@ -42,7 +42,7 @@ from ..bus import RemoteBus
 from ..store.base import LogEntry
 from .outbox import Evicted
 from .ports import ReplyWriter, Responder, TurnHost
-from .remoteturns import REFUSED, RemoteTurn, latest_turn_event
+from .remoteturns import REFUSED, RemoteTurn, TurnLog, latest_turn_event
 from .turnframes import TurnOffer, TurnOutcome, TurnStatus, Watcher
 
 __all__ = ["LiveTurn", "TurnOffer", "TurnOutcome", "TurnStatus", "Turns", "Watcher"]
@@ -104,6 +104,8 @@ class Turns:
         # (the hub's relay hands theirs to :meth:`relayed`).
         bus = host.store.bus
         self._bus = bus if isinstance(bus, RemoteBus) else None
+        #: The newest turn event of sessions streamed into here (with several nodes).
+        self._turn_log = TurnLog(host.store)
         #: responder -> how many turns it is answering now
         self.responders: dict[Responder, int] = {}
         self.live: dict[str, LiveTurn] = {}
@@ -360,6 +362,11 @@ class Turns:
         if turn is None or turn.outcome is not None:
             raise NotFound(f"no turn {request.turn_id!r} is waiting for an answer")
         if turn.responder is not connection:
+            log.warning(
+                "refused stream_start of turn %s from %s: it was given to another connection",
+                turn.turn_id,
+                _label(connection),
+            )
             raise Forbidden(f"turn {request.turn_id!r} was given to another connection")
         if turn.started:
             raise Conflict(f"turn {request.turn_id!r} is already being answered")
@@ -373,8 +380,53 @@ class Turns:
         turn.started = True
         return turn
 
+    def _reply_of(self, session_id: str, message_id: str) -> LiveTurn | None:
+        """The turn in flight on this node whose reply is ``message_id``, if any (one this
+        node posted, or one it answers for another node)."""
+        turn = self._by_reply.get((session_id, message_id))
+        if turn is None:
+            turn = next(
+                (
+                    t
+                    for _, t in self.foreign.values()
+                    if (t.session_id, t.reply_id) == (session_id, message_id)
+                ),
+                None,
+            )
+        return turn if turn is not None and turn.outcome is None else None
+
+    async def _guard_reply(self, connection: ReplyWriter, request: f.StreamStart) -> None:
+        """A turn's ``reply_id`` is in the log (``turn.started``) for any reader to see: a
+        stream of that id that does not claim that very turn is refused ``forbidden``, so
+        that only the turn's responder can answer it. A turn another node holds is found in
+        the log (:class:`~hub.server.remoteturns.TurnLog`: with several nodes only)."""
+        local = self._reply_of(request.session_id, request.message_id)
+        if local is not None:
+            if request.turn_id == local.turn_id:
+                return  # :meth:`claim` checks it was given to this connection
+            turn_id = local.turn_id
+        else:
+            # A turn given to one of this node's responders would be held here (``foreign``):
+            # one found only in the log is not this connection's, whatever it claims.
+            event = None if self._bus is None else await self._turn_log.latest(request.session_id)
+            open_ = None if event is None else self._open_elsewhere(event)
+            if event is None or open_ is None or event.data.get("reply_id") != request.message_id:
+                return
+            turn_id = open_[0]
+        log.warning(
+            "refused stream_start of %s in session %s from %s: the reply of turn %s, given to another",
+            request.message_id,
+            request.session_id,
+            _label(connection),
+            turn_id,
+        )
+        raise Forbidden(
+            f"message {request.message_id!r} is the reply of turn {turn_id!r}, given to another connection"
+        )
+
     async def start_stream(self, connection: ReplyWriter, request: f.StreamStart) -> dict[str, Any]:
         """``stream_start``, claiming its turn first when it names one."""
+        await self._guard_reply(connection, request)
         if request.turn_id is None:
             return await self.host.streams.start(connection, request)
         turn = self.claim(connection, request)
@@ -520,6 +572,8 @@ class Turns:
                 self._finish(turn, TurnOutcome("finished"))
             elif frame.status == "interrupted":
                 self._finish(turn, TurnOutcome("failed", "the responder disconnected mid-reply"))
+            elif frame.status == "too_large":
+                self._finish(turn, TurnOutcome("failed", _TOO_LARGE))
             else:
                 self._finish(turn, TurnOutcome("failed", turn.error or "the responder aborted the reply"))
 
@@ -743,6 +797,12 @@ async def _wait(event: asyncio.Event, timeout: float) -> bool:
 def _in_flight(turn_id: str, node: str | None = None) -> str:
     where = "" if node is None else f" (on hub node {node})"
     return f"turn {turn_id} is still in flight in this session{where}"
+
+
+#: The error of a turn whose reply outgrew ``max_stream_bytes`` (its partial reply is stored).
+_TOO_LARGE = (
+    "the reply grew past the hub's limit of a streamed message (max_stream_bytes); what it had is kept"
+)
 
 
 def _label(connection: Responder) -> str:
