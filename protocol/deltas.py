@@ -82,6 +82,11 @@ class GrowingParts:
         self.bytes += size - self._tools.get(at, 0)
         self._tools[at] = size
 
+    def peek(self) -> list[dict[str, Any]]:
+        """The parts without joining: the last part's ``text`` may lag behind the deltas
+        (its type and the other parts are current)."""
+        return self._parts
+
     def parts(self) -> list[dict[str, Any]]:
         """The parts as they stand (the list held, not a copy)."""
         self._join()

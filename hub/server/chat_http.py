@@ -50,7 +50,7 @@ from protocol import (
     coerce_message,
 )
 from protocol import frames as f
-from protocol.deltas import apply_delta
+from protocol.deltas import GrowingParts
 
 from ..auth import Grant, verify_token
 from .httpbody import BodyError, parse_body, read_body
@@ -91,7 +91,7 @@ class UIMessageEncoder:
 
     def __init__(self, message_id: str) -> None:
         self.message_id = message_id
-        self.parts: list[dict[str, Any]] = []
+        self._grown = GrowingParts()
         self.index = -1
         self._sent: list[dict[str, Any]] = []  # per part: what the reader has
         self._step = False
@@ -100,7 +100,7 @@ class UIMessageEncoder:
 
     def snapshot(self) -> dict[str, Any]:
         """The message as rendered so far (its parts are this encoder's: do not change them)."""
-        return {"parts": self.parts, "metadata": self.metadata}
+        return {"parts": self._grown.parts(), "metadata": self.metadata}
 
     def start(self) -> list[Chunk]:
         return [{"type": "start", "messageId": self.message_id}]
@@ -110,7 +110,7 @@ class UIMessageEncoder:
         if index < self.index:
             return []
         self.index = index
-        self.parts = copy.deepcopy(list(message.get("parts") or []))
+        self._grown = GrowingParts(copy.deepcopy(list(message.get("parts") or [])))
         chunks: list[Chunk] = []
         metadata = message.get("metadata")
         if metadata is not None:
@@ -122,13 +122,37 @@ class UIMessageEncoder:
 
     def deltas(self, deltas: list[dict[str, Any]]) -> list[Chunk]:
         """Deltas applied in index order, once each; a gap waits for the next whole message."""
+        chunks: list[Chunk] = []
         for delta in deltas:
             if int(delta.get("index", -1)) != self.index + 1:
                 continue
-            with contextlib.suppress(InvalidInput):  # the hub checked it; a bad one is skipped
-                apply_delta(self.parts, delta.get("kind"), delta.get("text"), delta.get("part"))
             self.index += 1
-        return self._diff()
+            kind, text = delta.get("kind"), delta.get("text")
+            extends = self._extends_sent(kind, text)
+            with contextlib.suppress(InvalidInput):  # the hub checked it; a bad one is skipped
+                self._grown.apply(kind, text, delta.get("part"))
+            if extends is not None:
+                # The text grows the part the reader already has: its delta is the chunk, so
+                # the part is not joined and sliced per delta (quadratic in a long reply).
+                assert isinstance(text, str)
+                extends["chars"] += len(text)
+                chunks.append({"type": f"{kind}-delta", "id": extends["id"], "delta": text})
+            else:
+                chunks += self._diff()
+        return chunks
+
+    def _extends_sent(self, kind: Any, text: Any) -> dict[str, Any] | None:
+        """What the reader has of the last part, when a ``kind`` delta of ``text`` only
+        grows it; None when the delta needs the whole diff (a new part, a tool)."""
+        if kind not in ("text", "reasoning") or not isinstance(text, str) or not text:
+            return None
+        parts = self._grown.peek()
+        if not parts or len(self._sent) != len(parts) or parts[-1].get("type") != kind:
+            return None
+        if not isinstance(parts[-1].get("text"), str):  # GrowingParts starts a new part
+            return None
+        sent = self._sent[-1]
+        return sent if sent.get("kind") == kind else None
 
     def close(self) -> list[Chunk]:
         """The message is complete: end open parts and the open step."""
@@ -148,7 +172,7 @@ class UIMessageEncoder:
 
     def _diff(self) -> list[Chunk]:
         chunks: list[Chunk] = []
-        for i, part in enumerate(self.parts):
+        for i, part in enumerate(self._grown.parts()):
             if i >= len(self._sent):
                 chunks += self._close_open(i)  # only the last part can still grow
                 self._sent.append({})
