@@ -89,9 +89,10 @@ class Checkpointer:
         except FileNotFoundError:
             return 0
 
-    def wake(self, commits: Callable[[], int]) -> None:
-        """Start a background pass unless one is queued or running; never blocks."""
-        self._submit(lambda: self._pass(commits))
+    def wake(self, commits: Callable[[], int]) -> bool:
+        """Start a background pass unless one is queued or running; never blocks. Whether
+        it started one."""
+        return self._submit(lambda: self._pass(commits))
 
     def reclaim(self, commits: Callable[[], int]) -> None:
         """After a write the disk had no room for: a TRUNCATE checkpoint in the background
@@ -101,11 +102,12 @@ class Checkpointer:
         it fails (logged); the next write that fails asks again."""
         self._submit(lambda: self._pass(commits, "TRUNCATE"))
 
-    def _submit(self, job: Callable[[], None]) -> None:
+    def _submit(self, job: Callable[[], None]) -> bool:
         if self._pending is not None and not self._pending.done():
-            return
+            return False
         self._pending = self._pool.submit(job)
         self._pending.add_done_callback(self._log_failed_pass)
+        return True
 
     async def settle(self) -> None:
         """Wait for the running pass, if any (writers go on meanwhile)."""

@@ -208,8 +208,9 @@ class SqliteStore(Store):
         checkpointer = self._checkpointer
         if checkpointer is not None:
             wal = checkpointer.wal_file_size()
-            if self._commits % CHECKPOINT_EVERY == 0 or self._wal_grew(wal):
-                checkpointer.wake(self._commit_count)
+            if (self._commits % CHECKPOINT_EVERY == 0 or self._wal_grew(wal)) and checkpointer.wake(
+                self._commit_count
+            ):
                 self._woken_at = wal
             caught_up = self._caught_up
             if caught_up is None and wal > self._wal_limit:
