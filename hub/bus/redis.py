@@ -2,10 +2,10 @@
 
 Unlike NOTIFY, a Redis PUBLISH cannot ride inside the store's transaction: the store
 rings this bus after each commit, and a sender task publishes to Redis. Doorbells that
-could not be sent are kept (the newest seq per stream) and sent once Redis is back, so
-a node whose publishing connection broke still rings the others afterwards, retried at least
-once a ``poll_interval``. Listening
-follows :class:`~hub.bus.remote.RemoteBus`' rules for gaps.
+could not be sent are kept (the newest seq per stream) and retried at least once a
+``poll_interval`` until Redis is back, so a node whose publishing connection broke still
+rings the others soon afterwards. Listening follows :class:`~hub.bus.remote.RemoteBus`'
+rules for gaps.
 
 redis-py retries and re-subscribes silently by default; a silent reconnect would hide
 exactly the gap the bus must see, so its retries are off and this module reconnects.

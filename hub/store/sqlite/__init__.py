@@ -20,7 +20,8 @@ Design (measured in docs/benchmarks.md):
 The package, by concern: :mod:`.schema` (migrations), :mod:`.sql` (the statements),
 :mod:`.connection` (aiosqlite plumbing and pragmas), :mod:`.checkpoint` (the background WAL
 checkpointer), :mod:`.store` (:class:`SqliteStore`). The tuning constants are re-exported
-here; ``WAL_LIMIT_BYTES`` and ``WAL_CHECKPOINT_BYTES`` are read from :mod:`.checkpoint` when a store opens.
+here; ``WAL_LIMIT_BYTES`` and ``WAL_CHECKPOINT_BYTES`` are read from :mod:`.checkpoint` when
+a store opens.
 """
 
 from __future__ import annotations

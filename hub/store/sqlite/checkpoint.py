@@ -20,12 +20,12 @@ log = logging.getLogger("sessionhub.store")
 #: copy costs a few microseconds, so waking it often keeps each pass (and the final
 #: catch-up, below) short.
 CHECKPOINT_EVERY = 50
-#: Past this many bytes of WAL the checkpointer is woken after every commit, not only every
-#: ``CHECKPOINT_EVERY``: fifty commits of big messages are tens of MiB of WAL, and frames the
-#: database file does not hold yet need that space a second time when they are copied. On a
-#: disk that filled meanwhile, that second copy can never be made and the WAL never restarts
-#: (issue 24, item 11). It is also the ``journal_size_limit``: each time the WAL restarts its
-#: file is cut back to this, so a burst gives its space back.
+#: Past this many bytes of WAL the checkpointer is woken for each further quarter of it, not
+#: only every ``CHECKPOINT_EVERY`` commits: fifty commits of big messages are tens of MiB of
+#: WAL, and frames the database file does not hold yet need that space a second time when
+#: they are copied. On a disk that filled meanwhile that copy can never be made, and the WAL
+#: never restarts (issue 24, item 11). It is also the ``journal_size_limit``: each time the
+#: WAL restarts its file is cut back to this, so a burst gives its space back.
 WAL_CHECKPOINT_BYTES = 4 * 2**20
 #: When the WAL holds more than this, the next writer waits for one catch-up pass with
 #: the write lock held, so the WAL is reused from its start: the bound on its size. It is

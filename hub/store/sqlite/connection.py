@@ -54,7 +54,8 @@ def in_tx(begin: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
             try:
                 result = fn(conn, *args)
                 # COMMIT inside the try: one that fails (a full disk cannot take the WAL's
-                # frames) leaves the transaction open, and every later BEGIN would fail.
+                # frames) may leave the transaction open (SQLite rolls back some failures
+                # itself, not all), and then every later BEGIN would fail.
                 conn.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):  # the first error is the one to tell
