@@ -27,8 +27,11 @@ from pathlib import Path
 
 import pytest
 
+from hub import Session, SqliteStore
+from protocol import StoreUnavailable
+
 from .figures import Figures, duplicates, gaps
-from .hubtest import Client, Frame, noise
+from .hubtest import Client, Frame, noise, text
 from .load import Writer
 from .nodes import Node
 from .services import unavailable
@@ -198,3 +201,21 @@ async def run_the_fault(node: Node, root: Path) -> None:
     figures.assert_exact()
     assert refused_after_free == 0
     assert not wrong, wrong
+
+
+async def test_a_write_with_no_room_is_unavailable_and_leaves_the_store_usable(tmp_path: Path) -> None:
+    """The same answer without a mount (so wherever the suite runs): the writer's
+    ``max_page_count`` caps the file as a full disk would, and SQLite says SQLITE_FULL."""
+    async with await SqliteStore.open(tmp_path / "capped.db") as store:
+        s = Session(store, session_id="capped")
+        await s.append_message(text("m0", "before"))
+        pages = await store._writer.call(lambda c: c.execute("PRAGMA page_count").fetchone()[0])
+        await store._writer.call(lambda c: c.execute(f"PRAGMA max_page_count = {pages + 8}").fetchone())
+        with pytest.raises(StoreUnavailable) as refused:
+            await s.append_message(text("big", noise(MESSAGE)))
+        assert (refused.value.code, refused.value.outcome) == ("unavailable", "not_applied")
+        assert str(refused.value) == "sqlite: database or disk is full"
+        assert [m.id for m in await s.get_history()] == ["m0"]  # rolled back, reads work
+        await store._writer.call(lambda c: c.execute("PRAGMA max_page_count = 4294967294").fetchone())
+        await s.append_message(text("big", noise(MESSAGE)))
+        assert [m.id for m in await s.get_history()] == ["m0", "big"]
