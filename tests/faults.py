@@ -25,7 +25,7 @@ from pathlib import Path
 from tests.nodes import free_port
 from tests.services import unavailable
 
-__all__ = ["ScratchPostgres", "TcpProxy", "scratch_postgres"]
+__all__ = ["ScratchPostgres", "ScratchRedis", "TcpProxy", "scratch_postgres", "scratch_redis"]
 
 
 def _pg_bin(name: str) -> str:
@@ -283,3 +283,67 @@ def _reset(writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.close()
+
+
+# -- a Redis of the test's own ----------------------------------------------------------------
+
+
+class ScratchRedis:
+    """A ``redis-server`` on a free port with no persistence, which a test can SIGKILL and
+    start again on the same port (the machine's own Redis is never touched)."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    async def start(self, timeout: float = 10.0) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            unavailable("needs redis-server (apt-get install -y redis-server)")
+        assert binary is not None
+        self.proc = await asyncio.create_subprocess_exec(
+            binary,
+            *("--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"),
+            *("--daemonize", "no", "--logfile", ""),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        async with asyncio.timeout(timeout):
+            while not await self._answers():
+                if self.proc.returncode is not None:
+                    raise RuntimeError(f"redis-server exited with {self.proc.returncode}")
+                await asyncio.sleep(0.02)
+
+    async def _answers(self) -> bool:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        except OSError:
+            return False
+        try:
+            writer.write(b"PING\r\n")
+            return await reader.readline() == b"+PONG\r\n"
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+    async def kill(self) -> None:
+        """SIGKILL, as a crash does; every client's connection drops."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def scratch_redis() -> AsyncIterator[ScratchRedis]:
+    server = ScratchRedis()
+    try:
+        await server.start()
+        yield server
+    finally:
+        await server.kill()

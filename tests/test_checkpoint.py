@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from hub import Session
-from hub.store.sqlite import SqliteStore, checkpoint
+from hub.store.sqlite import CHECKPOINT_EVERY, SqliteStore, checkpoint
 from hub.store.sqlite.checkpoint import Checkpointer
 
 from .hubtest import text_message
@@ -63,3 +63,23 @@ async def test_writers_wait_for_a_slow_catch_up_past_twice_the_limit(
     # ~330 KiB: the message, its event and index pages). Unbounded, the other writer fills
     # the WAL for the whole slow pass: ~30 MiB here.
     assert peak < 3 * limit, peak
+
+
+@pytest.mark.usefixtures("keep_rows_whole")
+async def test_big_commits_wake_passes_by_wal_bytes_not_only_every_50(tmp_path: Path) -> None:
+    # 45 commits of ~140 KiB of WAL each (message, event and index pages): fewer than
+    # CHECKPOINT_EVERY, and ~6 MiB, under the 64 MiB hard limit. Woken by the commit count
+    # alone, no pass ran: the database file held none of it, and on a disk that filled
+    # meanwhile the copy it still needed could never be made (issue 24, item 11).
+    db = tmp_path / "bytes.db"
+    async with await SqliteStore.open(db) as store:
+        s = Session(store, session_id="big")
+        assert CHECKPOINT_EVERY > 45
+        for i in range(45):
+            await s.append_message(text_message(f"m{i}", "user", BIG))
+        checkpointer = store._checkpointer
+        assert checkpointer is not None
+        await checkpointer.settle()
+        assert checkpointer.passes >= 2
+        assert checkpointer.catch_ups == 0
+        assert os.path.getsize(db) > 15 * len(BIG)  # noqa: ASYNC240

@@ -2,9 +2,10 @@
 
 Unlike NOTIFY, a Redis PUBLISH cannot ride inside the store's transaction: the store
 rings this bus after each commit, and a sender task publishes to Redis. Doorbells that
-could not be sent are kept (the newest seq per stream) and sent once Redis is back, so
-a node whose publishing connection broke still rings the others afterwards. Listening
-follows :class:`~hub.bus.remote.RemoteBus`' rules for gaps.
+could not be sent are kept (the newest seq per stream) and retried at least once a
+``poll_interval`` until Redis is back, so a node whose publishing connection broke still
+rings the others soon afterwards. Listening follows :class:`~hub.bus.remote.RemoteBus`'
+rules for gaps.
 
 redis-py retries and re-subscribes silently by default; a silent reconnect would hide
 exactly the gap the bus must see, so its retries are off and this module reconnects.
@@ -137,7 +138,12 @@ class RedisBus(RemoteBus):
                         await self._send_client.aclose()
                     self._send_client = None
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self.max_backoff)
+                # Capped at the poll interval, not the listener's max_backoff: the other
+                # nodes' listeners may be back before this one, and a listening node does not
+                # poll, so a kept doorbell waits for this retry. Within a poll interval of Redis
+                # being back is the lag they had while it was down (after a Redis restart it
+                # was up to max_backoff, 5 s).
+                delay = min(delay * 2, self.poll_interval)
                 self._outbox_ready.set()
 
     async def _connect(self) -> None:

@@ -20,13 +20,14 @@ Design (measured in docs/benchmarks.md):
 The package, by concern: :mod:`.schema` (migrations), :mod:`.sql` (the statements),
 :mod:`.connection` (aiosqlite plumbing and pragmas), :mod:`.checkpoint` (the background WAL
 checkpointer), :mod:`.store` (:class:`SqliteStore`). The tuning constants are re-exported
-here; ``WAL_LIMIT_BYTES`` is read from :mod:`.checkpoint` when a store opens.
+here; ``WAL_LIMIT_BYTES`` and ``WAL_CHECKPOINT_BYTES`` are read from :mod:`.checkpoint` when
+a store opens.
 """
 
 from __future__ import annotations
 
 from ..policy import SEARCH_WINDOW
-from .checkpoint import CHECKPOINT_EVERY, WAL_LIMIT_BYTES
+from .checkpoint import CHECKPOINT_EVERY, WAL_CHECKPOINT_BYTES, WAL_LIMIT_BYTES
 from .connection import BUSY_TIMEOUT_MS
 from .schema import MIGRATIONS
 from .search import BY_ROW_SHARE
@@ -39,6 +40,7 @@ __all__ = [
     "INLINE_BATCH",
     "MIGRATIONS",
     "SEARCH_WINDOW",
+    "WAL_CHECKPOINT_BYTES",
     "WAL_LIMIT_BYTES",
     "SqliteStore",
 ]

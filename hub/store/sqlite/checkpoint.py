@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from .connection import BUSY_TIMEOUT_MS, Conn
 
-__all__ = ["CHECKPOINT_EVERY", "WAL_LIMIT_BYTES", "Checkpointer"]
+__all__ = ["CHECKPOINT_EVERY", "WAL_CHECKPOINT_BYTES", "WAL_LIMIT_BYTES", "Checkpointer"]
 
 log = logging.getLogger("sessionhub.store")
 
@@ -20,9 +20,17 @@ log = logging.getLogger("sessionhub.store")
 #: copy costs a few microseconds, so waking it often keeps each pass (and the final
 #: catch-up, below) short.
 CHECKPOINT_EVERY = 50
+#: Past this many bytes of WAL the checkpointer is woken for each further quarter of it, not
+#: only every ``CHECKPOINT_EVERY`` commits: fifty commits of big messages are tens of MiB of
+#: WAL, and frames the database file does not hold yet need that space a second time when
+#: they are copied. On a disk that filled meanwhile that copy can never be made, and the WAL
+#: never restarts (issue 24, item 11). It is also the ``journal_size_limit``: each time the
+#: WAL restarts its file is cut back to this, so a burst gives its space back.
+WAL_CHECKPOINT_BYTES = 4 * 2**20
 #: When the WAL holds more than this, the next writer waits for one catch-up pass with
 #: the write lock held, so the WAL is reused from its start: the bound on its size. It is
-#: also the ``journal_size_limit``: the file is cut back to it when the WAL restarts.
+#: a hard bound: passes woken past ``WAL_CHECKPOINT_BYTES`` keep the WAL near that unless
+#: writers outrun them.
 WAL_LIMIT_BYTES = 64 * 2**20
 
 
@@ -52,15 +60,21 @@ class Checkpointer:
         self.wal_bytes = 0
         self.passes = 0
         self.catch_ups = 0
+        #: The cause of the failing passes, while they fail (logged once).
+        self._failing: str | None = None
 
-    def _pass(self, commits: Callable[[], int]) -> None:
+    def _connection(self) -> Conn:
         if self._conn is None:
             self._conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
             self._conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             self._conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+        return self._conn
+
+    def _pass(self, commits: Callable[[], int], mode: str = "PASSIVE") -> None:
+        conn = self._connection()
         before = commits()
-        _busy, log, done = self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        page = int(self._conn.execute("PRAGMA page_size").fetchone()[0])
+        _busy, log, done = conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
+        page = int(conn.execute("PRAGMA page_size").fetchone()[0])
         self.passes += 1
         # log == done and no commit since: every frame is in the database file, and the
         # next write restarts the WAL. Otherwise the WAL is at least `log` frames long.
@@ -75,12 +89,25 @@ class Checkpointer:
         except FileNotFoundError:
             return 0
 
-    def wake(self, commits: Callable[[], int]) -> None:
-        """Start a background pass unless one is queued or running; never blocks."""
+    def wake(self, commits: Callable[[], int]) -> bool:
+        """Start a background pass unless one is queued or running; never blocks. Whether
+        it started one."""
+        return self._submit(lambda: self._pass(commits))
+
+    def reclaim(self, commits: Callable[[], int]) -> None:
+        """After a write the disk had no room for: a TRUNCATE checkpoint in the background
+        (unless a pass is queued or running), which copies what the WAL holds and cuts its
+        file to nothing, giving its space back to the writes to come. It waits for the
+        write lock and for readers, so it is for this rare case only. On a disk still full
+        it fails (logged); the next write that fails asks again."""
+        self._submit(lambda: self._pass(commits, "TRUNCATE"))
+
+    def _submit(self, job: Callable[[], None]) -> bool:
         if self._pending is not None and not self._pending.done():
-            return
-        self._pending = self._pool.submit(self._pass, commits)
-        self._pending.add_done_callback(_log_failed_pass)
+            return False
+        self._pending = self._pool.submit(job)
+        self._pending.add_done_callback(self._log_failed_pass)
+        return True
 
     async def settle(self) -> None:
         """Wait for the running pass, if any (writers go on meanwhile)."""
@@ -95,6 +122,18 @@ class Checkpointer:
         self.catch_ups += 1
         await asyncio.wrap_future(self._pool.submit(self._pass, commits))
 
+    def _log_failed_pass(self, future: concurrent.futures.Future[None]) -> None:
+        # Once per run of failures, not per pass: on a full disk every failed write asks
+        # for a pass, and each fails the same way until space is freed.
+        exc = future.exception()
+        if exc is None:
+            if self._failing is not None:
+                log.info("WAL checkpoints work again (after: %s)", self._failing)
+                self._failing = None
+        elif str(exc) != self._failing:  # the next pass catches up
+            self._failing = str(exc)
+            log.warning("WAL checkpoint failed: %s", exc)
+
     async def close(self) -> None:
         def shut() -> None:
             self._pool.submit(self._close_conn).result()
@@ -106,9 +145,3 @@ class Checkpointer:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-
-
-def _log_failed_pass(future: concurrent.futures.Future[None]) -> None:
-    exc = future.exception()
-    if exc is not None:  # the next pass catches up
-        log.warning("WAL checkpoint failed: %s", exc)

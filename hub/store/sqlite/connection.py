@@ -3,13 +3,27 @@ its thread, the BEGIN/COMMIT wrappers, and the pragmas each connection is opened
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 import aiosqlite
 
-__all__ = ["BUSY_TIMEOUT_MS", "Conn", "Connection", "configure", "is_busy", "patient", "read_tx", "write_tx"]
+from protocol import StoreError, StoreUnavailable
+
+__all__ = [
+    "BUSY_TIMEOUT_MS",
+    "Conn",
+    "Connection",
+    "configure",
+    "is_busy",
+    "is_full",
+    "patient",
+    "read_tx",
+    "store_error",
+    "write_tx",
+]
 
 T = TypeVar("T")
 Conn = sqlite3.Connection
@@ -39,10 +53,14 @@ def in_tx(begin: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
             conn.execute(begin)
             try:
                 result = fn(conn, *args)
+                # COMMIT inside the try: one that fails (a full disk cannot take the WAL's
+                # frames) may leave the transaction open (SQLite rolls back some failures
+                # itself, not all), and then every later BEGIN would fail.
+                conn.execute("COMMIT")
             except BaseException:
-                conn.rollback()
+                with contextlib.suppress(sqlite3.Error):  # the first error is the one to tell
+                    conn.rollback()
                 raise
-            conn.execute("COMMIT")
             return result
 
         return run
@@ -84,3 +102,17 @@ def patient(fn: Callable[[Conn], T]) -> Callable[[Conn], T]:
 
 def is_busy(exc: sqlite3.Error) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
+
+
+def is_full(exc: sqlite3.Error) -> bool:
+    """SQLITE_FULL: the disk (or the temporary store) had no room for the change."""
+    return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+
+
+def store_error(exc: sqlite3.Error) -> StoreError:
+    """The typed error a failed statement answers. A full disk is ``unavailable``, not
+    ``internal``: the transaction was rolled back (``in_tx``), and the same write succeeds
+    once space is freed, so it is one to retry later."""
+    if is_full(exc):
+        return StoreUnavailable(f"sqlite: {exc}", "not_applied")
+    return StoreError(f"sqlite: {exc}")

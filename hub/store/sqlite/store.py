@@ -22,7 +22,6 @@ from protocol import (
     SearchResult,
     SessionInfo,
     StoreClosed,
-    StoreError,
 )
 
 from ...bus import Bus, MemoryBus
@@ -59,8 +58,8 @@ from ..policy import (
 from ..prune import check_prune
 from ..rows import SESSION_COLS, session_info, ts
 from . import checkpoint, maintenance, search, sql
-from .checkpoint import CHECKPOINT_EVERY, WAL_LIMIT_BYTES, Checkpointer
-from .connection import Conn, Connection, configure, is_busy, patient, read_tx, write_tx
+from .checkpoint import CHECKPOINT_EVERY, WAL_CHECKPOINT_BYTES, WAL_LIMIT_BYTES, Checkpointer
+from .connection import Conn, Connection, configure, is_busy, is_full, patient, read_tx, store_error, write_tx
 from .packing import stored_message
 from .schema import migrate
 from .tx import SqliteTx
@@ -92,6 +91,7 @@ class SqliteStore(Store):
         bus: Bus,
         synchronous: str = "NORMAL",
         wal_limit: int = WAL_LIMIT_BYTES,
+        wal_checkpoint: int = WAL_CHECKPOINT_BYTES,
     ) -> None:
         self.path = path
         self.bus = bus
@@ -104,6 +104,9 @@ class SqliteStore(Store):
         #: Set while one writer runs a catch-up; the others may wait on it (``_write``).
         self._caught_up: asyncio.Event | None = None
         self._wal_limit = wal_limit
+        self._wal_checkpoint = wal_checkpoint
+        #: The WAL's file size when a pass was last asked for (``_wal_grew``).
+        self._woken_at = 0
         if path != ":memory:":
             self._checkpointer = Checkpointer(path, synchronous)
 
@@ -123,14 +126,18 @@ class SqliteStore(Store):
         """
         path = str(path)
         memory = path == ":memory:"
-        # Read at each open, so that a test can lower the bound for the stores it opens.
+        # Read at each open, so that a test can lower the bounds for the stores it opens.
         wal_limit = checkpoint.WAL_LIMIT_BYTES
+        wal_checkpoint = checkpoint.WAL_CHECKPOINT_BYTES
+        # Never above the hard bound: past the file's cut-back size, its size is the WAL's
+        # length, which is what the catch-up test in ``_write`` reads.
+        file_limit = min(wal_checkpoint, wal_limit)
         writer = await aiosqlite.connect(path, isolation_level=None, check_same_thread=False)
         try:
             w = Connection(writer)
             if not memory:
                 await w.call(lambda c: c.execute("PRAGMA journal_mode = WAL").fetchone())
-            await w.call(lambda c: configure(c, synchronous=synchronous, reader=False, wal_limit=wal_limit))
+            await w.call(lambda c: configure(c, synchronous=synchronous, reader=False, wal_limit=file_limit))
             await w.call(migrate)
             if memory:
                 r = w
@@ -141,7 +148,7 @@ class SqliteStore(Store):
         except BaseException:
             await writer.close()
             raise
-        return cls(path, w, r, bus or MemoryBus(), synchronous, wal_limit)
+        return cls(path, w, r, bus or MemoryBus(), synchronous, wal_limit, wal_checkpoint)
 
     async def close(self) -> None:
         if self._closed:
@@ -190,16 +197,21 @@ class SqliteStore(Store):
                 else:
                     result = await self._writer.call(patient(write_tx(body)))
             except sqlite3.Error as exc:
-                raise StoreError(f"sqlite: {exc}") from exc
+                if is_full(exc) and self._checkpointer is not None:
+                    # What the WAL holds that the file has already is space to give back.
+                    self._checkpointer.reclaim(self._commit_count)
+                raise store_error(exc) from exc
             except UnicodeEncodeError as exc:  # binding a str with a lone surrogate
                 raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
         attempts[-1].ring(self.bus)
         self._commits += 1
         checkpointer = self._checkpointer
         if checkpointer is not None:
-            if self._commits % CHECKPOINT_EVERY == 0:
-                checkpointer.wake(self._commit_count)
             wal = checkpointer.wal_file_size()
+            if (self._commits % CHECKPOINT_EVERY == 0 or self._wal_grew(wal)) and checkpointer.wake(
+                self._commit_count
+            ):
+                self._woken_at = wal
             caught_up = self._caught_up
             if caught_up is None and wal > self._wal_limit:
                 # The bound on the WAL. This writer (committed already) runs the catch-up
@@ -225,6 +237,17 @@ class SqliteStore(Store):
                 await caught_up.wait()
         return result
 
+    def _wal_grew(self, wal: int) -> bool:
+        """Whether the WAL passed the checkpoint bound by a quarter of it since the last
+        pass was asked for (or restarted and passed it again). Up to the bound the file is
+        reused (``journal_size_limit``), and the commit count wakes the passes; past it
+        the file's size is the WAL's length, and a pass per quarter keeps what the database
+        file lacks near the bound without a pass (and its sync) after every commit."""
+        if wal <= self._wal_checkpoint:
+            return False
+        grown = wal - self._woken_at
+        return grown < 0 or grown >= self._wal_checkpoint // 4
+
     def _commit_count(self) -> int:
         return self._commits
 
@@ -234,7 +257,7 @@ class SqliteStore(Store):
         try:
             return await self._reader.call(read_tx(fn), *args)
         except sqlite3.Error as exc:
-            raise StoreError(f"sqlite: {exc}") from exc
+            raise store_error(exc) from exc
         except UnicodeEncodeError as exc:
             raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
 
@@ -253,9 +276,9 @@ class SqliteStore(Store):
         except sqlite3.OperationalError as exc:
             if is_busy(exc):
                 return None
-            raise StoreError(f"sqlite: {exc}") from exc
+            raise store_error(exc) from exc
         except sqlite3.Error as exc:
-            raise StoreError(f"sqlite: {exc}") from exc
+            raise store_error(exc) from exc
         except UnicodeEncodeError as exc:
             raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
 
