@@ -361,6 +361,27 @@ async def test_an_import_past_the_per_connection_bound_is_too_large(
         assert await empty.list_sessions() == []
 
 
+async def test_a_chunk_over_the_frame_limit_ends_the_import_in_progress(store: Store) -> None:
+    """A frame too large to read may have been the import's next chunk: the import ends
+    with nothing written, and the next import on the connection starts afresh instead of
+    continuing the broken one."""
+    await rich_session(store)
+    lines = await export_all(store)
+    async with (
+        await SqliteStore.open(":memory:") as empty,
+        served(manager=SessionManager(empty), config=HubConfig(max_frame_bytes=64 << 10)) as h,
+        h.client() as raw,
+    ):
+        first = await raw.request("import", lines=lines[:1], final=False)
+        assert first["result"] == {"lines": 1}
+        huge = json.dumps({"op": "import", "id": "huge", "lines": ["x" * (80 << 10)], "final": True})
+        await raw.send_raw(huge)
+        assert (await raw.answer("huge"))["code"] == "too_large"
+        done = await raw.request("import", lines=lines, final=True)
+        assert "result" in done, done
+        assert [s.id for s in await empty.list_sessions()] == [s.id for s in await store.list_sessions()]
+
+
 # -- all or nothing, every record checked first (issue 24, items 5-7) --------------------------
 
 

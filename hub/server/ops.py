@@ -77,6 +77,12 @@ def receive(ops: Mapping[str, Op], connection: Connection, data: str) -> None:
         return
     if isinstance(parsed, f.ErrorFrame):
         hub.metrics.bad_frames.labels(parsed.code).inc()
+        pending = connection.dump_import
+        if parsed.code == "too_large" and isinstance(pending, _Import) and not pending.writing:
+            # A frame too large to read may have been the import's next chunk: the dump
+            # cannot go on whole, so the import ends (nothing was written) rather than
+            # taking the next import's lines as its continuation.
+            connection.dump_import = None
         connection.spawn(connection.send(parsed))
         return
     if hub.config.auth_secret is not None and not allowed(connection, parsed):
