@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -21,6 +22,7 @@ from protocol import (
     SessionNotFound,
     StoreClosed,
     StoreError,
+    StoreUnavailable,
 )
 
 from ...bus import Bus, MemoryBus
@@ -41,6 +43,7 @@ from ..base import (
     check_usage,
     session_stream,
 )
+from ..faultlog import FaultLog
 from ..policy import (
     END_REASON,
     SEARCH_WINDOW,
@@ -54,6 +57,7 @@ from ..policy import (
 from ..prune import check_prune
 from ..rows import SESSION_COLS, decode_message, session_info, text_of
 from . import maintenance, sql
+from .errors import is_lost, translate
 from .keys import SESSION_KEY
 from .schema import lock_key, migrate
 from .tx import PostgresTx
@@ -64,6 +68,8 @@ if TYPE_CHECKING:
 __all__ = ["PostgresStore"]
 
 T = TypeVar("T")
+
+log = logging.getLogger("sessionhub.store")
 
 _decode = msgspec.json.Decoder().decode
 
@@ -77,10 +83,65 @@ class _Connection(asyncpg.Connection):
         return ""
 
 
-def _translate(exc: BaseException) -> BaseException:
-    if isinstance(exc, asyncpg.exceptions.DataError):
-        return InvalidInput(f"postgres refused the value: {exc}")
-    return StoreError(f"postgres: {exc}")
+#: What asyncpg raises: the server's errors, its own, and the socket's.
+_DRIVER_ERRORS = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    OSError,
+    TimeoutError,
+)
+
+
+class _Attempt:
+    """How far one run of a write transaction got, for the answer to its failure."""
+
+    __slots__ = ("committing", "gone")
+
+    def __init__(self) -> None:
+        self.committing = False  # its COMMIT was sent: it may have been applied
+        self.gone = False  # its connection died under it
+
+
+def _gone(conn: Conn) -> bool:
+    """Whether the connection is closed. The pool takes back (and detaches) a connection
+    that dies while in use, after which every call on it raises: that too is gone."""
+    try:
+        return conn.is_closed()
+    except asyncpg.InterfaceError:
+        return True
+
+
+def _healthy_after(exc: BaseException) -> bool:
+    """Whether a connection is idle and usable after ``exc``: the server answered with an
+    error, or the operation's own code raised between statements. Anything else (a
+    cancellation or a timeout mid-statement, a lost socket, the protocol confused) leaves
+    the connection in a state no later statement may meet."""
+    if isinstance(exc, asyncpg.PostgresError):
+        return not is_lost(exc)
+    return isinstance(exc, Exception) and not isinstance(exc, _DRIVER_ERRORS)
+
+
+def _terminate(conn: Conn) -> None:
+    # Closing the socket makes the server roll the transaction back, and the pool replaces
+    # the connection: nothing else can ever run on it, mid-operation or not.
+    with contextlib.suppress(asyncpg.InterfaceError):
+        conn.terminate()
+
+
+async def _abandon(conn: Conn, exc: BaseException) -> bool:
+    """Leave a failed transaction: ROLLBACK on a connection that can take it, else close
+    the connection. Returns whether the connection had died already."""
+    if _gone(conn):
+        return True
+    if _healthy_after(exc):
+        try:
+            await conn.execute("ROLLBACK")
+            return False
+        except _DRIVER_ERRORS:
+            pass
+    _terminate(conn)
+    return False
 
 
 class PostgresStore(Store):
@@ -91,6 +152,7 @@ class PostgresStore(Store):
         self.notify = notify
         self._pool = pool
         self._closed = False
+        self._faults = FaultLog("postgres")
 
     @classmethod
     async def connect(
@@ -141,31 +203,53 @@ class PostgresStore(Store):
     # -- plumbing ------------------------------------------------------------------------
     async def _write(self, fn: Callable[..., Awaitable[T]], *args: Any, lock: str | None = None) -> T:
         """Run ``fn(tx, *args)`` as one transaction (after locking session stream
-        ``lock``), send the doorbells inside it, commit, then ring the bus."""
+        ``lock``), send the doorbells inside it, commit, then ring the bus. A transaction
+        whose connection was lost before its COMMIT was sent never happened: it runs once
+        more, on a fresh connection."""
+        for again in (True, False):
+            attempt = _Attempt()
+            try:
+                result, tx = await self._transact(attempt, fn, args, lock)
+            except _DRIVER_ERRORS as exc:
+                if again and not attempt.committing and is_lost(exc, gone=attempt.gone) and not self._closed:
+                    continue
+                raise self._failure(exc, committing=attempt.committing, gone=attempt.gone) from exc
+            except UnicodeEncodeError as exc:  # a lone surrogate, in a lock key or a parameter
+                raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
+            self._faults.recovered()
+            tx.ring(self.bus)
+            return result
+        raise AssertionError("unreachable")
+
+    async def _transact(
+        self, attempt: _Attempt, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...], lock: str | None
+    ) -> tuple[T, PostgresTx]:
         if self._closed:
             raise StoreClosed("store is closed")
-        try:
-            async with self._pool.acquire() as conn:
-                tx = PostgresTx(conn)
+        async with self._pool.acquire() as conn:
+            tx = PostgresTx(conn)
+            try:
                 await conn.execute(
                     "BEGIN" if lock is None else f"BEGIN; SELECT pg_advisory_xact_lock({lock_key(lock)})"
                 )
-                try:
-                    result = await fn(tx, *args)
-                    await conn.execute(self._commit(tx))
-                except BaseException:
-                    if not conn.is_closed():
-                        with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
-                            await conn.execute("ROLLBACK")
-                    raise
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
-            if self._closed:
-                raise StoreClosed("store is closed") from exc
-            raise _translate(exc) from exc
-        except UnicodeEncodeError as exc:  # a lone surrogate, in a lock key or a parameter
-            raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
-        tx.ring(self.bus)
-        return result
+                result = await fn(tx, *args)
+                attempt.committing = True
+                await conn.execute(self._commit(tx))
+            except BaseException as exc:
+                attempt.gone = await _abandon(conn, exc)
+                raise
+            return result, tx
+
+    def _failure(self, exc: BaseException, *, committing: bool = False, gone: bool = False) -> BaseException:
+        """The answer to a driver error (its one log line included, for an outage)."""
+        if self._closed:
+            return StoreClosed("store is closed")
+        error = translate(exc, committing=committing, gone=gone)
+        if isinstance(error, StoreUnavailable):
+            self._faults.failed(str(error))
+        elif not isinstance(error, InvalidInput):
+            log.error("postgres failed: %r", exc)
+        return error
 
     async def analyze(self) -> None:
         """Refresh the planner's statistics of the store's tables. Autovacuum does it soon
@@ -189,17 +273,30 @@ class PostgresStore(Store):
         return notices + "COMMIT"
 
     async def _read(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        if self._closed:
-            raise StoreClosed("store is closed")
-        try:
-            async with self._pool.acquire() as conn:
-                return await fn(conn, *args)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+        """Run ``fn(conn, *args)``; a read whose connection was lost runs once more, on a
+        fresh connection."""
+        for again in (True, False):
             if self._closed:
-                raise StoreClosed("store is closed") from exc
-            raise _translate(exc) from exc
-        except UnicodeEncodeError as exc:  # a lone surrogate, in a lock key or a parameter
-            raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
+                raise StoreClosed("store is closed")
+            attempt = _Attempt()
+            try:
+                async with self._pool.acquire() as conn:
+                    try:
+                        result = await fn(conn, *args)
+                    except BaseException as exc:
+                        attempt.gone = _gone(conn)
+                        if not attempt.gone and not _healthy_after(exc):
+                            _terminate(conn)
+                        raise
+            except _DRIVER_ERRORS as exc:
+                if again and is_lost(exc, gone=attempt.gone) and not self._closed:
+                    continue
+                raise self._failure(exc, gone=attempt.gone) from exc
+            except UnicodeEncodeError as exc:
+                raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
+            self._faults.recovered()
+            return result
+        raise AssertionError("unreachable")
 
     # -- messages ------------------------------------------------------------------------
     async def append_messages(
