@@ -63,6 +63,9 @@ class HubConfig:
     retain_events: float | None = None
     retain_events_per_session: int | None = None
     retention_interval: float = 60.0
+    #: How long a subscription retries a failed read of the log (the database restarting)
+    #: before it ends with an ``unsubscribed`` frame (hub/server/subscriptions.py).
+    subscription_retry: float = 10.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -80,6 +83,13 @@ class HubConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"HubConfig.{name} must be at least 1, not {getattr(self, name)}")
-        for name in ("send_timeout", "close_grace", "shutdown_grace", "turn_timeout", "chat_keepalive"):
+        for name in (
+            "send_timeout",
+            "close_grace",
+            "shutdown_grace",
+            "turn_timeout",
+            "chat_keepalive",
+            "subscription_retry",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"HubConfig.{name} must be more than 0, not {getattr(self, name)}")

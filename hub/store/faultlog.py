@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 __all__ = ["FaultLog"]
 
@@ -20,10 +21,13 @@ class FaultLog:
     """The outage state of one store: :meth:`failed` on each unreachable-database error,
     :meth:`recovered` on each operation that worked."""
 
-    __slots__ = ("_down_since", "_every", "_failures", "_label", "_last_line")
+    __slots__ = ("_down_since", "_every", "_failures", "_label", "_last_line", "_on_recovery")
 
-    def __init__(self, label: str, *, every: float = 10.0) -> None:
+    def __init__(
+        self, label: str, *, every: float = 10.0, on_recovery: Callable[[], None] | None = None
+    ) -> None:
         self._label = label
+        self._on_recovery = on_recovery
         self._every = every  # at most one line per this many seconds while it stays down
         self._down_since: float | None = None
         self._last_line = 0.0
@@ -60,3 +64,5 @@ class FaultLog:
         )
         self._down_since = None
         self._failures = 0
+        if self._on_recovery is not None:
+            self._on_recovery()

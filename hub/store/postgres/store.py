@@ -25,7 +25,7 @@ from protocol import (
     StoreUnavailable,
 )
 
-from ...bus import Bus, MemoryBus
+from ...bus import Bus, MemoryBus, RemoteBus
 from ...bus.doorbell import CHANNEL
 from ...bus.doorbell import encode as doorbell
 from ...fts import fts_text, fts_words
@@ -152,7 +152,7 @@ class PostgresStore(Store):
         self.notify = notify
         self._pool = pool
         self._closed = False
-        self._faults = FaultLog("postgres")
+        self._faults = FaultLog("postgres", on_recovery=self._recovered)
 
     @classmethod
     async def connect(
@@ -190,6 +190,10 @@ class PostgresStore(Store):
                 raise StoreError(f"postgres: cannot migrate: {exc}") from exc
             raise
         return cls(pool, bus or MemoryBus(), notify=notify)
+
+    def _recovered(self) -> None:
+        if isinstance(self.bus, RemoteBus):  # its listener is on the same server
+            self.bus.retry_soon()
 
     async def close(self) -> None:
         if self._closed:
