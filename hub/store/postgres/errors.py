@@ -11,12 +11,14 @@ committed (``unknown``), and saying "rolled back" then would be a lie.
 
 from __future__ import annotations
 
+import logging
+
 import asyncpg
 from asyncpg import exceptions as pg
 
 from protocol import InvalidInput, StoreError, StoreUnavailable
 
-__all__ = ["is_lost", "is_unreachable", "translate"]
+__all__ = ["install_log_filter", "is_lost", "is_unreachable", "translate"]
 
 #: Errors after which the connection is gone: a retry needs a fresh one.
 _LOST: tuple[type[BaseException], ...] = (
@@ -93,3 +95,26 @@ def translate(
     if isinstance(exc, asyncpg.PostgresError):
         return StoreError(f"postgres: {exc} (SQLSTATE {exc.sqlstate}); rolled back")
     return StoreError(f"postgres: {type(exc).__name__}; rolled back")
+
+
+class _OneLine(logging.Filter):
+    """asyncpg's pool logs a traceback each time it fails to reconnect its floor of
+    connections (``min_size``): while the server is down, that is expected, and the cause
+    is one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and is_unreachable(exc):
+            record.msg = f"{record.getMessage()} ({cause(exc)})"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def install_log_filter() -> None:
+    """Put the filter on asyncpg's pool logger (once: calling again is a no-op). On the
+    logger itself, so that it holds whatever handlers a logging configuration installs."""
+    logger = logging.getLogger("asyncpg.pool")
+    if not any(isinstance(f, _OneLine) for f in logger.filters):
+        logger.addFilter(_OneLine())

@@ -57,7 +57,7 @@ from ..policy import (
 from ..prune import check_prune
 from ..rows import SESSION_COLS, decode_message, session_info, text_of
 from . import maintenance, sql
-from .errors import is_lost, translate
+from .errors import install_log_filter, is_lost, translate
 from .keys import SESSION_KEY
 from .schema import lock_key, migrate
 from .tx import PostgresTx
@@ -171,6 +171,7 @@ class PostgresStore(Store):
         transaction, for the hub nodes listening on :data:`hub.bus.doorbell.CHANNEL`.
         ``server_settings`` (e.g. ``{"search_path": "tenant_a"}``) apply to every connection.
         """
+        install_log_filter()
         try:
             pool = await asyncpg.create_pool(
                 dsn,
