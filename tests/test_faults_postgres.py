@@ -19,7 +19,9 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
+import asyncpg
 import httpx2
 import pytest
 from websockets.asyncio.client import connect
@@ -27,10 +29,11 @@ from websockets.asyncio.client import connect
 from clients import HubClient
 from hub import PostgresStore
 from hub.store import session_stream
-from protocol import Event, Message
+from protocol import Event, Message, SessionHubError, StoreUnavailable
 
-from .faults import ScratchPostgres, scratch_postgres
-from .nodes import Node
+from .faults import ScratchPostgres, TcpProxy, scratch_postgres
+from .nodes import Node, scratch_database
+from .services import postgres_dsn
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -302,3 +305,95 @@ async def test_postgres_killed_under_load_loses_nothing() -> None:
         assert lost == 0 and answered_but_stored == 0
         assert not tally.other, tally.other
         assert not tracebacks(node), "".join(node.log[-40:])
+
+
+# -- the store itself, on the machine's Postgres ------------------------------------------
+
+
+def through(proxy: TcpProxy, dsn: str) -> str:
+    parts = urlsplit(dsn)
+    user = f"{parts.username}@" if parts.username else ""
+    return urlunsplit(parts._replace(netloc=f"{user}{proxy.address[0]}:{proxy.address[1]}"))
+
+
+async def test_store_connections_cut_under_load_answer_unavailable_with_the_truth() -> None:
+    """Every connection of the store reset (RST) five times under write load: each failed
+    write says ``unavailable`` with an outcome (never ``internal``, never the driver's
+    text), none answered ``not_applied`` is stored, and an acknowledged one is never lost."""
+    async with scratch_database(postgres_dsn(), "sessionhub_cut") as dsn:
+        upstream = urlsplit(dsn)
+        async with TcpProxy((upstream.hostname or "127.0.0.1", upstream.port or 5432)) as proxy:
+            store = await PostgresStore.connect(through(proxy, dsn), max_size=4)
+            try:
+                sessions = [(await store.create_session(f"s{w}")).id for w in range(WRITERS)]
+                tally, stop = Tally(), asyncio.Event()
+
+                async def write(w: int) -> None:
+                    i = 0
+                    while not stop.is_set():
+                        mid = f"w{w}-{i}"
+                        i += 1
+                        try:
+                            await store.append_messages(sessions[w], [Message.from_dict(text_message(mid))])
+                            tally.acked.add(mid)
+                        except StoreUnavailable as exc:
+                            assert "asyncpg" not in str(exc) and "pool" not in str(exc), exc
+                            (tally.unknown if exc.outcome == "unknown" else tally.not_applied).add(mid)
+                        except SessionHubError as exc:
+                            tally.other[f"{exc.code}: {exc}"[:100]] += 1
+
+                tasks = [asyncio.create_task(write(w)) for w in range(WRITERS)]
+                for _ in range(5):
+                    await asyncio.sleep(0.2)
+                    proxy.cut()
+                await asyncio.sleep(0.2)
+                stop.set()
+                await asyncio.gather(*tasks)
+                stored = set()
+                for sid in sessions:
+                    stored |= {m.message.id for m in (await store.dump_session(sid)).messages}
+            finally:
+                await store.close()
+        lost, answered_but_stored = report("store connections cut 5 times", tally, stored, 0.0)
+        assert lost == 0 and answered_but_stored == 0
+        assert not tally.other, tally.other
+        assert tally.not_applied or tally.unknown  # the cuts were felt
+
+
+async def test_a_write_cut_while_committing_is_answered_unknown_and_a_retry_tells() -> None:
+    """The connection dies while the server runs the COMMIT: the store cannot know whether
+    it committed, and says so (``unknown``), never "rolled back"; appending the same id
+    again tells (here: it was not applied, so the retry inserts it)."""
+    async with scratch_database(postgres_dsn(), "sessionhub_commit") as dsn:
+        store = await PostgresStore.connect(dsn, max_size=2)
+        admin = await asyncpg.connect(dsn)
+        try:
+            sid = (await store.create_session("s")).id
+            # A deferred constraint trigger runs inside COMMIT: it holds the commit open
+            # long enough to end the connection right then.
+            await admin.execute(
+                "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN PERFORM pg_sleep(30); RETURN NULL; END $$;"
+                "CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON messages "
+                "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()"
+            )
+            writing = asyncio.create_task(store.append_messages(sid, [Message.from_dict(text_message("m1"))]))
+            async with asyncio.timeout(10):
+                while not (
+                    pid := await admin.fetchval(
+                        "SELECT pid FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
+                        "AND datname = current_database()"
+                    )
+                ):
+                    await asyncio.sleep(0.02)
+            await admin.execute("SELECT pg_terminate_backend($1)", pid)
+            with pytest.raises(StoreUnavailable) as failed:
+                await writing
+            assert failed.value.outcome == "unknown"
+            assert failed.value.code == "unavailable"
+            await admin.execute("DROP TRIGGER slow_commit ON messages")
+            retried = await store.append_messages(sid, [Message.from_dict(text_message("m1"))])
+            assert retried.inserted == ["m1"]  # the truth: the first one was not applied
+        finally:
+            await admin.close()
+            await store.close()
