@@ -397,3 +397,43 @@ async def test_a_write_cut_while_committing_is_answered_unknown_and_a_retry_tell
         finally:
             await admin.close()
             await store.close()
+
+
+async def test_a_subscription_the_hub_gives_up_on_is_resumed_by_the_client(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With ``--subscription-retry`` shorter than the outage, the hub ends a catching-up
+    subscription with an ``unsubscribed`` frame (again and again while the database stays
+    down); ``HubClient`` subscribes again from its position each time and, once the
+    database is back, has every event exactly once."""
+    async with scratch_postgres() as pg, loaded_node(pg, "--subscription-retry", "0.3") as (node, _, backlog):
+        last = await prefill(pg.dsn, backlog)
+        seqs: list[int] = []
+        async with HubClient(node.ws_url) as client:
+
+            async def read() -> None:
+                async for event in client.subscribe(backlog):
+                    seqs.append(event.seq)
+                    if event.seq == last:
+                        return
+                    if len(seqs) % 20 == 0:
+                        await asyncio.sleep(0.01)
+
+            reading = asyncio.create_task(read())
+            while len(seqs) < 200:
+                await asyncio.sleep(0.01)
+            await pg.stop()
+            at_stop = len(seqs)
+            await asyncio.sleep(2.0)
+            await pg.start()
+            async with asyncio.timeout(30):
+                await reading
+        ended = sum("ended the subscription" in r.getMessage() for r in caplog.records)
+        gaps, duplicates = assert_exact(seqs, last)
+        print(
+            f"\nsubscription given up on: {len(seqs)}/{last} events (at the stop {at_stop}), "
+            f"unsubscribed frames {ended}, gaps {gaps}, duplicates {duplicates}"
+        )
+        assert ended >= 1  # the hub did give up, and the client resubscribed
+        assert gaps == duplicates == 0
+        assert not tracebacks(node), "".join(node.log[-40:])

@@ -78,9 +78,10 @@ def cause(exc: BaseException) -> str:
 
 
 def translate(
-    exc: BaseException, *, committing: bool = False, gone: bool = False
+    exc: BaseException, *, write: bool = False, committing: bool = False, gone: bool = False
 ) -> StoreError | InvalidInput:
-    """The store's answer to ``exc``; ``committing``: the write's COMMIT had been sent."""
+    """The store's answer to ``exc``, raised by a read or a ``write`` (``committing``: its
+    COMMIT had been sent; ``gone``: its connection was found dead)."""
     if isinstance(exc, pg.DataError):
         return InvalidInput(f"postgres refused the value: {exc}")
     if is_unreachable(exc, gone=gone):
@@ -91,7 +92,8 @@ def translate(
                 "applied (an idempotent retry tells)",
                 "unknown",
             )
-        return StoreUnavailable(f"postgres unavailable: {cause(exc)}; nothing was written", "not_applied")
+        written = "; nothing was written" if write else ""
+        return StoreUnavailable(f"postgres unavailable: {cause(exc)}{written}", "not_applied")
     if isinstance(exc, asyncpg.PostgresError):
         return StoreError(f"postgres: {exc} (SQLSTATE {exc.sqlstate}); rolled back")
     return StoreError(f"postgres: {type(exc).__name__}; rolled back")

@@ -218,7 +218,9 @@ class PostgresStore(Store):
             except _DRIVER_ERRORS as exc:
                 if again and not attempt.committing and is_lost(exc, gone=attempt.gone) and not self._closed:
                     continue
-                raise self._failure(exc, committing=attempt.committing, gone=attempt.gone) from exc
+                raise self._failure(
+                    exc, write=True, committing=attempt.committing, gone=attempt.gone
+                ) from exc
             except UnicodeEncodeError as exc:  # a lone surrogate, in a lock key or a parameter
                 raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
             self._faults.recovered()
@@ -245,11 +247,13 @@ class PostgresStore(Store):
                 raise
             return result, tx
 
-    def _failure(self, exc: BaseException, *, committing: bool = False, gone: bool = False) -> BaseException:
+    def _failure(
+        self, exc: BaseException, *, write: bool = False, committing: bool = False, gone: bool = False
+    ) -> BaseException:
         """The answer to a driver error (its one log line included, for an outage)."""
         if self._closed:
             return StoreClosed("store is closed")
-        error = translate(exc, committing=committing, gone=gone)
+        error = translate(exc, write=write, committing=committing, gone=gone)
         if isinstance(error, StoreUnavailable):
             self._faults.failed(str(error))
         elif not isinstance(error, InvalidInput):
