@@ -337,8 +337,10 @@ async def test_store_connections_cut_under_load_answer_unavailable_with_the_trut
                             await store.append_messages(sessions[w], [Message.from_dict(text_message(mid))])
                             tally.acked.add(mid)
                         except StoreUnavailable as exc:
-                            assert "asyncpg" not in str(exc) and "pool" not in str(exc), exc
                             (tally.unknown if exc.outcome == "unknown" else tally.not_applied).add(mid)
+                            raw = "asyncpg" in str(exc) or "pool" in str(exc)  # the driver's own text
+                            if raw:
+                                tally.other[f"raw: {exc}"[:100]] += 1
                         except SessionHubError as exc:
                             tally.other[f"{exc.code}: {exc}"[:100]] += 1
 

@@ -22,7 +22,6 @@ from protocol import (
     SearchResult,
     SessionInfo,
     StoreClosed,
-    StoreError,
 )
 
 from ...bus import Bus, MemoryBus
@@ -61,6 +60,7 @@ from ..rows import SESSION_COLS, session_info, ts
 from . import checkpoint, maintenance, search, sql
 from .checkpoint import CHECKPOINT_EVERY, WAL_LIMIT_BYTES, Checkpointer
 from .connection import Conn, Connection, configure, is_busy, patient, read_tx, write_tx
+from .errors import translate
 from .packing import stored_message
 from .schema import migrate
 from .tx import SqliteTx
@@ -190,7 +190,7 @@ class SqliteStore(Store):
                 else:
                     result = await self._writer.call(patient(write_tx(body)))
             except sqlite3.Error as exc:
-                raise StoreError(f"sqlite: {exc}") from exc
+                raise translate(exc, write=True) from exc
             except UnicodeEncodeError as exc:  # binding a str with a lone surrogate
                 raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
         attempts[-1].ring(self.bus)
@@ -234,7 +234,7 @@ class SqliteStore(Store):
         try:
             return await self._reader.call(read_tx(fn), *args)
         except sqlite3.Error as exc:
-            raise StoreError(f"sqlite: {exc}") from exc
+            raise translate(exc) from exc
         except UnicodeEncodeError as exc:
             raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
 
@@ -253,9 +253,9 @@ class SqliteStore(Store):
         except sqlite3.OperationalError as exc:
             if is_busy(exc):
                 return None
-            raise StoreError(f"sqlite: {exc}") from exc
+            raise translate(exc) from exc
         except sqlite3.Error as exc:
-            raise StoreError(f"sqlite: {exc}") from exc
+            raise translate(exc) from exc
         except UnicodeEncodeError as exc:
             raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
 
