@@ -153,13 +153,14 @@ def assert_exact(seqs: list[int], last: int) -> tuple[int, int]:
 
 def report(name: str, tally: Tally, stored: set[str], recover: float | None, **more: Any) -> tuple[int, int]:
     lost = len(tally.acked - stored)
+    recovered = "n/a" if recover is None else f"{recover:.3f} s"
     answered_but_stored = len(tally.not_applied & stored)
     print(
         f"\n{name}: acknowledged {len(tally.acked)}, lost {lost}, "
         f"answered not_applied {len(tally.not_applied)} "
         f"(stored anyway {answered_but_stored}), "
         f"answered unknown {len(tally.unknown)} (stored {len(tally.unknown & stored)}), "
-        f"other errors {dict(tally.other)}, time to recover {'n/a' if recover is None else f'{recover:.3f} s'}"
+        f"other errors {dict(tally.other)}, time to recover {recovered}"
         + "".join(f", {k.replace('_', ' ')} {v}" for k, v in more.items())
     )
     return lost, answered_but_stored
