@@ -741,7 +741,7 @@ export class HubClient {
         const sub = this.subscriptions.get(effect.key);
         if (!sub) return;
         const socket = this.socket;
-        setTimeout(() => {
+        this.timers.setTimeout(() => {
           // Unless the caller left it, or the socket went (a reconnect resubscribes anyway).
           if (this.subscriptions.get(effect.key) !== sub || this.socket !== socket || !this.socketOpen()) return;
           if (!this.protocol.positions.has(effect.key)) return;
