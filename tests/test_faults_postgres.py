@@ -282,6 +282,10 @@ async def test_postgres_stopped_answers_unavailable_and_json_health_then_recover
             healthz_ok_after=f"{healthy_again:.3f} s",
             log_lines=len([line for line in node.log if "postgres" in line and "unavailable" in line]),
         )
+        print(
+            "the node's log, access lines apart:\n"
+            + "".join(line for line in node.log if "HTTP/1.1" not in line)
+        )
         assert lost == 0 and answered_but_stored == 0
         assert not tally.other, tally.other  # every refusal during the stop is "unavailable"
         assert len(tally.not_applied) > 10

@@ -147,6 +147,7 @@ class RemoteBus(MemoryBus, abc.ABC):
             self.wake_all()  # start polling now rather than at the next poll tick
             await self._disconnect()
             delay = 0.05
+            level = logging.WARNING  # the first failed attempt says so; the rest are expected
             while not self._closing:
                 try:
                     await asyncio.wait_for(self._connect(), 10.0)
@@ -154,9 +155,10 @@ class RemoteBus(MemoryBus, abc.ABC):
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    log.warning(
-                        "%s: reconnect failed (%s); retrying in %.2fs", type(self).__name__, exc, delay
+                    log.log(
+                        level, "%s: reconnect failed (%s); retrying in %.2fs", type(self).__name__, exc, delay
                     )
+                    level = logging.DEBUG
                     await self._disconnect()
                     self._retry_now.clear()
                     with contextlib.suppress(TimeoutError):

@@ -38,11 +38,12 @@ class FaultLog:
         return self._down_since is not None
 
     def failed(self, cause: str) -> None:
+        """``cause``: the error's one line, as the caller was answered."""
         now = time.monotonic()
         self._failures += 1
         if self._down_since is None:
             self._down_since = self._last_line = now
-            log.warning("%s unavailable: %s", self._label, cause)
+            log.warning("%s", cause)
         elif now - self._last_line >= self._every:
             self._last_line = now
             log.warning(

@@ -102,15 +102,24 @@ def translate(
 class _OneLine(logging.Filter):
     """asyncpg's pool logs a traceback each time it fails to reconnect its floor of
     connections (``min_size``): while the server is down, that is expected, and the cause
-    is one line."""
+    is one line, at most one per ``window`` seconds (the store logs the outage itself)."""
+
+    def __init__(self, window: float = 60.0) -> None:
+        super().__init__("sessionhub.asyncpg-outage")
+        self.window = window
+        self._last = -window
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if exc is not None and is_unreachable(exc):
-            record.msg = f"{record.getMessage()} ({cause(exc)})"
-            record.args = None
-            record.exc_info = None
-            record.exc_text = None
+        if exc is None or not is_unreachable(exc):
+            return True
+        if record.created - self._last < self.window:
+            return False
+        self._last = record.created
+        record.msg = f"{record.getMessage()} ({cause(exc)}; at most one such line per {self.window:g} s)"
+        record.args = None
+        record.exc_info = None
+        record.exc_text = None
         return True
 
 
