@@ -71,7 +71,7 @@ async def follow(connection: Connection, request: f.Subscribe) -> None:
             position = await patiently(connection, lambda: store.stream_position(stream))
             if position.last_seq == 0:
                 raise SessionNotFound(key)
-        tail = await connection.hub.tails.acquire(stream)
+        tail = await patiently(connection, lambda: connection.hub.tails.acquire(stream))
     except StoreError as exc:
         await ended(connection, key, exc)
         return
