@@ -271,7 +271,12 @@ async def test_postgres_stopped_answers_unavailable_and_json_health_then_recover
         await prober
         stored = await stored_ids(pg.dsn, live)
         recover = (tally.first_ack_after(back) or back) - back
-        healthy_again = next(t for t, status, _ in health if t >= back and status == 200) - back
+        healthy_again = (
+            next(
+                t for t, status, body in health if t >= back and status == 200 and body["path"] == "/healthz"
+            )
+            - back
+        )
         down = [(status, body) for t, status, body in health if stopped_at + 0.5 <= t < back - 0.2]
         lost, answered_but_stored = report(
             "postgres stopped 3 s",
