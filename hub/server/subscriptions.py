@@ -238,7 +238,10 @@ async def patiently(connection: Connection, read: Callable[[], Awaitable[T]]) ->
 async def ended(connection: Connection, key: StreamKey, exc: StoreError) -> None:
     """Tell the client its subscription ended because the log could not be read: it
     subscribes again from where it is."""
-    code = exc.code if exc.code in f.ERROR_CODES else "internal"
+    # A closed store is the hub shutting down: "unavailable" too, as for its requests.
+    code = "unavailable" if isinstance(exc, StoreClosed) else exc.code
+    if code not in f.ERROR_CODES:
+        code = "internal"
     with contextlib.suppress(Evicted):
         await connection.send(
             f.UnsubscribedFrame(
