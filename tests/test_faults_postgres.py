@@ -84,16 +84,17 @@ async def writer(url: str, session_id: str, w: int, tally: Tally, stop: asyncio.
             await asyncio.sleep(0.01)  # the database is down: do not spin
 
 
-async def catch_up(url: str, session_id: str, last_seq: int, seqs: list[int]) -> None:
-    """Subscribe from 0 and read the backlog slowly (so a fault lands mid catch-up)."""
+async def catch_up(
+    url: str, session_id: str, last_seq: int, seqs: list[int], replied: asyncio.Event | None = None
+) -> None:
+    """Subscribe from 0 and read the backlog to its end (resubscribing if the hub ends the
+    subscription), every seq received in ``seqs``; ``replied`` is set at the first reply."""
     async with connect(url, max_size=None) as ws:
         await ws.send(json.dumps({"op": "subscribe", "id": 1, "session_id": session_id, "after_seq": 0}))
         while not seqs or seqs[-1] < last_seq:
             frame = json.loads(await ws.recv())
             if frame["frame"] == "event":
                 seqs.append(frame["seq"])
-                if len(seqs) % 20 == 0:
-                    await asyncio.sleep(0.01)
             elif frame["frame"] == "unsubscribed":  # the hub gave up: resume where we are
                 after = seqs[-1] if seqs else 0
                 await ws.send(
@@ -103,6 +104,8 @@ async def catch_up(url: str, session_id: str, last_seq: int, seqs: list[int]) ->
                 )
             else:
                 assert frame["frame"] == "reply", frame
+                if replied is not None:
+                    replied.set()
 
 
 async def follow(client: HubClient, session_id: str, events: list[Event]) -> None:
@@ -186,6 +189,28 @@ async def under_load(
     return tally, back
 
 
+async def hold_the_log(dsn: str) -> asyncpg.Connection:
+    """A connection holding the events table locked: a catch-up's read of the log then
+    waits on the lock, and a fault cuts it in flight. (Unlocked, the hub reads a whole
+    backlog ahead into the sockets' buffers within a second, and no fault meets a read.)"""
+    holder = await asyncpg.connect(dsn)
+    await holder.execute("BEGIN; LOCK TABLE events IN ACCESS EXCLUSIVE MODE")
+    return holder
+
+
+async def until_a_read_waits(
+    holder: asyncpg.Connection, starting: str = "SELECT s.epoch, s.first_seq"
+) -> None:
+    """Until a read of the hub waits on the lock (by default a ``read_events``)."""
+    async with asyncio.timeout(10):
+        while not await holder.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND ltrim(query, E' \\n') LIKE $1 || '%'",
+            starting,
+        ):
+            await asyncio.sleep(0.02)
+
+
 def tracebacks(node: Node) -> list[str]:
     return [line for line in node.log if "Traceback" in line or "Task exception was never retrieved" in line]
 
@@ -196,17 +221,25 @@ async def test_postgres_restarted_under_load_loses_nothing_and_a_catching_up_sub
         seqs: list[int] = []
         events: list[Event] = []
         async with HubClient(node.ws_url) as client:
-            catching_up = asyncio.create_task(catch_up(node.ws_url, backlog, last, seqs))
             following = asyncio.create_task(follow(client, live, events))
-            while len(seqs) < 200:  # the catch-up is under way
-                await asyncio.sleep(0.01)
+            catching_up: asyncio.Task[None] | None = None
 
             async def restart() -> float:
-                await pg.restart()
+                # The subscriber comes while the log is held: the hub answers its subscribe
+                # (other tables) and its first read of the backlog waits, cut by the restart.
+                nonlocal catching_up
+                holder = await hold_the_log(pg.dsn)
+                replied = asyncio.Event()
+                catching_up = asyncio.create_task(catch_up(node.ws_url, backlog, last, seqs, replied))
+                async with asyncio.timeout(10):
+                    await replied.wait()
+                await until_a_read_waits(holder)
+                await pg.restart()  # the holder's connection goes with it
+                holder.terminate()
                 return time.monotonic()
 
             tally, back = await under_load(node, live, restart, seconds=0.5)
-            at_restart = len(seqs)
+            assert catching_up is not None
             async with asyncio.timeout(30):
                 await catching_up
             stored = await stored_ids(pg.dsn, live)
@@ -225,7 +258,7 @@ async def test_postgres_restarted_under_load_loses_nothing_and_a_catching_up_sub
             tally,
             stored,
             recover,
-            backlog_events=f"{len(seqs)}/{last} (at the restart {at_restart})",
+            backlog_events=f"{len(seqs)}/{last}",
             gaps=gaps + live_gaps,
             duplicates=duplicates + live_duplicates,
         )
@@ -433,10 +466,12 @@ async def test_a_subscription_the_hub_gives_up_on_is_resumed_by_the_client(
                     if len(seqs) % 20 == 0:
                         await asyncio.sleep(0.01)
 
+            holder = await hold_the_log(pg.dsn)
             reading = asyncio.create_task(read())
-            while len(seqs) < 200:
-                await asyncio.sleep(0.01)
+            # (Here the read that waits is the subscribe's own, of the stream's position.)
+            await until_a_read_waits(holder, "SELECT")
             await pg.stop()
+            holder.terminate()
             at_stop = len(seqs)
             await asyncio.sleep(2.0)
             await pg.start()
