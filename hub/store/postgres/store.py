@@ -119,6 +119,8 @@ def _healthy_after(exc: BaseException) -> bool:
     the connection in a state no later statement may meet."""
     if isinstance(exc, asyncpg.PostgresError):
         return not is_lost(exc)
+    if isinstance(exc, asyncpg.exceptions.DataError):  # a value asyncpg refused to encode: nothing sent
+        return True
     return isinstance(exc, Exception) and not isinstance(exc, _DRIVER_ERRORS)
 
 
