@@ -27,7 +27,7 @@ import inspect
 import logging
 import random
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
@@ -56,6 +56,7 @@ from protocol.connection import (
     SummaryWanted,
     TurnGiven,
     TurnStopped,
+    Unsubscribed,
 )
 from protocol.frames import EventFrame, PresenceFrame, StreamFrame, SummarizeFrame
 
@@ -73,6 +74,9 @@ MAX_FRAME_BYTES = 16 * 1024 * 1024
 _FIRST_BACKOFF = 0.05
 #: A connection that stayed up this long resets the backoff: the next reconnect is immediate.
 _STABLE_AFTER = 1.0
+#: How long the client waits before it subscribes again to a stream the hub ended because it
+#: could not read the log (an ``unsubscribed`` frame): the database is likely still down.
+_RESUBSCRIBE_AFTER = 1.0
 
 #: What a failed attempt to open a socket raises when another attempt may succeed: the hub
 #: unreachable, a handshake it answered with a non-101 status other than 401/403, or a close
@@ -668,14 +672,15 @@ class HubClient:
                 return
             with contextlib.suppress(ConnectionClosed):
                 await socket.send(effect.resubscribe[1], text=True)
+        elif isinstance(effect, Unsubscribed):
+            log.warning("the hub ended the subscription to %s: %s", effect.key, effect.frame.message)
+            self._spawn(self._resubscribe_later(socket, effect.key))
         elif isinstance(effect, PresenceChanged):
             await _notify(self.on_presence, effect.frame)
         elif isinstance(effect, Streamed):
             await _notify(self.on_stream, effect.frame)
         elif isinstance(effect, SummaryWanted):
-            task = asyncio.get_running_loop().create_task(self._write_summary(socket, effect.frame))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._spawn(self._write_summary(socket, effect.frame))
         elif isinstance(effect, TurnGiven):
             if self._turns is not None:
                 self._turns.given(effect.frame)
@@ -691,6 +696,25 @@ class HubClient:
         batches = self._batches.get(rid)
         if batches is not None:
             batches.put_nowait(_END)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _resubscribe_later(self, socket: Socket, key: StreamKey) -> None:
+        """Follow ``key`` again from its position after a pause, unless the loop left it
+        meanwhile or the socket went (a reconnect resubscribes by itself)."""
+        await asyncio.sleep(_RESUBSCRIBE_AFTER)
+        if (
+            self._socket is not socket
+            or key not in self._subscriptions
+            or key not in self._protocol.positions
+        ):
+            return
+        _, data = self._protocol.subscribe(key)
+        with contextlib.suppress(ConnectionClosed):
+            await socket.send(data, text=True)
 
     async def _write_summary(self, socket: Socket, frame: SummarizeFrame) -> None:
         """Answer the hub's ``summarize`` frame with this worker's summary (or its error)."""

@@ -162,6 +162,13 @@ def _parser() -> argparse.ArgumentParser:
         default=30.0,
         help="how long a chat turn waits for a responder to start answering (default: %(default)s s)",
     )
+    serve.add_argument(
+        "--subscription-retry",
+        type=float,
+        default=10.0,
+        help="how long a subscription retries a failed read of the log before it ends with "
+        "an unsubscribed frame, in s (default: %(default)s)",
+    )
 
     serve.add_argument(
         "--retain-events",
@@ -438,6 +445,7 @@ def _serve(args: argparse.Namespace) -> int:
             send_timeout=args.send_timeout,
             turn_timeout=args.turn_timeout,
             store_outage_close=args.store_outage_close or None,
+            subscription_retry=args.subscription_retry,
             retain_events=args.retain_events,
             retain_events_per_session=args.retain_events_per_session,
         )

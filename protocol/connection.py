@@ -32,6 +32,7 @@ from .frames import (
     TurnFrame,
     TurnStoppedFrame,
     Unsubscribe,
+    UnsubscribedFrame,
 )
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "SummaryWanted",
     "TurnGiven",
     "TurnStopped",
+    "Unsubscribed",
 ]
 
 #: A subscription's stream: a session id, or None for the registry.
@@ -155,6 +157,16 @@ class Reset:
 
 
 @dataclass(frozen=True)
+class Unsubscribed:
+    """The hub ended the subscription because it could not read the log for a while. The
+    position is kept: the shell sends :meth:`ClientConnection.subscribe` for ``key`` again
+    after a pause (if it still follows it), and gets every event from where it was."""
+
+    key: StreamKey
+    frame: UnsubscribedFrame
+
+
+@dataclass(frozen=True)
 class Dumped:
     """Lines of the dump the ``export`` request ``id`` is waiting for (its reply follows)."""
 
@@ -201,6 +213,7 @@ ClientEffect = (
     | SubscribeFailed
     | Delivered
     | Reset
+    | Unsubscribed
     | PresenceChanged
     | SummaryWanted
     | Streamed
@@ -360,6 +373,12 @@ class ClientConnection:
             if frame.id not in self.pending:
                 return Ignored("dump lines for an unknown request")
             return Dumped(frame.id, frame.lines)
+        if isinstance(frame, UnsubscribedFrame):
+            # It may answer the subscribe request in place of its reply.
+            self._drop_subscribing(frame.session_id)
+            if frame.session_id not in self.positions:
+                return Ignored("unsubscribed from a stream not followed")
+            return Unsubscribed(frame.session_id, frame)
         return self._reset(frame)
 
     def _subscribed(self, key: StreamKey, result: Any) -> Subscribed:

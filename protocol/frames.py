@@ -36,6 +36,7 @@ __all__ = [
     "SummarizeFrame",
     "TurnFrame",
     "TurnStoppedFrame",
+    "UnsubscribedFrame",
 ]
 
 #: Error codes, a closed set. ``reset`` is not among them: it is its own frame.
@@ -543,6 +544,17 @@ class ResetFrame(_Frame, tag="reset"):
     message: str
 
 
+class UnsubscribedFrame(_Frame, tag="unsubscribed"):
+    """The hub ended the subscription to ``session_id`` (``null``: the registry): it could
+    not read the log for a while (``code`` ``unavailable``: the database is out of reach).
+    Nothing was skipped: subscribe again, after a pause, from the last event you hold. It
+    may answer the subscribe request in place of its reply."""
+
+    session_id: str | None
+    code: ErrorCode
+    message: str
+
+
 class PresenceFrame(_Frame, tag="presence"):
     """A connection joined or left a session (sent to the session's subscribers; not part
     of the event log). A ``join`` for a connection already present replaces its entry (a
@@ -630,6 +642,7 @@ ServerFrame = (
     | ErrorFrame
     | EventFrame
     | ResetFrame
+    | UnsubscribedFrame
     | PresenceFrame
     | SummarizeFrame
     | StreamFrame

@@ -480,6 +480,7 @@ def test_schema_names_every_request_and_frame() -> None:
         "error",
         "event",
         "reset",
+        "unsubscribed",
         "presence",
         "summarize",
         "stream",

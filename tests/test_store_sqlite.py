@@ -31,7 +31,8 @@ from hub import (
 )
 from hub.store import sqlite as sqlite_store
 from hub.store.sqlite import CHECKPOINT_EVERY, MIGRATIONS
-from protocol import SessionInfo
+from hub.store.sqlite import connection as sqlite_connection
+from protocol import SessionInfo, StoreUnavailable
 
 from .conftest import text_message as T
 
@@ -214,6 +215,28 @@ async def test_a_locked_database_never_blocks_the_event_loop(store: SqliteStore,
     assert await asyncio.wait_for(append, 5)
     tick_task.cancel()
     assert [m.id for m in await s.get_history()] == ["m0", "m1"]
+
+
+async def test_a_database_locked_past_the_busy_timeout_is_unavailable_not_internal(
+    store: SqliteStore, db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another process keeps the write lock past the busy timeout: the append is refused as
+    # "unavailable" (retry later; SQLite rolled it back), not as the hub's own failure.
+    monkeypatch.setattr(sqlite_connection, "BUSY_TIMEOUT_MS", 100)
+    s = Session(store, session_id="held")
+    await s.append_message(T("m0", "user", "before"))
+    holder = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(StoreUnavailable, match="locked by another process") as refused:
+            await s.append_message(T("m1", "user", "while locked"))
+        assert refused.value.code == "unavailable"
+        assert refused.value.outcome == "not_applied"
+    finally:
+        holder.execute("COMMIT")
+        holder.close()
+    assert [m.id for m in await s.get_history()] == ["m0"]
+    assert await s.append_message(T("m1", "user", "after"))
 
 
 BIG = "lorem ipsum dolor sit amet " * 2400  # ~64 KiB, stored whole (keep_rows_whole)

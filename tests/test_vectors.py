@@ -30,6 +30,7 @@ from protocol.connection import (
     Subscribed,
     SubscribeFailed,
     SummaryWanted,
+    Unsubscribed,
 )
 from protocol.deltas import apply_delta
 from protocol.frames import StreamFrame
@@ -71,6 +72,8 @@ def canonical(effect: ClientEffect) -> dict[str, Any]:
             "last_seq": frame.last_seq,
             "resubscribe": again,
         }
+    if isinstance(effect, Unsubscribed):
+        return {"kind": "unsubscribed", "session_id": effect.key, "code": effect.frame.code}
     if isinstance(effect, Ignored):
         return {"kind": "ignored", "reason": effect.reason}
     if isinstance(effect, Streamed):

@@ -70,6 +70,9 @@ export class PositionLost extends HubError {
 
 export { PresenceList } from "./presence.js";
 
+/** How long before subscribing again to a stream the hub ended with an `unsubscribed` frame. */
+const RESUBSCRIBE_AFTER_MS = 1000;
+
 const REGISTRY = "\u0000registry"; // Map key for the registry stream (session_id null)
 const keyOf = (sessionId) => (sessionId === null || sessionId === undefined ? REGISTRY : sessionId);
 const idOf = (key) => (key === REGISTRY ? null : key);
@@ -213,6 +216,14 @@ export class ClientConnection {
           return { kind: "reset", key, frame, resubscribe: null };
         }
         return { kind: "reset", key, frame, resubscribe: this.subscribe(idOf(key), frame.last_seq, frame.epoch) };
+      }
+      case "unsubscribed": {
+        // The hub could not read the log for a while: the position is kept, and the shell
+        // subscribes again after a pause. It may answer the subscribe in place of its reply.
+        const key = keyOf(frame.session_id);
+        this._dropSubscribing(key);
+        if (!this.positions.has(key)) return { kind: "ignored", reason: "unsubscribed from a stream not followed" };
+        return { kind: "unsubscribed", key, frame };
       }
       default:
         return { kind: "ignored", reason: `unknown frame ${frame.frame}` };
@@ -777,6 +788,18 @@ export class HubClient {
         }
         sub.options.onReset?.(effect.frame);
         if (this.socketOpen()) this.socket.send(effect.resubscribe[1]);
+        break;
+      }
+      case "unsubscribed": {
+        const sub = this.subscriptions.get(effect.key);
+        if (!sub) return;
+        const socket = this.socket;
+        this.timers.setTimeout(() => {
+          // Unless the caller left it, or the socket went (a reconnect resubscribes anyway).
+          if (this.subscriptions.get(effect.key) !== sub || this.socket !== socket || !this.socketOpen()) return;
+          if (!this.protocol.positions.has(effect.key)) return;
+          this.socket.send(this.protocol.subscribe(idOf(effect.key))[1]);
+        }, RESUBSCRIBE_AFTER_MS);
         break;
       }
       case "presence":

@@ -62,6 +62,7 @@ class RemoteBus(MemoryBus, abc.ABC):
         #: Times the listener was re-established after a loss.
         self.reconnects = 0
         self._connected = asyncio.Event()
+        self._retry_now = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         #: This process, so that it can skip its own relayed messages.
@@ -107,6 +108,12 @@ class RemoteBus(MemoryBus, abc.ABC):
         await self._disconnect()
         self.wake_all()
 
+    def retry_soon(self) -> None:
+        """The server is back (the store's writes work again): a reconnect waiting out its
+        backoff tries now, so the node is not reported degraded for seconds after it works."""
+        if not self.connected:
+            self._retry_now.set()
+
     async def wait(
         self, stream: str, after_seq: int, timeout: float | None = None, *, since: int | None = None
     ) -> int:
@@ -140,6 +147,7 @@ class RemoteBus(MemoryBus, abc.ABC):
             self.wake_all()  # start polling now rather than at the next poll tick
             await self._disconnect()
             delay = 0.05
+            level = logging.WARNING  # the first failed attempt says so; the rest are expected
             while not self._closing:
                 try:
                     await asyncio.wait_for(self._connect(), 10.0)
@@ -147,11 +155,14 @@ class RemoteBus(MemoryBus, abc.ABC):
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    log.warning(
-                        "%s: reconnect failed (%s); retrying in %.2fs", type(self).__name__, exc, delay
+                    log.log(
+                        level, "%s: reconnect failed (%s); retrying in %.2fs", type(self).__name__, exc, delay
                     )
+                    level = logging.DEBUG
                     await self._disconnect()
-                    await asyncio.sleep(delay * (0.5 + random.random()))
+                    self._retry_now.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._retry_now.wait(), delay * (0.5 + random.random()))
                     delay = min(delay * 2, self.max_backoff)
             self.reconnects += 1
             self.generation += 1

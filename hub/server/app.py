@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -17,13 +16,14 @@ from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from ..backends import open_backend
-from ..bus import Bus, RemoteBus
+from ..bus import Bus
 from ..manager import SessionManager
 from ..store.base import Store
 from .chat_http import chat_routes
 from .config import HubConfig
 from .connection import CLOSE_GOING_AWAY
 from .handshake import HostCheck, KeepTransport, origin_allowed
+from .health import health
 from .hub import Hub
 from .logfilter import install_log_filters
 from .mcp import create_endpoint as create_mcp_endpoint
@@ -81,24 +81,10 @@ def create_app(
                 await hub.drain()
 
     async def healthz(request: HttpRequest) -> JSONResponse:
-        hub: Hub = request.app.state.hub
-        if hub.closing:
-            return JSONResponse({"status": "shutting down"}, status_code=503)
-        # A real read, so a broken database shows up here and not on the first user.
-        await hub.store.get_session("")
-        body: dict[str, Any] = {"status": "ok", "connections": len(hub.connections)}
-        ring = hub.store.bus
-        if isinstance(ring, RemoteBus):
-            body["bus"] = {
-                "kind": type(ring).__name__,
-                "connected": ring.connected,
-                "reconnects": ring.reconnects,
-            }
-            if not ring.connected:
-                # Still serving (followers poll the log meanwhile), but a balancer should know.
-                body["status"] = "degraded"
-                return JSONResponse(body, status_code=503)
-        return JSONResponse(body)
+        return await health(request.app.state.hub, ready=False)
+
+    async def readyz(request: HttpRequest) -> JSONResponse:
+        return await health(request.app.state.hub, ready=True)
 
     async def metrics(request: HttpRequest) -> Response:
         hub: Hub = request.app.state.hub
@@ -124,6 +110,7 @@ def create_app(
 
     routes: list[BaseRoute] = [
         Route("/healthz", healthz),
+        Route("/readyz", readyz),
         Route("/metrics", metrics),
         WebSocketRoute("/ws", ws),
         *chat_routes(),  # POST /api/chat, GET /api/chat/{id}/stream (hub/server/chat_http.py)

@@ -76,6 +76,9 @@ class HubConfig:
     #: database), close every WebSocket with 1013 so clients reconnect to another node
     #: (hub/server/outage.py). None: never.
     store_outage_close: float | None = 30.0
+    #: How long a subscription retries a failed read of the log (the database restarting)
+    #: before it ends with an ``unsubscribed`` frame (hub/server/subscriptions.py).
+    subscription_retry: float = 10.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -99,6 +102,13 @@ class HubConfig:
             raise ValueError(
                 f"HubConfig.store_outage_close must be more than 0 or None, not {self.store_outage_close}"
             )
-        for name in ("send_timeout", "close_grace", "shutdown_grace", "turn_timeout", "chat_keepalive"):
+        for name in (
+            "send_timeout",
+            "close_grace",
+            "shutdown_grace",
+            "turn_timeout",
+            "chat_keepalive",
+            "subscription_retry",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"HubConfig.{name} must be more than 0, not {getattr(self, name)}")

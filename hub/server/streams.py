@@ -26,7 +26,7 @@ from typing import Any
 
 import msgspec
 
-from protocol import Conflict, InvalidInput, Message, SessionHubError
+from protocol import Conflict, InvalidInput, Message, SessionHubError, StoreError
 from protocol import frames as f
 from protocol.codec import encode
 from protocol.deltas import GrowingParts
@@ -286,6 +286,9 @@ class Streams:
             stream.saver = None
             try:
                 await self.hub.store.update_message(stream.session_id, stream.snapshot(), emit=False)
+            except StoreError as exc:  # the database out of reach: one line, the store logs the outage
+                log.warning("saving stream %s failed (%s); the next delta retries", stream.message.id, exc)
+                stream.dirty = False
             except Exception:
                 log.exception("saving stream %s failed; the next delta retries", stream.message.id)
                 stream.dirty = False

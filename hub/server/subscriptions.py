@@ -6,15 +6,23 @@ each frame with backpressure. Once it holds everything the tail has, it goes *li
 task ends and the tail pushes new frames straight into the connection's outbox (see
 :mod:`hub.server.tails`); a live subscriber that falls behind gets a task again. A position
 the log cannot serve (pruned, another epoch, the future) gets a ``reset`` frame.
+
+A read of the log that fails (the database restarting, out of reach) is retried with
+backoff for up to ``subscription_retry`` seconds; past that the subscription ends with an
+``unsubscribed`` frame (code ``unavailable``) and the client subscribes again from the
+last event it holds. It never just stops.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import functools
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
-from protocol import PositionLost, SessionHubError, SessionNotFound
+from protocol import PositionLost, SessionHubError, SessionNotFound, StoreClosed, StoreError
 from protocol import frames as f
 from protocol.codec import encode
 from protocol.connection import StreamKey
@@ -26,6 +34,12 @@ from .tails import Live, Tail
 from .wire import error_frame, event_frame
 
 __all__ = ["subscribe", "unsubscribe"]
+
+T = TypeVar("T")
+
+#: The first pause before a failed read of the log is retried, and the longest.
+RETRY_FIRST = 0.05
+RETRY_MAX = 1.0
 
 
 def subscribe(connection: Connection, request: f.Subscribe) -> None:
@@ -53,17 +67,24 @@ async def follow(connection: Connection, request: f.Subscribe) -> None:
     stream = REGISTRY if key is None else session_stream(key)
     store = connection.hub.store
     try:
-        if key is not None and await store.get_session(key) is None:
-            position = await store.stream_position(stream)
+        if key is not None and await patiently(connection, lambda: store.get_session(key)) is None:
+            position = await patiently(connection, lambda: store.stream_position(stream))
             if position.last_seq == 0:
                 raise SessionNotFound(key)
-        tail = await connection.hub.tails.acquire(stream)
+        tail = await patiently(connection, lambda: connection.hub.tails.acquire(stream))
+    except StoreError as exc:
+        await ended(connection, key, exc)
+        return
     except SessionHubError as exc:
         await connection.send(error_frame(request.id, exc))
         return
     handed_over = False  # from here on, pump owns the tail (and releases it)
     try:
-        position = await store.stream_position(stream)
+        try:
+            position = await patiently(connection, lambda: store.stream_position(stream))
+        except StoreError as exc:
+            await ended(connection, key, exc)
+            return
         asked = request.epoch
         seq = request.after_seq
         if (
@@ -125,7 +146,10 @@ async def pump(
             replaying = events is None
             if events is None:
                 try:
-                    backlog = await store.read_events(stream, seq, batch_size(connection, tail, largest))
+                    size = batch_size(connection, tail, largest)
+                    backlog = await patiently(
+                        connection, functools.partial(store.read_events, stream, seq, size)
+                    )
                 except PositionLost as exc:
                     await reset(connection, key, seq, exc.epoch, exc.first_seq, exc.last_seq)
                     return
@@ -169,7 +193,9 @@ async def pump(
                     if epoch is None:
                         epoch = event_epoch
                     if event_epoch != epoch:
-                        current = await store.stream_position(stream)
+                        current = await patiently(
+                            connection, functools.partial(store.stream_position, stream)
+                        )
                         await reset(connection, key, seq, current.epoch, current.first_seq, current.last_seq)
                         return
                     await connection.send_text(data, reply=False)
@@ -184,9 +210,46 @@ async def pump(
                 batch.clear()
     except Evicted:
         return
+    except StoreError as exc:
+        await ended(connection, key, exc)
     finally:
         if not parked:
             connection.hub.tails.release(tail)
+
+
+async def patiently(connection: Connection, read: Callable[[], Awaitable[T]]) -> T:
+    """``read()``, retried with backoff while the store fails, for at most the hub's
+    ``subscription_retry`` seconds (reads change nothing: a retry is always safe)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + connection.hub.config.subscription_retry
+    pause = RETRY_FIRST
+    while True:
+        try:
+            return await read()
+        except StoreClosed:
+            raise
+        except StoreError:
+            if connection.closed or loop.time() + pause > deadline:
+                raise
+        await asyncio.sleep(pause)
+        pause = min(2 * pause, RETRY_MAX)
+
+
+async def ended(connection: Connection, key: StreamKey, exc: StoreError) -> None:
+    """Tell the client its subscription ended because the log could not be read: it
+    subscribes again from where it is."""
+    # A closed store is the hub shutting down: "unavailable" too, as for its requests.
+    code = "unavailable" if isinstance(exc, StoreClosed) else exc.code
+    if code not in f.ERROR_CODES:
+        code = "internal"
+    with contextlib.suppress(Evicted):
+        await connection.send(
+            f.UnsubscribedFrame(
+                session_id=key,
+                code=code,  # type: ignore[arg-type]
+                message=f"the subscription ended: {exc}; subscribe again from your last event",
+            )
+        )
 
 
 def batch_size(connection: Connection, tail: Tail, largest: int) -> int:

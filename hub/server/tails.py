@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from protocol import PositionLost
+from protocol import PositionLost, StoreError
 from protocol.codec import encode
 
 from ..store.base import Store
@@ -110,6 +110,10 @@ class Tail:
                 self.clear()
                 self.last_seq = exc.last_seq
                 events = []
+            except StoreError as exc:  # the database out of reach: the store logs the outage once
+                log.debug("reading the log of %s failed (%s); retrying", self.stream, exc)
+                await asyncio.sleep(0.5)
+                continue
             except Exception:
                 log.exception("reading the log of %s failed; retrying", self.stream)
                 await asyncio.sleep(0.5)

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from protocol import Conflict, Forbidden, InvalidInput, NotFound
+from protocol import Conflict, Forbidden, InvalidInput, NotFound, StoreError
 from protocol import frames as f
 from protocol.codec import encode
 from protocol.records import Event
@@ -617,10 +617,13 @@ class Turns:
             return await self.host.store.log_event(
                 LogEntry(session_id=turn.session_id, type=type_, data=entry)
             )
-        except Exception:
+        except Exception as exc:
             if type_ == "turn.started":
                 raise
-            log.exception("logging %s of turn %s failed", type_, turn.turn_id)
+            if isinstance(exc, StoreError):  # the database out of reach: one line, no traceback
+                log.warning("logging %s of turn %s failed: %s", type_, turn.turn_id, exc)
+            else:
+                log.exception("logging %s of turn %s failed", type_, turn.turn_id)
             return 0
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:

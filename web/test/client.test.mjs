@@ -150,6 +150,39 @@ test("a reset is surfaced and ends the subscription", async () => {
   assert.equal(FakeSocket.all[1].last("subscribe"), undefined, "an ended subscription is not resumed");
 });
 
+test("an unsubscribed frame is answered by subscribing again from the position, after a pause", async () => {
+  const { client, timers, socket } = await connected();
+  const got = [];
+  client.subscribe("s1", { onEvent: (e) => got.push(e.seq) });
+  const first = socket.last("subscribe");
+  socket.frame({ frame: "reply", id: first.id, result: { epoch: "e1", last_seq: 9 } });
+  socket.frame(event("s1", 1));
+  socket.frame(event("s1", 2));
+  socket.frame({ frame: "unsubscribed", session_id: "s1", code: "unavailable", message: "postgres unavailable" });
+  assert.equal(socket.last("subscribe").id, first.id, "not at once: the database is likely still down");
+  assert.equal(timers.fireNext(), 1000);
+  const again = socket.last("subscribe");
+  assert.notEqual(again.id, first.id);
+  assert.equal(again.after_seq, 2);
+  assert.equal(again.epoch, "e1");
+  socket.frame({ frame: "reply", id: again.id, result: { epoch: "e1", last_seq: 9 } });
+  socket.frame(event("s1", 2)); // a duplicate is dropped
+  socket.frame(event("s1", 3));
+  assert.deepEqual(got, [1, 2, 3]);
+});
+
+test("an unsubscribed frame for a stream left meanwhile is not resubscribed", async () => {
+  const { client, timers, socket } = await connected();
+  const sub = client.subscribe("s1", {});
+  socket.frame({ frame: "unsubscribed", session_id: "s1", code: "unavailable", message: "postgres unavailable" });
+  const closing = sub.close();
+  socket.frame({ frame: "reply", id: socket.last("unsubscribe").id, result: null });
+  await closing;
+  const sent = socket.sent.length;
+  timers.fireNext();
+  assert.equal(socket.sent.length, sent);
+});
+
 test("with reload, a reset continues from its last_seq by itself", async () => {
   const { client, socket } = await connected();
   const resets = [];

@@ -35,6 +35,8 @@ function canonical(effect) {
         last_seq: effect.frame.last_seq,
         resubscribe: effect.resubscribe === null ? null : sent(effect.resubscribe[1]),
       };
+    case "unsubscribed":
+      return { kind: "unsubscribed", session_id: streamOf(effect.key), code: effect.frame.code };
     case "ignored":
       return { kind: "ignored", reason: effect.reason };
     case "stream":

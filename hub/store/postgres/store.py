@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -24,7 +25,7 @@ from protocol import (
     StoreUnavailable,
 )
 
-from ...bus import Bus, MemoryBus
+from ...bus import Bus, MemoryBus, RemoteBus
 from ...bus.doorbell import CHANNEL
 from ...bus.doorbell import encode as doorbell
 from ...fts import fts_text, fts_words
@@ -42,6 +43,7 @@ from ..base import (
     check_usage,
     session_stream,
 )
+from ..faultlog import FaultLog
 from ..policy import (
     END_REASON,
     SEARCH_WINDOW,
@@ -55,6 +57,7 @@ from ..policy import (
 from ..prune import check_prune
 from ..rows import SESSION_COLS, decode_message, session_info, text_of
 from . import maintenance, sql
+from .errors import install_log_filter, is_lost, translate
 from .keys import SESSION_KEY
 from .schema import lock_key, migrate
 from .timeouts import limits, set_keepalives
@@ -66,6 +69,8 @@ if TYPE_CHECKING:
 __all__ = ["PostgresStore"]
 
 T = TypeVar("T")
+
+log = logging.getLogger("sessionhub.store")
 
 _decode = msgspec.json.Decoder().decode
 
@@ -84,37 +89,67 @@ class _Connection(asyncpg.Connection):
         return ""
 
 
-def _timed_out(exc: TimeoutError, committing: bool) -> StoreUnavailable:
-    """A query, commit, connect or wait for a pooled connection that got no answer within
-    the client's timeouts (:mod:`.timeouts`): the database is unreachable or stuck. A commit
-    may have reached the server."""
-    outcome = "unknown" if committing else "not_applied"
-    return StoreUnavailable("postgres: no answer within the store's timeout (unreachable?)", outcome)
+#: What asyncpg raises: the server's errors, its own, and the socket's.
+_DRIVER_ERRORS = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    OSError,
+    TimeoutError,
+)
 
 
-def _abandon(conn: Conn) -> None:
-    """Drop a connection whose query timed out, without a word to the server: a ROLLBACK
-    or asyncpg's cancel request would wait as long again for an answer that may never come.
-    The server ends the transaction itself (its idle-in-transaction timeout, keepalives)."""
-    conn.terminate()
+class _Attempt:
+    """How far one run of a write transaction got, for the answer to its failure."""
+
+    __slots__ = ("committing", "gone")
+
+    def __init__(self) -> None:
+        self.committing = False  # its COMMIT was sent: it may have been applied
+        self.gone = False  # its connection died under it
 
 
-def _limit_reached(exc: BaseException) -> StoreUnavailable | None:
-    """One of the server's timeouts of :mod:`.timeouts` ended the statement: a lock held too
-    long (``lock_timeout``, as behind a partitioned node's transaction) or a statement
-    (``statement_timeout``, or an administrator's cancel). The transaction is rolled back
-    with it, so the write was not applied and a retry may succeed."""
-    if isinstance(exc, asyncpg.exceptions.LockNotAvailableError | asyncpg.exceptions.QueryCanceledError):
-        return StoreUnavailable(f"postgres: {exc}")
-    return None
+def _gone(conn: Conn) -> bool:
+    """Whether the connection is closed. The pool takes back (and detaches) a connection
+    that dies while in use, after which every call on it raises: that too is gone."""
+    try:
+        return conn.is_closed()
+    except asyncpg.InterfaceError:
+        return True
 
 
-def _translate(exc: BaseException) -> BaseException:
-    if (limit := _limit_reached(exc)) is not None:
-        return limit
-    if isinstance(exc, asyncpg.exceptions.DataError):
-        return InvalidInput(f"postgres refused the value: {exc}")
-    return StoreError(f"postgres: {exc}")
+def _healthy_after(exc: BaseException) -> bool:
+    """Whether a connection is idle and usable after ``exc``: the server answered with an
+    error, or the operation's own code raised between statements. Anything else (a
+    cancellation or a timeout mid-statement, a lost socket, the protocol confused) leaves
+    the connection in a state no later statement may meet."""
+    if isinstance(exc, asyncpg.PostgresError):
+        return not is_lost(exc)
+    if isinstance(exc, asyncpg.exceptions.DataError):  # a value asyncpg refused to encode: nothing sent
+        return True
+    return isinstance(exc, Exception) and not isinstance(exc, _DRIVER_ERRORS)
+
+
+def _terminate(conn: Conn) -> None:
+    # Closing the socket makes the server roll the transaction back, and the pool replaces
+    # the connection: nothing else can ever run on it, mid-operation or not.
+    with contextlib.suppress(asyncpg.InterfaceError):
+        conn.terminate()
+
+
+async def _abandon(conn: Conn, exc: BaseException) -> bool:
+    """Leave a failed transaction: ROLLBACK on a connection that can take it, else close
+    the connection. Returns whether the connection had died already."""
+    if _gone(conn):
+        return True
+    if _healthy_after(exc):
+        try:
+            await conn.execute("ROLLBACK")
+            return False
+        except _DRIVER_ERRORS:
+            pass
+    _terminate(conn)
+    return False
 
 
 class PostgresStore(Store):
@@ -134,6 +169,7 @@ class PostgresStore(Store):
         #: How long an operation waits for a pooled connection (all may be stuck in a partition).
         self._acquire_timeout = acquire_timeout
         self._closed = False
+        self._faults = FaultLog("postgres", on_recovery=self._recovered)
 
     @classmethod
     async def connect(
@@ -158,6 +194,7 @@ class PostgresStore(Store):
         seconds (``0``: none).
         """
         lim = limits(dsn, server_settings, command_timeout, connect_timeout)
+        install_log_filter()
         try:
             # The migration may copy whole tables, and may wait for another node's: on a
             # connection of its own with no statement, lock or client timeout.
@@ -189,6 +226,10 @@ class PostgresStore(Store):
             raise StoreError(f"postgres: cannot connect: {exc}") from exc
         return cls(pool, bus or MemoryBus(), notify=notify, acquire_timeout=lim.command_timeout)
 
+    def _recovered(self) -> None:
+        if isinstance(self.bus, RemoteBus):  # its listener is on the same server
+            self.bus.retry_soon()
+
     async def close(self) -> None:
         if self._closed:
             return
@@ -201,37 +242,57 @@ class PostgresStore(Store):
     # -- plumbing ------------------------------------------------------------------------
     async def _write(self, fn: Callable[..., Awaitable[T]], *args: Any, lock: str | None = None) -> T:
         """Run ``fn(tx, *args)`` as one transaction (after locking session stream
-        ``lock``), send the doorbells inside it, commit, then ring the bus."""
+        ``lock``), send the doorbells inside it, commit, then ring the bus. A transaction
+        whose connection was lost before its COMMIT was sent never happened: it runs once
+        more, on a fresh connection."""
+        for again in (True, False):
+            attempt = _Attempt()
+            try:
+                result, tx = await self._transact(attempt, fn, args, lock)
+            except _DRIVER_ERRORS as exc:
+                if again and not attempt.committing and is_lost(exc, gone=attempt.gone) and not self._closed:
+                    continue
+                raise self._failure(
+                    exc, write=True, committing=attempt.committing, gone=attempt.gone
+                ) from exc
+            except UnicodeEncodeError as exc:  # a lone surrogate, in a lock key or a parameter
+                raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
+            self._faults.recovered()
+            tx.ring(self.bus)
+            return result
+        raise AssertionError("unreachable")
+
+    async def _transact(
+        self, attempt: _Attempt, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...], lock: str | None
+    ) -> tuple[T, PostgresTx]:
         if self._closed:
             raise StoreClosed("store is closed")
-        committing = False
-        try:
-            async with self._pool.acquire(timeout=self._acquire_timeout) as conn:
-                tx = PostgresTx(conn)
+        async with self._pool.acquire(timeout=self._acquire_timeout) as conn:
+            tx = PostgresTx(conn)
+            try:
                 await conn.execute(
                     "BEGIN" if lock is None else f"BEGIN; SELECT pg_advisory_xact_lock({lock_key(lock)})"
                 )
-                try:
-                    result = await fn(tx, *args)
-                    committing = True
-                    await conn.execute(self._commit(tx))
-                except BaseException as exc:
-                    if isinstance(exc, TimeoutError):
-                        _abandon(conn)
-                    elif not conn.is_closed():
-                        with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
-                            await conn.execute("ROLLBACK")
-                    raise
-        except TimeoutError as exc:
-            raise _timed_out(exc, committing) from exc
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
-            if self._closed:
-                raise StoreClosed("store is closed") from exc
-            raise _translate(exc) from exc
-        except UnicodeEncodeError as exc:  # a lone surrogate, in a lock key or a parameter
-            raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
-        tx.ring(self.bus)
-        return result
+                result = await fn(tx, *args)
+                attempt.committing = True
+                await conn.execute(self._commit(tx))
+            except BaseException as exc:
+                attempt.gone = await _abandon(conn, exc)
+                raise
+            return result, tx
+
+    def _failure(
+        self, exc: BaseException, *, write: bool = False, committing: bool = False, gone: bool = False
+    ) -> BaseException:
+        """The answer to a driver error (its one log line included, for an outage)."""
+        if self._closed:
+            return StoreClosed("store is closed")
+        error = translate(exc, write=write, committing=committing, gone=gone)
+        if isinstance(error, StoreUnavailable):
+            self._faults.failed(str(error))
+        elif not isinstance(error, InvalidInput):
+            log.error("postgres failed: %r", exc)
+        return error
 
     async def analyze(self) -> None:
         """Refresh the planner's statistics of the store's tables. Autovacuum does it soon
@@ -255,23 +316,30 @@ class PostgresStore(Store):
         return notices + "COMMIT"
 
     async def _read(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        if self._closed:
-            raise StoreClosed("store is closed")
-        try:
-            async with self._pool.acquire(timeout=self._acquire_timeout) as conn:
-                try:
-                    return await fn(conn, *args)
-                except TimeoutError:
-                    _abandon(conn)
-                    raise
-        except TimeoutError as exc:
-            raise _timed_out(exc, committing=False) from exc
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+        """Run ``fn(conn, *args)``; a read whose connection was lost runs once more, on a
+        fresh connection."""
+        for again in (True, False):
             if self._closed:
-                raise StoreClosed("store is closed") from exc
-            raise _translate(exc) from exc
-        except UnicodeEncodeError as exc:  # a lone surrogate, in a lock key or a parameter
-            raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
+                raise StoreClosed("store is closed")
+            attempt = _Attempt()
+            try:
+                async with self._pool.acquire(timeout=self._acquire_timeout) as conn:
+                    try:
+                        result = await fn(conn, *args)
+                    except BaseException as exc:
+                        attempt.gone = _gone(conn)
+                        if not attempt.gone and not _healthy_after(exc):
+                            _terminate(conn)
+                        raise
+            except _DRIVER_ERRORS as exc:
+                if again and is_lost(exc, gone=attempt.gone) and not self._closed:
+                    continue
+                raise self._failure(exc, gone=attempt.gone) from exc
+            except UnicodeEncodeError as exc:
+                raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
+            self._faults.recovered()
+            return result
+        raise AssertionError("unreachable")
 
     # -- messages ------------------------------------------------------------------------
     async def append_messages(

@@ -10,8 +10,6 @@ from typing import Any, TypeVar, cast
 
 import aiosqlite
 
-from protocol import StoreError, StoreUnavailable
-
 __all__ = [
     "BUSY_TIMEOUT_MS",
     "Conn",
@@ -21,7 +19,6 @@ __all__ = [
     "is_full",
     "patient",
     "read_tx",
-    "store_error",
     "write_tx",
 ]
 
@@ -107,12 +104,3 @@ def is_busy(exc: sqlite3.Error) -> bool:
 def is_full(exc: sqlite3.Error) -> bool:
     """SQLITE_FULL: the disk (or the temporary store) had no room for the change."""
     return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
-
-
-def store_error(exc: sqlite3.Error) -> StoreError:
-    """The typed error a failed statement answers. A full disk is ``unavailable``, not
-    ``internal``: the transaction was rolled back (``in_tx``), and the same write succeeds
-    once space is freed, so it is one to retry later."""
-    if is_full(exc):
-        return StoreUnavailable(f"sqlite: {exc}", "not_applied")
-    return StoreError(f"sqlite: {exc}")

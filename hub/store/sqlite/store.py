@@ -59,7 +59,8 @@ from ..prune import check_prune
 from ..rows import SESSION_COLS, session_info, ts
 from . import checkpoint, maintenance, search, sql
 from .checkpoint import CHECKPOINT_EVERY, WAL_CHECKPOINT_BYTES, WAL_LIMIT_BYTES, Checkpointer
-from .connection import Conn, Connection, configure, is_busy, is_full, patient, read_tx, store_error, write_tx
+from .connection import Conn, Connection, configure, is_busy, is_full, patient, read_tx, write_tx
+from .errors import translate
 from .packing import stored_message
 from .schema import migrate
 from .tx import SqliteTx
@@ -200,7 +201,7 @@ class SqliteStore(Store):
                 if is_full(exc) and self._checkpointer is not None:
                     # What the WAL holds that the file has already is space to give back.
                     self._checkpointer.reclaim(self._commit_count)
-                raise store_error(exc) from exc
+                raise translate(exc, write=True) from exc
             except UnicodeEncodeError as exc:  # binding a str with a lone surrogate
                 raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
         attempts[-1].ring(self.bus)
@@ -257,7 +258,7 @@ class SqliteStore(Store):
         try:
             return await self._reader.call(read_tx(fn), *args)
         except sqlite3.Error as exc:
-            raise store_error(exc) from exc
+            raise translate(exc) from exc
         except UnicodeEncodeError as exc:
             raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
 
@@ -276,9 +277,9 @@ class SqliteStore(Store):
         except sqlite3.OperationalError as exc:
             if is_busy(exc):
                 return None
-            raise store_error(exc) from exc
+            raise translate(exc) from exc
         except sqlite3.Error as exc:
-            raise store_error(exc) from exc
+            raise translate(exc) from exc
         except UnicodeEncodeError as exc:
             raise InvalidInput(f"text that is not valid Unicode: {exc.reason}") from None
 
