@@ -14,6 +14,7 @@ import asyncpg
 import pytest
 
 from hub import InvalidInput, PostgresStore, SessionManager, session_stream
+from hub.store.postgres.errors import is_lost, translate
 from hub.store.postgres.schema import lock_key
 from hub.store.postgres.timeouts import SERVER_DEFAULTS, limits
 from protocol import StoreUnavailable
@@ -132,3 +133,14 @@ async def test_a_database_that_stops_answering_gets_unavailable_within_command_t
         finally:
             proxy.cut()
             await store.close()
+
+
+def test_a_timeout_is_not_a_lost_connection() -> None:
+    """TimeoutError is an OSError: taken for a lost connection, a write that timed out ran
+    once more and was answered after twice its ``command_timeout`` (a partitioned node's
+    clients waited past its 1013 close). It is answered at once, ``unavailable``."""
+    assert not is_lost(TimeoutError())
+    assert is_lost(ConnectionResetError())
+    answer = translate(TimeoutError(), write=True)
+    assert isinstance(answer, StoreUnavailable) and answer.outcome == "not_applied"
+    assert translate(TimeoutError(), write=True, committing=True).detail == {"outcome": "unknown"}

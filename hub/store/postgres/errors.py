@@ -45,7 +45,9 @@ def is_lost(exc: BaseException, *, gone: bool = False) -> bool:
     """``gone``: the connection was found closed (or taken back by the pool, which it does
     when the connection dies under its user): then asyncpg's complaint about using it
     (an ``InterfaceError``) is the lost connection too, not a bug."""
-    if isinstance(exc, pg.DataError):
+    if isinstance(exc, pg.DataError | TimeoutError):
+        # TimeoutError is an OSError, but a timeout is the database not answering, not a
+        # lost connection: retrying would wait as long again (_BUSY has it).
         return False
     return isinstance(exc, _LOST) or (gone and isinstance(exc, asyncpg.InterfaceError))
 
