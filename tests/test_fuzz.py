@@ -477,10 +477,12 @@ HTTP_ROUTES = [
     ("GET", "/api/chat/s-fuzz/stream"),
     ("POST", "/mcp"),
     ("GET", "/healthz"),
+    ("GET", "/readyz"),
     ("GET", "/metrics"),
     ("PUT", "/api/chat"),
     ("DELETE", "/api/chat/s-fuzz/stream"),
     ("POST", "/healthz"),
+    ("POST", "/readyz"),
     ("POST", "/api/nothing"),
 ]
 

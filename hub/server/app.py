@@ -118,7 +118,9 @@ def create_app(
     if mcp_endpoint is not None:
         routes.append(mcp_endpoint.route())
     # Typed JSON for a wrong method or a missing API path (hub/server/unrouted.py).
-    routes += unrouted(["/healthz", "/metrics", "/api/chat", "/api/chat/{id}/stream", "/api/chat/{id}/stop"])
+    routes += unrouted(
+        ["/healthz", "/readyz", "/metrics", "/api/chat", "/api/chat/{id}/stream", "/api/chat/{id}/stop"]
+    )
     # The browser inspector and the JS client (web/, see docs/inspector.md): static files,
     # no build step, mounted last so that every other route wins.
     # Only the files the inspector needs (hub/server/static.py), not web/test/; in a wheel
