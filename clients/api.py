@@ -488,6 +488,21 @@ class RemoteSession:
             fields["trigger"] = trigger
         return dict(await self._call("start_turn", **fields))
 
+    async def get_turn(self) -> dict[str, Any] | None:
+        """The session's turn in flight (as :meth:`start_turn` returns it, with
+        ``started``), or None: what a chat reconnecting after a reload asks first."""
+        data = await self._call("get_turn")
+        return None if data is None else dict(data)
+
+    async def stop_turn(self, turn_id: str | None = None, reason: str | None = None) -> dict[str, Any]:
+        """Stop the turn in flight (``turn_id``: only if it is that one), on whichever node
+        it runs: its reply ends as it stands. Returns ``{turn_id, reply_id, started}``; no
+        such turn in flight raises :class:`~protocol.errors.NotFound`."""
+        fields: dict[str, Any] = {"turn_id": turn_id}
+        if reason is not None:
+            fields["reason"] = reason
+        return dict(await self._call("stop_turn", **fields))
+
     async def freeze_system_prompt(self) -> str:
         return str(await self._call("freeze_system_prompt"))
 

@@ -24,84 +24,28 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import jwt
 
 from protocol.errors import Forbidden, InvalidInput
+from protocol.ops import BY_NAME, LEVELS, Level
 
 __all__ = ["LEVELS", "OP_LEVELS", "Grant", "issue_token", "parse_ttl", "verify_token"]
 
-Level = Literal["read", "write", "admin"]
-LEVELS: tuple[Level, ...] = ("read", "write", "admin")
 _RANK = {level: i for i, level in enumerate(LEVELS)}
 _ALGORITHM = "HS256"
 
-#: The level each operation needs (on its session, or on ``*`` when it has none).
+#: The level each operation needs (on its session, or on ``*`` when it has none): the
+#: requests' declarations (:data:`protocol.ops.DECLARED`), and one that is no request.
 OP_LEVELS: dict[str, Level] = {
-    # read
-    "get": "read",
-    "list": "read",
-    "get_history": "read",
-    "get_branches": "read",
-    "get_message_count": "read",
-    "get_compactions": "read",
-    "search": "read",
-    "get_message": "read",
-    "get_latest_leaf": "read",
-    "get_path_length": "read",
-    "session_search": "read",
-    "get_context_blocks": "read",
-    "get_context_block": "read",
-    "tools": "read",
-    "estimate_tokens": "read",
-    # a session's log needs read on it; the registry's (session_id null) admin on "*"
-    "read_events": "read",
-    "subscribe": "read",
-    "unsubscribe": "read",
-    "presence": "read",
-    "ping": "read",
-    "hello": "read",
-    "summary": "read",
-    # always allowed: how a connection presents a new token (hub.server checks the token)
-    "auth": "read",
-    "get_turn": "read",
-    # a responder: each turn it is given is checked against its grant (write on the session)
-    "take_turns": "read",
-    "turn_failed": "read",
-    # write
-    "append": "write",
-    "upsert": "write",
-    "append_all": "write",
-    "update_message": "write",
-    "delete_messages": "write",
-    "clear_messages": "write",
-    "add_compaction": "write",
-    "add_usage": "write",
-    "replace_context_block": "write",
-    "append_context_block": "write",
-    "freeze_system_prompt": "write",
-    "refresh_system_prompt": "write",
-    "run_tool": "write",
-    "compact": "write",
-    "stream_start": "write",
-    "stream_delta": "write",
-    "stream_end": "write",
-    # not a request: being sent this session's summary prompts (hello ``summarizer: true``)
+    **{name: op.level for name, op in BY_NAME.items()},
+    # being sent this session's summary prompts (a hello with ``summarizer: true``)
     "summarize": "write",
-    "start_turn": "write",
-    "stop_turn": "write",
-    # admin
-    "create": "admin",
-    "rename": "admin",
-    "delete": "admin",
-    "end": "admin",
-    "fork": "admin",
-    "compact_and_split": "admin",
-    "export": "admin",  # every session (or those named): judged on "*"
-    "import": "admin",
-    "prune_events": "admin",  # every session's log: judged on "*"
 }
+#: Ops allowed to any live grant whatever its scopes (``ping``; ``auth``, which checks
+#: the token it brings).
+_OPEN = frozenset(name for name, op in BY_NAME.items() if op.check == "open")
 
 
 @dataclass(frozen=True)
@@ -128,7 +72,7 @@ class Grant:
         needed = OP_LEVELS.get(op)
         if needed is None:
             return False
-        if op in ("ping", "auth"):
+        if op in _OPEN:
             return True
         if registry:
             return self.level(None) >= _RANK["admin"]

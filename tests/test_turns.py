@@ -17,7 +17,7 @@ from clients import HubClient, HubError, Turn
 from hub.auth import issue_token
 from hub.bus import doorbell
 from hub.server import HubConfig
-from protocol import Conflict
+from protocol import Conflict, NotFound
 
 from .chatkit import responder, sse_chunks
 from .hubtest import Client, Served, eventually, served, text
@@ -311,6 +311,28 @@ async def test_a_stopped_turn_not_yet_started_ends_at_once_and_cannot_start(tmp_
         late = await agent.request("stream_start", **fields, turn_id=given["turn_id"])
         assert late["frame"] == "error" and late["code"] == "not_found"
         assert await user.call("get_turn", session_id="s1") is None
+
+
+async def test_the_python_client_reads_and_stops_the_turn_in_flight(tmp_path: Path) -> None:
+    async with served(db=tmp_path / "hub.db") as h, h.client() as agent, HubClient(h.ws_url) as user:
+        await _session(h)
+        await _taker(agent)
+        session = user.session("s1")
+        assert await session.get_turn() is None
+        with pytest.raises(NotFound):
+            await session.stop_turn()  # nothing in flight
+        turn = await session.start_turn()
+        await agent.take(lambda f: f["frame"] == "turn")
+        in_flight = await session.get_turn()
+        assert in_flight is not None and in_flight["turn_id"] == turn["turn_id"]
+        with pytest.raises(NotFound):
+            await session.stop_turn("not-this-one")
+        stopped = await session.stop_turn(turn["turn_id"], reason="enough")
+        assert stopped == {"turn_id": turn["turn_id"], "reply_id": turn["reply_id"], "started": False}
+        told = await agent.take(lambda f: f["frame"] == "turn_stopped")
+        assert told["reason"] == "enough"
+        assert (await _outcome(h, "s1"))["status"] == "stopped"
+        assert await session.get_turn() is None
 
 
 async def test_a_stop_cancels_the_python_responders_reply_block(tmp_path: Path) -> None:

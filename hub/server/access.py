@@ -2,9 +2,10 @@
 ``auth`` op that renews it in band (docs/security.md).
 
 The token functions (:func:`hub.auth.verify_token`, :data:`hub.auth.OP_LEVELS`) judge a
-token; this applies their judgement to one socket. A token that reaches its ``exp``
-without an ``auth`` renewal closes the socket with 4001: nothing, not even a subscription
-opened before, outlives it.
+token; this applies their judgement to one socket, as each op's declaration
+(:mod:`protocol.ops`) says: the scope it needs, on the session its field names. A token
+that reaches its ``exp`` without an ``auth`` renewal closes the socket with 4001: nothing,
+not even a subscription opened before, outlives it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from protocol import Forbidden
 from protocol import frames as f
 from protocol.connection import StreamKey
+from protocol.ops import declared
 
 from ..auth import Grant, verify_token
 from .connection import CLOSE_TOKEN_EXPIRED, Connection
@@ -29,22 +31,26 @@ def auth(connection: Connection, request: f.Auth) -> None:
 
 
 def allowed(connection: Connection, request: f.Request) -> bool:
-    if isinstance(request, f.Ping | f.Auth):  # auth checks the token it brings
-        return True
-    if connection.grant is None or connection.grant.expired():
+    """Whether the connection's grant allows ``request``, as its declaration says
+    (:mod:`protocol.ops`: the level, the field naming its session, the kind of check)."""
+    op = declared(request)
+    if op is None:  # undeclared: nothing says what it needs (tests/test_ops_declared.py)
         return False
-    if isinstance(request, f.Hello):  # any valid token; each session named is checked
-        if request.summarizer and not connection.grant.summarizes():
-            return False  # a summarizer needs write somewhere (prompts: on their session)
-        return all(connection.grant.allows("presence", sid) for sid in request.sessions)
-    if isinstance(request, f.Summary | f.TakeTurns | f.TurnFailed):
-        # Answers only what this connection was asked (and, with auth, a summary only
-        # while the token allows summarizing its session); turns check the grant.
+    if op.check == "open":
         return True
-    op = str(type(request).__struct_config__.tag)
-    session_id = getattr(request, "session_id", None)
-    registry = isinstance(request, f.Subscribe | f.Unsubscribe | f.ReadEvents) and session_id is None
-    return connection.grant.allows(op, session_id if isinstance(session_id, str) else None, registry=registry)
+    grant = connection.grant
+    if grant is None or grant.expired():
+        return False
+    if op.check == "own":
+        return True
+    name = str(type(request).__struct_config__.tag)
+    target = None if op.session is None else getattr(request, op.session)
+    if op.check == "announce":
+        if getattr(request, "summarizer", False) and not grant.summarizes():
+            return False  # a summarizer needs write somewhere (prompts: on their session)
+        return all(grant.allows(name, sid) for sid in target or ())
+    session_id = target if isinstance(target, str) else None
+    return grant.allows(name, session_id, registry=op.null == "registry" and target is None)
 
 
 def set_grant(connection: Connection, grant: Grant | None) -> None:

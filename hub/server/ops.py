@@ -356,7 +356,8 @@ async def prune_events(manager: SessionManager, request: f.PruneEvents) -> Prune
 
 
 def operations(hub: Sessions, turns: Turns) -> dict[str, Op]:
-    """Every request type's handler (an assertion keeps the table complete)."""
+    """Every request type's handler, and nothing else (assertions, and
+    tests/test_ops_declared.py, keep the table exact)."""
     m = hub.manager
 
     async def session_op(request: Any) -> Session:
@@ -449,6 +450,7 @@ def operations(hub: Sessions, turns: Turns) -> dict[str, Op]:
         "export": lambda c, r: c.spawn(export(c, r, m.store)),
         "import": lambda c, r: import_chunk(c, r, m),
     }
-    missing = set(f.REQUEST_TYPES) - set(ops)
+    missing, stray = set(f.REQUEST_TYPES) - set(ops), set(ops) - set(f.REQUEST_TYPES)
     assert not missing, f"ops without a handler: {missing}"
+    assert not stray, f"handlers without a request type: {stray}"  # a request renamed
     return ops
