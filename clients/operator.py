@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 import msgspec
@@ -73,8 +75,27 @@ def describe(event: Event) -> str:
     return f"{head} {_clip(json.dumps(d, ensure_ascii=False), 80)}"
 
 
+def add_url_option(parser: argparse.ArgumentParser) -> None:
+    """``--url`` of the client commands (``tail``, ``sessions``, ``respond``)."""
+    parser.add_argument(
+        "--url",
+        default="ws://127.0.0.1:8000/ws",
+        type=parse_urls,
+        help="hub WebSocket URL, or several separated by commas to fail over between (default: %(default)s)",
+    )
+
+
+def parse_urls(text: str) -> str | list[str]:
+    """One hub URL, or several separated by commas: the client fails over between them
+    (``HubClient([...])``, docs/protocol.md)."""
+    urls = [url.strip() for url in text.split(",") if url.strip()]
+    if not urls:
+        raise argparse.ArgumentTypeError(f"no hub URL in {text!r}")
+    return urls[0] if len(urls) == 1 else urls
+
+
 async def run_tail(
-    url: str,
+    url: str | Sequence[str],
     session_id: str | None,
     *,
     after: int = 0,
@@ -107,7 +128,7 @@ def _session_line(info: SessionInfo) -> str:
 
 
 async def run_sessions(
-    url: str, *, raw: bool = False, token: str | None = None, out: TextIO | None = None
+    url: str | Sequence[str], *, raw: bool = False, token: str | None = None, out: TextIO | None = None
 ) -> int:
     from .client import HubClient
 
@@ -122,11 +143,17 @@ async def run_sessions(
 
 
 def failure(
-    exc: BaseException, *, url: str, token: str | None, session_id: str | None, after: int = 0
+    exc: BaseException,
+    *,
+    url: str | Sequence[str],
+    token: str | None,
+    session_id: str | None,
+    after: int = 0,
 ) -> tuple[int, str | None]:
     """The exit code and the one line (without the ``sessionhub:`` prefix) for what ended a
     ``tail`` or ``sessions``; ``(1, None)`` for an exception that is not the hub's answer
     (a bug: the caller re-raises it). Exit codes: ``hub.cli.EXIT_CODES``."""
+    url = url if isinstance(url, str) else ", ".join(url)
     if isinstance(exc, ConnectionLost):
         return 3, f"cannot reach the hub at {url} ({exc}); is `sessionhub serve` running there? (--url)"
     if isinstance(exc, SessionHubError) and exc.code == "forbidden":

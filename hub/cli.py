@@ -18,6 +18,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from clients.operator import add_url_option
+
 from . import cli_compaction
 
 __all__ = ["EXIT_CODES", "main"]
@@ -239,23 +241,17 @@ def _parser() -> argparse.ArgumentParser:
 
     tail = command("tail", "print a session's events live (resumes across restarts)")
     tail.add_argument("session_id", help="the session to follow; 'registry' follows session changes")
-    tail.add_argument(
-        "--url", default="ws://127.0.0.1:8000/ws", help="hub WebSocket URL (default: %(default)s)"
-    )
+    add_url_option(tail)
     tail.add_argument("--after", type=int, default=0, help="start after this seq (default: 0, everything)")
     tail.add_argument("--json", action="store_true", help="print raw event frames as JSON lines")
     tail.add_argument("--token", default=_TOKEN, help="access token (default: $SESSIONHUB_TOKEN)")
 
     sessions = command("sessions", "list sessions, most recently updated first")
-    sessions.add_argument(
-        "--url", default="ws://127.0.0.1:8000/ws", help="hub WebSocket URL (default: %(default)s)"
-    )
+    add_url_option(sessions)
     sessions.add_argument("--json", action="store_true", help="print JSON lines")
     sessions.add_argument("--token", default=_TOKEN, help="access token (default: $SESSIONHUB_TOKEN)")
     respond = command("respond", "answer chat turns with an OpenAI-compatible model (a responder worker)")
-    respond.add_argument(
-        "--url", default="ws://127.0.0.1:8000/ws", help="hub WebSocket URL (default: %(default)s)"
-    )
+    add_url_option(respond)
     respond.add_argument(
         "--base-url", required=True, help="the model server's API root, e.g. http://127.0.0.1:8080/v1"
     )

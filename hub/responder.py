@@ -293,7 +293,7 @@ async def _sse(response: httpx2.Response) -> AsyncIterator[dict[str, Any]]:
 
 
 async def run_responder(
-    url: str,
+    url: str | Sequence[str],
     responder: ChatCompletionsResponder,
     *,
     token: str | None = None,

@@ -193,6 +193,25 @@ async def test_sessions_and_tail_when_the_hub_is_down() -> None:
             assert "cannot reach the hub at" in one_line(result)
 
 
+async def test_several_urls_fail_over_and_are_named_when_none_answers(tmp_path: Path) -> None:
+    """``--url a,b``: the client commands try each hub in turn (HubClient([...])); when none
+    answers, the one line names them all."""
+    with contextlib.closing(__import__("socket").socket()) as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"ws://127.0.0.1:{sock.getsockname()[1]}/ws"  # bound, never listening: refused
+        async with serve("--db", str(tmp_path / "hub.db")) as live:
+            async with HubClient(live) as hub:
+                info = await hub.sessions.create("over there")
+            listed = await arun("sessions", "--url", f"{dead}, {live}")
+            assert listed.returncode == 0, listed.stderr
+            assert info.id in listed.stdout
+        down = await arun("sessions", "--url", f"{dead},{dead.replace('/ws', '/other')}")
+        assert down.returncode == 3
+        assert f"cannot reach the hub at {dead}, {dead.replace('/ws', '/other')}" in one_line(down)
+    empty = await arun("sessions", "--url", " , ")
+    assert empty.returncode == 2 and "no hub URL in" in empty.stderr
+
+
 async def test_tokens_missing_refused_and_sessions_missing(tmp_path: Path) -> None:
     admin = run("token", "--secret", SECRET, "--session", "*", "--scope", "admin").stdout.strip()
     other = run(
