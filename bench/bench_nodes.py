@@ -31,7 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from clients import HubClient
-from tests.nodes import Node, scratch_database
+from tests.support.nodes import Node, scratch_database
 
 TARGET_P99_MS = 50.0
 perf = time.perf_counter

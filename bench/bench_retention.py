@@ -31,7 +31,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from tests.nodes import scratch_database  # noqa: E402 - after the checkout is on sys.path
+from tests.support.nodes import scratch_database  # noqa: E402 - after the checkout is on sys.path
 
 KEEP = 1000
 

@@ -7,7 +7,7 @@ used to be written by hand in five places is derived from it or checked against 
   from ``level``, ``session``, ``null`` and ``check``;
 - the op table (``hub.server.ops.operations``), the Python client (``clients/``), the JS
   client (``web/sessionhub.js``, ``js``) and the docs' op tables (docs/protocol.md) are
-  held to it by tests/test_ops_declared.py, which ``scripts/check`` runs.
+  held to it by tests/project/test_ops_declared.py, which ``scripts/check`` runs.
 
 Adding an op: docs/architecture.md, "Where to add an op".
 """
@@ -125,7 +125,7 @@ DECLARED: dict[type[f.Request], Op] = {
 BY_NAME: dict[str, Op] = {str(t.__struct_config__.tag): op for t, op in DECLARED.items()}
 
 #: Ops no method of the Python client (``clients/``) sends, and why. Every other op has
-#: one; tests/test_ops_declared.py holds the client to this list both ways. Empty today:
+#: one; tests/project/test_ops_declared.py holds the client to this list both ways. Empty today:
 #: an op the client leaves out goes here with its reason, e.g.
 #: ``"some_op": "connection-internal: the hub sends it, not a program"``.
 NOT_IN_PYTHON_CLIENT: dict[str, str] = {}

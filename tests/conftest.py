@@ -9,7 +9,7 @@ Postgres: one database per test run (``sessionhub_test_<pid>``, created and migr
 dropped at the end) on the server named by ``SESSIONHUB_TEST_POSTGRES``; each test gets it
 with every table emptied (a few ``DELETE``s: ~0.2 ms, against ~40 ms for a fresh schema
 and ~15 ms for ``TRUNCATE``). When the server is unreachable the ``[postgres]`` runs skip
-(or fail, under ``SESSIONHUB_REQUIRE_SERVICES=1``: see ``tests/services.py``).
+(or fail, under ``SESSIONHUB_REQUIRE_SERVICES=1``: see ``tests/support/services.py``).
 """
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ import asyncpg
 import pytest
 
 from hub import PostgresStore, SqliteStore, Store
-
-from .hubtest import text_message as text_message  # the suites' `T(...)`; built in hubtest
-from .services import postgres_dsn, unavailable
+from tests.support.hubtest import text_message as text_message  # the suites' `T(...)`; built in hubtest
+from tests.support.services import postgres_dsn, unavailable
 
 T = TypeVar("T")
 

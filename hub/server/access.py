@@ -34,7 +34,7 @@ def allowed(connection: Connection, request: f.Request) -> bool:
     """Whether the connection's grant allows ``request``, as its declaration says
     (:mod:`protocol.ops`: the level, the field naming its session, the kind of check)."""
     op = declared(request)
-    if op is None:  # undeclared: nothing says what it needs (tests/test_ops_declared.py)
+    if op is None:  # undeclared: nothing says what it needs (tests/project/test_ops_declared.py)
         return False
     if op.check == "open":
         return True

@@ -357,7 +357,7 @@ async def prune_events(manager: SessionManager, request: f.PruneEvents) -> Prune
 
 def operations(hub: Sessions, turns: Turns) -> dict[str, Op]:
     """Every request type's handler, and nothing else (assertions, and
-    tests/test_ops_declared.py, keep the table exact)."""
+    tests/project/test_ops_declared.py, keep the table exact)."""
     m = hub.manager
 
     async def session_op(request: Any) -> Session:

@@ -1,4 +1,4 @@
-// The JS client against a real hub: tests/test_web_client.py starts one and sets
+// The JS client against a real hub: tests/web/test_web_client.py starts one and sets
 // SESSIONHUB_WS_URL (skipped otherwise). Node 20 needs --experimental-websocket.
 import { test } from "node:test";
 import assert from "node:assert/strict";

@@ -1,5 +1,5 @@
 // The shared protocol vectors (tests/vectors/*.json) against sessionhub.js: its
-// ClientConnection, error decoding and delta application. tests/test_vectors.py runs the
+// ClientConnection, error decoding and delta application. tests/protocol/test_vectors.py runs the
 // same files against the Python side, so the two clients cannot drift apart unnoticed.
 // Run: node --test web/test/
 import { test } from "node:test";
@@ -12,7 +12,7 @@ const sent = (data) => (data === null || data === undefined ? null : JSON.parse(
 const REGISTRY = "\u0000registry"; // sessionhub.js's key for the registry stream
 const streamOf = (key) => (key === REGISTRY ? null : key);
 
-/** The effect as the vectors spell it (tests/test_vectors.py builds the same). */
+/** The effect as the vectors spell it (tests/protocol/test_vectors.py builds the same). */
 function canonical(effect) {
   switch (effect.kind) {
     case "resolved":

@@ -36,7 +36,7 @@ __all__ = [
 #: fts5Bm25Function's constants.
 K1 = 1.2
 B = 0.75
-#: messages_fts's tokenizer (hub/store/sqlite/schema.py; tests/test_rank.py checks they agree).
+#: messages_fts's tokenizer (hub/store/sqlite/schema.py; tests/store/test_rank.py checks they agree).
 TOKENIZE = "porter unicode61"
 # Two scores this close (relative) might round to one product with the IDF, where FTS5
 # would order by rowid: too close to call without the IDF. Products round at 2**-53.

@@ -1,0 +1,1 @@
+"""The tests' helpers: real servers, clients, processes and figures, in one place."""
