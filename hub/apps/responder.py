@@ -29,7 +29,7 @@ from clients import HubClient, MessageStream, RemoteTool, Turn
 from protocol import Message
 from protocol.errors import SummarizerError
 
-from .summarizers import _RETRY_STATUS, OpenAICompatible
+from ..summarizers import _RETRY_STATUS, OpenAICompatible
 
 __all__ = ["ChatCompletionsResponder", "chat_messages", "run_responder"]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from protocol import InvalidInput
 
-from .dump import _utc
-from .store.base import SessionDump
+from ..dump import _utc
+from ..store.base import SessionDump
 
 __all__ = ["from_openai_agents"]
 
@@ -28,8 +28,8 @@ async def from_openai_agents(path: str | Path) -> list[SessionDump]:
 
     from clients.openai_agents import HubAgentSession
 
-    from .manager import SessionManager
-    from .store.sqlite import SqliteStore
+    from ..manager import SessionManager
+    from ..store.sqlite import SqliteStore
 
     file = Path(path)
     if not file.is_file():  # noqa: ASYNC240 - one stat of a local file
