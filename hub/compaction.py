@@ -24,7 +24,7 @@ import msgspec
 from protocol import InvalidInput, Message, coerce_message
 
 from .context import call
-from .overlays import COMPACTION_PREFIX
+from .store.overlays import COMPACTION_PREFIX
 from .tokens import estimate_message_tokens, js_json, utf16_len
 
 __all__ = [
