@@ -1,6 +1,6 @@
 """Import from the OpenAI Agents SDK (``sessionhub import --from openai-agents FILE``).
 
-A composition root, like :mod:`hub.cli`: it maps the SDK's items with the client-side
+A composition root, like :mod:`hub.apps.cli`: it maps the SDK's items with the client-side
 mapping of :class:`clients.openai_agents.HubAgentSession`, so it may import the clients,
 which the engine (:mod:`hub.dump` included) may not.
 """
