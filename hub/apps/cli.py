@@ -1,4 +1,6 @@
-"""The ``sessionhub`` command: ``serve`` the hub; ``tail`` and ``sessions`` for operators.
+"""The ``sessionhub`` command: ``serve`` the hub (:mod:`hub.apps.serve`); ``respond`` with
+a model; ``token``; ``prune``, ``export`` and ``import`` on the store; ``tail`` and
+``sessions`` for operators. ``python -m hub.apps.cli`` runs it from a checkout.
 
 Every operator mistake is one line on stderr and an exit code (:data:`EXIT_CODES`), never
 a traceback.
