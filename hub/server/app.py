@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from ..backends import open_backend
+from ..apps.backends import open_backend
 from ..bus import Bus
 from ..manager import SessionManager
 from ..store.base import Store
@@ -48,7 +48,7 @@ def create_app(
     Pass ``manager`` (configured with context templates, compaction...) or ``store`` to
     share ones you own (they are not closed on shutdown), or ``db`` (a SQLite path or a
     ``postgresql://`` DSN) and ``bus`` (``memory``, ``postgres``, a ``redis://`` URL or a
-    :class:`~hub.bus.Bus`; see :mod:`hub.backends`) to have the app open and close them.
+    :class:`~hub.bus.Bus`; see :mod:`hub.apps.backends`) to have the app open and close them.
     ``configure_manager(manager)`` is called on the manager the app builds over those,
     before it serves (compaction, context...: what ``sessionhub serve`` sets from its
     options). ``app.state.hub`` is the running :class:`Hub`.

@@ -67,7 +67,7 @@ class HubConfig:
     #: seconds without a chunk, so that proxies that cut idle connections (often at 30-60 s)
     #: keep it while the turn waits for a responder or a slow model.
     chat_keepalive: float = 15.0
-    #: Event retention (hub/server/retention.py): prune events older than this many
+    #: Event retention (hub/server/pruner.py): prune events older than this many
     #: seconds, and beyond the newest N of each log, every ``retention_interval`` s. None: keep.
     retain_events: float | None = None
     retain_events_per_session: int | None = None

@@ -25,8 +25,8 @@ from .ops import Op, operations, receive
 from .outage import StoreWatch
 from .outbox import Held
 from .presence import Presence
+from .pruner import Retention
 from .relay import Relay
-from .retention import Retention
 from .streams import Streams
 from .tails import Tails
 from .turns import Turns

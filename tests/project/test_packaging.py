@@ -46,8 +46,8 @@ def python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_a_sqlite_hub_loads_neither_asyncpg_nor_redis(tmp_path: Path) -> None:
     code = """
 import asyncio, sys
-import hub, hub.server, hub.cli, hub.backends, hub.bus, hub.store, clients, protocol
-from hub.backends import open_backend
+import hub, hub.server, hub.apps.cli, hub.apps.backends, hub.bus, hub.store, clients, protocol
+from hub.apps.backends import open_backend
 from hub.server import create_app
 
 async def main():
@@ -96,7 +96,8 @@ def test_a_missing_extra_names_it(module: str, code: str, extra: str) -> None:
 )
 def test_serve_without_an_extra_is_one_line(tmp_path: Path, module: str, args: list[str], extra: str) -> None:
     code = (
-        f"import sys; sys.modules[{module!r}] = None\nfrom hub.cli import main\nsys.exit(main(sys.argv[1:]))"
+        f"import sys; sys.modules[{module!r}] = None\n"
+        "from hub.apps.cli import main\nsys.exit(main(sys.argv[1:]))"
     )
     db = [] if "--db" in args else ["--db", str(tmp_path / "x.db")]
     result = python(code, "serve", *db, *args, "--port", "0")

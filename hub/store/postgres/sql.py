@@ -11,9 +11,9 @@ import msgspec
 from protocol import Compaction, Conflict, Event, InvalidInput, Message, SessionInfo, SessionNotFound
 
 from ...bus.doorbell import CHANNEL, stream_key
-from ...fts import fts_text
-from ...overlays import apply_compactions
 from ..base import LATEST, AppendResult, ParentArg, StreamPosition
+from ..fts import fts_text
+from ..overlays import apply_compactions
 from ..policy import (
     REGISTRY,
     already_ended,

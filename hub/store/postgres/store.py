@@ -28,8 +28,6 @@ from protocol import (
 from ...bus import Bus, MemoryBus, RemoteBus
 from ...bus.doorbell import CHANNEL
 from ...bus.doorbell import encode as doorbell
-from ...fts import fts_text, fts_words
-from ...overlays import visible_compactions
 from ..base import (
     LATEST,
     AppendResult,
@@ -44,6 +42,8 @@ from ..base import (
     session_stream,
 )
 from ..faultlog import FaultLog
+from ..fts import fts_text, fts_words
+from ..overlays import visible_compactions
 from ..policy import (
     END_REASON,
     SEARCH_WINDOW,

@@ -25,8 +25,6 @@ from protocol import (
 )
 
 from ...bus import Bus, MemoryBus
-from ...fts import phrase_query, words_query
-from ...overlays import apply_compactions, visible_compactions
 from ..base import (
     LATEST,
     AppendResult,
@@ -40,6 +38,8 @@ from ..base import (
     check_usage,
     usage_totals,
 )
+from ..fts import phrase_query, words_query
+from ..overlays import apply_compactions, visible_compactions
 from ..policy import (
     END_REASON,
     already_ended,
