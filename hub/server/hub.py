@@ -29,7 +29,7 @@ from .relay import Relay
 from .retention import Retention
 from .streams import Streams
 from .tails import Tails
-from .turns import Turns
+from .turndispatch import Turns
 
 if TYPE_CHECKING:
     from .workers import WorkerSummarizer
