@@ -33,7 +33,6 @@ from ..base import (
 )
 from ..policy import (
     END_REASON,
-    SEARCH_WINDOW,
     already_ended,
     check_compaction_args,
     check_end_reason,
@@ -42,8 +41,8 @@ from ..policy import (
     check_summary,
 )
 from ..prune import check_prune
-from ..rows import SESSION_COLS, decode_message, session_info, text_of
-from . import maintenance, sql
+from ..rows import SESSION_COLS, decode_message, session_info
+from . import maintenance, search, sql
 from .keys import SESSION_KEY
 from .pool import PostgresPool
 from .tx import PostgresTx
@@ -193,24 +192,7 @@ class PostgresStore(PostgresPool, Store):
         if not arg or check_limit(limit) <= 0:
             return []
 
-        async def fn(conn: Conn) -> list[SearchResult]:
-            tsquery = await conn.fetchval(sql.TSQUERY[match], arg)
-            if not tsquery:
-                return []  # no lexeme in the query: nothing can match
-            q = sql.tsquery_constant(tsquery)
-            if session_id is not None:
-                rows = await conn.fetch(
-                    sql.SEARCH_SESSION.format(q=q, window=SEARCH_WINDOW), session_id, limit
-                )
-            else:
-                rows = await conn.fetch(sql.SEARCH_ALL.format(q=q, window=SEARCH_WINDOW), limit)
-            # The row keeps no copy of the text: a hit's text is its stored message's.
-            return [
-                SearchResult(id=r[0], role=r[1], content=text_of(r[2]), session_id=r[3], created_at=r[4])
-                for r in rows
-            ]
-
-        return await self._read(fn)
+        return await self._read(search.search_messages, arg, match, session_id, limit)
 
     # -- compaction overlays -------------------------------------------------------------
     async def add_compaction(
@@ -415,11 +397,7 @@ class PostgresStore(PostgresPool, Store):
         if not words or check_limit(limit) <= 0:
             return []
 
-        async def fn(conn: Conn) -> list[tuple[str, str]]:
-            rows = await conn.fetch(sql.SEARCH_ENTRIES, words, label, limit)
-            return [(str(k), str(c)) for k, c in rows]
-
-        return await self._read(fn)
+        return await self._read(search.search_entries, words, label, limit)
 
     async def log_event(self, entry: LogEntry) -> int:
         async def fn(tx: PostgresTx) -> int:
