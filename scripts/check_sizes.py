@@ -25,7 +25,6 @@ SKIP = {"node_modules", "__pycache__", "test", "tests"}
 #: Today's oversized modules and their line counts when the gate came in: the most each
 #: may have until it is split. Never raise one.
 OVERSIZED: dict[str, int] = {
-    "web/sessionhub.js": 921,  # the JS client: ClientConnection, HubClient, LiveMessages
     "hub/cli.py": 681,  # every subcommand (issue 25: entry points in their own package)
 }
 
