@@ -2,7 +2,7 @@
 // several URLs, requests and their replies, subscriptions and their positions), performing the
 // effects of its ClientConnection (./connection.js).
 
-import { ClientConnection, idOf, keyOf } from "./connection.js";
+import { ClientConnection, REGISTRY, idOf, keyOf } from "./connection.js";
 import { ConnectionLost, HubError, PositionLost, errorFrom } from "./errors.js";
 
 /** How long before subscribing again to a stream the hub ended with an `unsubscribed` frame. */
