@@ -11,12 +11,14 @@
 //
 // This file is the entry: import from it (the hub serves it at /sessionhub.js). The parts,
 // ES modules under sessionhub/ that it loads with no build step: errors.js (HubError and the
-// rest), connection.js (ClientConnection, the sans-I/O protocol state), client.js (HubClient,
-// the socket and what it performs), live.js (LiveMessages, applyDelta).
+// rest), connection.js (ClientConnection, the sans-I/O protocol state), link.js (HubLink: the
+// socket, its reconnects and the frames in), client.js (HubClient, the API over it), live.js
+// (LiveMessages, applyDelta).
 
 export { ClientConnection } from "./sessionhub/connection.js";
 export { CONNECTION_LOST_CODE, ConnectionLost, HubError, PositionLost, errorFrom } from "./sessionhub/errors.js";
-export { HubClient, nextBackoff } from "./sessionhub/client.js";
+export { HubClient } from "./sessionhub/client.js";
+export { nextBackoff } from "./sessionhub/link.js";
 export { LiveMessages, applyDelta } from "./sessionhub/live.js";
 export { PresenceList } from "./presence.js";
 
