@@ -10,7 +10,7 @@ the hub unchanged.
 ``POST /api/chat`` takes the body ``DefaultChatTransport`` sends (``id``: the session,
 ``messages``: the path the page shows, ``trigger``, ``messageId``), creates the session if
 it is new (with ``admin``), appends the messages it does not hold yet (idempotent by id, as a
-chain from the root), starts a turn (:mod:`.turns`) and streams the reply. The chunks are
+chain from the root), starts a turn (:mod:`.turndispatch`) and streams the reply. The chunks are
 derived from the reply's stream frames by :class:`UIMessageEncoder`, which diffs the message
 as the hub holds it: what the SDK rebuilds is what the hub stores. ``GET
 /api/chat/{id}/stream`` resumes: ``204`` when no turn is in flight on any node, else the

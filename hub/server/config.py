@@ -61,7 +61,7 @@ class HubConfig:
     max_in_flight: int = 64
     #: How long an evicted peer has to take its close frame before the TCP connection is cut.
     close_grace: float = 5.0
-    #: How long a turn waits for a responder to start answering it (hub/server/turns.py).
+    #: How long a turn waits for a responder to start answering it (hub/server/turndispatch.py).
     turn_timeout: float = 30.0
     #: A chat reply's SSE stream (``POST /api/chat``) sends a comment line after this many
     #: seconds without a chunk, so that proxies that cut idle connections (often at 30-60 s)

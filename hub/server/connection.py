@@ -23,7 +23,7 @@ from .outbox import Evicted, Held, Outbox, frame_cost
 from .presence import Presence
 from .streams import Streams
 from .tails import Live, Tails
-from .turns import Turns
+from .turndispatch import Turns
 
 if TYPE_CHECKING:
     from .workers import WorkerSummarizer

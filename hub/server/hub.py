@@ -29,7 +29,7 @@ from .pruner import Retention
 from .relay import Relay
 from .streams import Streams
 from .tails import Tails
-from .turns import Turns
+from .turndispatch import Turns
 
 if TYPE_CHECKING:
     from .workers import WorkerSummarizer

@@ -148,7 +148,7 @@ class StreamHost(ConnectionRegistry, Sessions, Protocol):
 
 
 class Responder(Protocol):
-    """A connection that answers turns (``take_turns``), as :mod:`.turns` sees it: who it
+    """A connection that answers turns (``take_turns``), as :mod:`.turndispatch` sees it: who it
     is, whether its grant lets it write the session, and sending it the ``turn`` frame
     (``send`` raises :class:`~hub.server.outbox.Evicted` when it cannot take it)."""
 

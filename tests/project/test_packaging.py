@@ -126,8 +126,12 @@ async def test_the_hub_serves_the_inspector_and_not_its_tests(tmp_path: Path) ->
     async with served(db=tmp_path / "hub.db") as h:
         index = await asyncio.to_thread(_get, h.url + "/")
         assert index[0] == 200 and b"inspector/main.js" in index[1]
-        modules = sorted(p.relative_to(web).as_posix() for p in (web / "inspector").glob("*.js"))
-        assert "inspector/main.js" in modules
+        modules = sorted(
+            p.relative_to(web).as_posix()
+            for part in ("inspector", "sessionhub")
+            for p in (web / part).glob("*.js")
+        )
+        assert {"inspector/main.js", "sessionhub/client.js"} <= set(modules)
         pages = (
             "inspector.css",
             "sessionhub.js",
@@ -320,7 +324,14 @@ def test_the_wheel_builds_quietly_and_ships_no_js_tests(wheel_build: tuple[Path,
     assert sorted(top_level) == sorted(IMPORT_PACKAGES)
     # The inspector's files are under hub/server/web/: exactly the ones the hub serves.
     served = _served_files()
-    assert {"index.html", "inspector/main.js", "sessionhub.js", "presence.js", "chat-transport.js"} <= served
+    assert {
+        "index.html",
+        "inspector/main.js",
+        "sessionhub.js",
+        "sessionhub/client.js",
+        "presence.js",
+    } <= served
+    assert "chat-transport.js" in served
     assert "examples/chat.html" in served
     assert {n.removeprefix(PACKAGED_WEB) for n in names if n.startswith(PACKAGED_WEB)} == served
     assert not [n for n in names if "/test/" in n or n.endswith(".mjs")]
