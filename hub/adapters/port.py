@@ -11,7 +11,9 @@ rules (a token before the body, a bounded body, bounded SSE, origins) are
 :mod:`.caller`, :mod:`.body` and :mod:`.sse`. Nothing else of the server: not the ``Hub``,
 a ``Connection``, the op table, subscriptions nor the access module; the import contract
 "the adapters reach the hub only through their port" (pyproject.toml) fails on any other
-import, and ``tests/project/test_architecture.py`` on a server module it does not name.
+import, and ``tests/project/test_architecture.py`` when a server module this port imports
+(``config``, ``metrics``, ``outbox``, ``ports``, ``turnframes``; ``asgiscope`` for
+:mod:`.sse`) would lead to one.
 
 An adapter registers as an :class:`Adapter`: its routes, the paths that answer a typed
 405 for other methods, and optionally what runs in the app's lifespan. The list of
