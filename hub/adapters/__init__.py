@@ -8,7 +8,8 @@ one module each (docs/architecture.md, "Where to add a protocol adapter").
 
 What they share: :mod:`.port` (all an adapter may use of the hub, and the
 :class:`~hub.adapters.port.Adapter` it registers as), :mod:`.caller` (origin, token,
-scope), :mod:`.body` (a bounded, strictly parsed body) and :mod:`.sse` (bounded SSE).
+scope), :mod:`.body` (a bounded, strictly parsed body), :mod:`.sse` (bounded SSE) and
+:mod:`.chats` (what the chat adapters share).
 Framework backends that run in the user's process are not adapters: they are ``clients/``
 modules named after their framework (``clients/openai_agents.py``).
 """

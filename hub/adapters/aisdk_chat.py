@@ -25,28 +25,22 @@ The adapter sees the running hub as a :class:`~hub.adapters.port.ChatHost`
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal
 
-import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from protocol import (
-    Conflict,
     Forbidden,
-    InvalidInput,
-    NotFound,
     SessionHubError,
-    SessionNotFound,
-    SummarizerError,
     coerce_message,
 )
 from protocol import frames as f
 
 from ..server.turnframes import TurnOutcome
 from .body import BodyError, parse_body, read_body
-from .caller import Caller, caller, cors_headers
+from .caller import caller, cors_headers
+from .chats import ChatBody, ensure_session, error_code, json_error, refused
 from .port import Adapter, ChatHost, ChatTurn, host_of
 from .sse import SseFeed
 from .uistream import UIMessageEncoder, render, sse_text
@@ -143,130 +137,59 @@ def reply_stream(hub: ChatHost, turn: ChatTurn, headers: dict[str, str]) -> SseF
 # -- HTTP ----------------------------------------------------------------------------------
 
 
-class ChatBody(msgspec.Struct, kw_only=True):
-    """What ``DefaultChatTransport`` posts (other fields, a page's own ``body``, are ignored)."""
-
-    id: str
-    messages: list[dict[str, Any]]
-    trigger: Literal["submit-message", "regenerate-message"] = "submit-message"
-    messageId: str | None = None  # the SDK's name
-
-
-_STATUS = {
-    "too_large": 413,
-    "invalid": 400,
-    "forbidden": 403,
-    "not_found": 404,
-    "conflict": 409,
-    "unavailable": 503,
-}
-
-
-def _error(
-    code: str, message: str, headers: dict[str, str] | None = None, status: int | None = None
-) -> JSONResponse:
-    if status is None:
-        status = 401 if code == "unauthorized" else _STATUS.get(code, 500)
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
-
-
 def _cors(request: Request, hub: ChatHost) -> dict[str, str] | None:
     return cors_headers(request.headers, hub.config, expose="x-vercel-ai-ui-message-stream")
-
-
-def _code(exc: SessionHubError) -> str:
-    if isinstance(exc, Forbidden):
-        return "forbidden"
-    if isinstance(exc, NotFound):
-        return "not_found"
-    if isinstance(exc, InvalidInput):
-        return "invalid"
-    if isinstance(exc, Conflict):
-        return "conflict"
-    if isinstance(exc, SummarizerError):
-        return "upstream"
-    return str(getattr(exc, "code", "internal"))
-
-
-def _title(messages: list[dict[str, Any]]) -> str:
-    for message in messages:
-        for part in message.get("parts") or []:
-            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
-                return " ".join(part["text"].split())[:60] or "chat"
-    return "chat"
 
 
 async def _post(request: Request) -> Response | SseFeed:
     hub = host_of(request)
     cors = _cors(request, hub)
     if cors is None:
-        return _error("forbidden", "origin not allowed")
+        return json_error("forbidden", "origin not allowed")
     if hub.closing:
-        return _error("unavailable", "the hub is shutting down", cors)
+        return json_error("unavailable", "the hub is shutting down", cors)
     # The token and the declared size first: a stranger's body is never read, and nobody's
     # is read past max_body_bytes.
     try:
         who = caller(request.headers, hub.config)
     except Forbidden:
-        return _refused(request, cors)
+        return refused(request.headers, cors)
     try:
         data = await read_body(request.receive, request.headers, hub.config.max_body_bytes)
         body: ChatBody = parse_body(data, ChatBody)
     except BodyError as exc:
-        return _error(exc.code, str(exc), cors, exc.status)
+        return json_error(exc.code, str(exc), cors, exc.status)
     if not body.messages:
-        return _error("invalid", "`messages` is empty: nothing to answer", cors)
+        return json_error("invalid", "`messages` is empty: nothing to answer", cors)
     try:
         who.check("append_all", body.id)
         # Every message checked (depth, numbers, parts) before anything is written: a bad
         # one must not leave a new chat's session behind, empty.
         messages = [coerce_message(m) for m in body.messages]
-        await _ensure_session(hub, who, body)
+        await ensure_session(hub, who, body)
         await hub.manager.append_all(body.id, messages, None)
         turn = await hub.turns.start(body.id, messages[-1].id, body.trigger)
     except Forbidden:
-        return _refused(request, cors)
+        return refused(request.headers, cors)
     except SessionHubError as exc:
-        return _error(_code(exc), str(exc), cors)
+        return json_error(error_code(exc), str(exc), cors)
     return reply_stream(hub, turn, cors)
-
-
-async def _ensure_session(hub: ChatHost, who: Caller, body: ChatBody) -> None:
-    """Create the chat's session if it is new. Several first POSTs of one chat race here:
-    the one whose create loses finds the session made and goes on to the turn, where all
-    but one are told ``conflict`` (a turn is in flight), not that the session exists."""
-    if await hub.manager.get(body.id) is not None:
-        return
-    if not who.allows("create", body.id):
-        raise SessionNotFound(body.id)  # creating one needs admin
-    try:
-        await hub.store.create_session(_title(body.messages), source="api/chat", session_id=body.id)
-    except InvalidInput:
-        if await hub.manager.get(body.id) is None:
-            raise  # not the race: the create itself was refused
-
-
-def _refused(request: Request, cors: dict[str, str]) -> Response:
-    # Without a token at all the page learns what to send; with a wrong one, only no.
-    if request.headers.get("authorization") is None:
-        return _error("unauthorized", "this hub needs a token: send Authorization: Bearer <token>", cors)
-    return _error("forbidden", "forbidden", cors)
 
 
 async def _resume(request: Request) -> Response | SseFeed:
     hub = host_of(request)
     cors = _cors(request, hub)
     if cors is None:
-        return _error("forbidden", "origin not allowed")
+        return json_error("forbidden", "origin not allowed")
     session_id = request.path_params["session_id"]
     try:
         caller(request.headers, hub.config).check("get_history", session_id)
     except Forbidden:
-        return _refused(request, cors)
+        return refused(request.headers, cors)
     try:
         turn = await hub.turns.find(session_id)
     except SessionHubError as exc:
-        return _error(_code(exc), str(exc), cors)
+        return json_error(error_code(exc), str(exc), cors)
     if turn is None:
         return Response(status_code=204, headers=cors)
     return reply_stream(hub, turn, cors)
@@ -278,23 +201,23 @@ async def _stop(request: Request) -> Response:
     hub = host_of(request)
     cors = _cors(request, hub)
     if cors is None:
-        return _error("forbidden", "origin not allowed")
+        return json_error("forbidden", "origin not allowed")
     session_id = request.path_params["session_id"]
     try:
         caller(request.headers, hub.config).check("stop_turn", session_id)
         await hub.session(session_id)
         stopped = await hub.turns.stop(session_id, request.query_params.get("turn_id"), "stopped by the user")
     except Forbidden:
-        return _refused(request, cors)
+        return refused(request.headers, cors)
     except SessionHubError as exc:
-        return _error(_code(exc), str(exc), cors)
+        return json_error(error_code(exc), str(exc), cors)
     return JSONResponse(stopped, headers=cors)
 
 
 async def _preflight(request: Request) -> Response:
     cors = _cors(request, host_of(request))
     if cors is None:
-        return _error("forbidden", "origin not allowed")
+        return json_error("forbidden", "origin not allowed")
     return Response(status_code=204, headers=cors)
 
 
