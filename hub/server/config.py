@@ -17,7 +17,7 @@ class HubConfig:
     the peer is evicted (close code 4008); ``close_grace`` how long an evicted peer has to
     take the close frame before its transport is aborted. A chat SSE reader is bounded by
     the same two: ``outbox_bytes`` queued for it, or a send not taken for ``send_timeout``,
-    and it is dropped (hub/server/ssefeed.py)."""
+    and it is dropped (hub/adapters/sse.py)."""
 
     max_frame_bytes: int = 1 << 20
     #: The largest HTTP request body (``POST /api/chat`` and its sub-routes, ``/mcp``): a

@@ -386,3 +386,17 @@ def test_an_editable_install_serves_the_checkouts_web_and_installs_no_web_packag
     answers = _serve_and_get(venv, tmp_path, ["/", "/sessionhub.js"])
     assert answers["/"] == (200, (ROOT / "web" / "index.html").read_bytes())
     assert answers["/sessionhub.js"] == (200, b"// edited\n")
+
+
+def test_every_python_package_is_listed_for_the_wheel() -> None:
+    """pyproject.toml lists the wheel's packages by hand (a flat layout with several roots):
+    a new package left off the list (hub/adapters/, say) would import from the checkout and
+    be missing from every install. Checked without building, so without PyPI."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    listed = set(config["tool"]["setuptools"]["packages"])
+    found = {
+        ".".join(init.parent.relative_to(ROOT).parts)
+        for top in ("hub", "protocol", "clients")
+        for init in (ROOT / top).rglob("__init__.py")
+    }
+    assert found - listed == set(), f"add these to [tool.setuptools] packages: {sorted(found - listed)}"
