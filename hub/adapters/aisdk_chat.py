@@ -8,7 +8,7 @@ reconnect) talks to the hub unchanged.
 ``POST /api/chat`` takes the body ``DefaultChatTransport`` sends (``id``: the session,
 ``messages``: the path the page shows, ``trigger``, ``messageId``), creates the session if
 it is new (with ``admin``), appends the messages it does not hold yet (idempotent by id, as a
-chain from the root), starts a turn (``hub/server/turns.py``) and streams the reply. ``GET
+chain from the root), starts a turn (``hub/server/turndispatch.py``) and streams the reply. ``GET
 /api/chat/{id}/stream`` resumes: ``204`` when no turn is in flight on any node, else the
 message from its ``start`` (everything so far, in one go) and then live. ``POST
 /api/chat/{id}/stop`` stops the turn in flight: the stream ends with an ``abort`` chunk.
