@@ -124,7 +124,9 @@ async def test_a_tail_delivers_every_event_in_order_either_way(
         await eventually(lambda: len(inbox.frames) == n + 20)
         assert seqs(inbox.frames) == list(range(first + 1, first + n + 21))
         if decline:
-            assert counting.awaited >= 2
+            # The awaited read served them; how many trips depends on how the appends and
+            # the tail's wake-ups interleave (one, under load: it batches what is there).
+            assert counting.awaited >= 1
         else:
             # Every read went inline, also the batch bigger than INLINE_EVENTS (in slices).
             assert counting.awaited == 0
