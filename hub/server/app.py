@@ -20,6 +20,7 @@ from ..bus import Bus
 from ..manager import SessionManager
 from ..store.base import Store
 from .chat_http import chat_routes
+from .chat_ws import chat_ws_routes
 from .config import HubConfig
 from .connection import CLOSE_GOING_AWAY
 from .handshake import HostCheck, KeepTransport, origin_allowed
@@ -114,6 +115,7 @@ def create_app(
         Route("/metrics", metrics),
         WebSocketRoute("/ws", ws),
         *chat_routes(),  # POST /api/chat, GET /api/chat/{id}/stream (hub/server/chat_http.py)
+        *chat_ws_routes(),  # /api/chat/ws: the AI SDK 7 WebSocketChatTransport (hub/server/chat_ws.py)
     ]
     if mcp_endpoint is not None:
         routes.append(mcp_endpoint.route())
