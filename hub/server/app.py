@@ -19,6 +19,7 @@ from ..backends import open_backend
 from ..bus import Bus
 from ..manager import SessionManager
 from ..store.base import Store
+from .agui import agui_routes
 from .chat_http import chat_routes
 from .chat_ws import chat_ws_routes
 from .config import HubConfig
@@ -116,12 +117,22 @@ def create_app(
         WebSocketRoute("/ws", ws),
         *chat_routes(),  # POST /api/chat, GET /api/chat/{id}/stream (hub/server/chat_http.py)
         *chat_ws_routes(),  # /api/chat/ws: the AI SDK 7 WebSocketChatTransport (hub/server/chat_ws.py)
+        *agui_routes(),  # POST /agui, GET /agui/{thread}/stream: AG-UI 1.0 (hub/server/agui.py)
     ]
     if mcp_endpoint is not None:
         routes.append(mcp_endpoint.route())
     # Typed JSON for a wrong method or a missing API path (hub/server/unrouted.py).
     routes += unrouted(
-        ["/healthz", "/readyz", "/metrics", "/api/chat", "/api/chat/{id}/stream", "/api/chat/{id}/stop"]
+        [
+            "/healthz",
+            "/readyz",
+            "/metrics",
+            "/api/chat",
+            "/api/chat/{id}/stream",
+            "/api/chat/{id}/stop",
+            "/agui",
+            "/agui/{id}/stream",
+        ]
     )
     # The browser inspector and the JS client (web/, see docs/inspector.md): static files,
     # no build step, mounted last so that every other route wins.

@@ -43,14 +43,13 @@ from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from protocol import Forbidden, SessionHubError, SessionNotFound, coerce_message
-from protocol import frames as f
 
 from ..auth import Grant, verify_token
-from .chat_http import ChatBody, UIMessageEncoder, _code, _ensure_session, _render
+from .chat_http import ChatBody, _code, _ensure_session
 from .handshake import origin_allowed, token_of
 from .outbox import Outbox
 from .ports import ChatHost, ChatTurn
-from .turnframes import TurnOutcome
+from .replychunks import TurnChunks, turn_chunks
 
 __all__ = ["chat_ws_routes"]
 
@@ -96,78 +95,6 @@ def _frame(kind: str, request_id: str, **fields: Any) -> str:
     return json.dumps({"type": kind, "requestId": request_id, **fields}, separators=(",", ":"))
 
 
-class TurnChunks:
-    """One turn's chunks on this node: rendered once for every request that streams it, and
-    numbered from the turn's first chunk (``start``), kept while the turn runs so that a
-    request can continue after any of them. ``whole`` says whether they begin at the turn's
-    start (the node saw it begin) and are all still held."""
-
-    def __init__(self, hub: ChatHost, turn: ChatTurn) -> None:
-        self.hub, self.turn = hub, turn
-        self.encoder = UIMessageEncoder(turn.reply_id)
-        chunks = self.encoder.start()
-        current = hub.streams.current(turn.session_id, turn.reply_id)
-        # Seen from its start only if nothing of it had streamed when the node began to watch.
-        self.whole = current is None
-        if current is not None:
-            chunks += self.encoder.message(*current)
-        self.chunks: list[str] = []
-        self.bytes = 0
-        self.limit = hub.config.max_stream_bytes * 2
-        self.done = False
-        self.requests: list[_Stream] = []
-        self._keep(chunks)
-        self.unwatch = turn.watch(self.on_item)
-
-    def _keep(self, chunks: list[dict[str, Any]]) -> None:
-        for chunk in chunks:
-            text = json.dumps(chunk, separators=(",", ":"))
-            self.chunks.append(text)
-            self.bytes += len(text)
-        if self.bytes > self.limit and self.whole:
-            # Past the bound a continuation could not be served exactly any more: say so
-            # (``resume`` without lastSequence still works: it replays the message).
-            self.whole = False
-
-    def on_item(self, item: f.StreamFrame | TurnOutcome) -> None:
-        # Called by the turn among its other watchers: a failure here must not reach it.
-        try:
-            chunks, last = _render(self.encoder, item)
-        except Exception:
-            log.exception("a chunk of the reply %s could not be rendered", self.turn.reply_id)
-            chunks = [{"type": "error", "errorText": "the hub could not render the reply; resume it"}]
-            last = True
-        first = len(self.chunks)
-        self._keep(chunks)
-        if last:
-            self.done = True
-            self.unwatch()
-            if _TURNS.get(id(self.turn)) is self:
-                del _TURNS[id(self.turn)]
-        for request in list(self.requests):
-            request.deliver(first, last)
-
-    def replay(self) -> tuple[list[str], int]:
-        """Chunks that take a new reader to where the reply is now, and the index of the next
-        kept chunk it must be given after them."""
-        if self.whole or not self.chunks:
-            return list(self.chunks), len(self.chunks)
-        fresh = UIMessageEncoder(self.turn.reply_id)
-        chunks = fresh.start() + fresh.message(self.encoder.snapshot(), self.encoder.index)
-        return [json.dumps(c, separators=(",", ":")) for c in chunks], len(self.chunks)
-
-
-#: id(turn) -> its chunks on this node (the entry holds the turn, so the id is not reused).
-_TURNS: dict[int, TurnChunks] = {}
-
-
-def turn_chunks(hub: ChatHost, turn: ChatTurn) -> TurnChunks:
-    chunks = _TURNS.get(id(turn))
-    if chunks is None or chunks.turn is not turn:
-        chunks = _TURNS[id(turn)] = TurnChunks(hub, turn)
-    return chunks
-
-
 class _Stream:
     """One request's reply on one socket: its own gap-free sequence, from 0."""
 
@@ -187,11 +114,11 @@ class _Stream:
                 self._chunk(text)
         else:
             self.sequence = self.next = after + 1
-        chunks.requests.append(self)
+        chunks.listeners.append(self)
         self.deliver(self.next, chunks.done)
 
     def deliver(self, first: int, last: bool) -> None:
-        kept = self.chunks.chunks
+        kept = self.chunks.texts
         for index in range(max(first, self.next), len(kept)):
             self._chunk(kept[index])
         self.next = len(kept)
@@ -207,7 +134,7 @@ class _Stream:
 
     def leave(self) -> None:
         with contextlib.suppress(ValueError):
-            self.chunks.requests.remove(self)
+            self.chunks.listeners.remove(self)
         self.socket.streams.pop(self.request_id, None)
 
 
@@ -360,7 +287,7 @@ class _Socket:
         after = request.lastSequence
         if after is not None:
             chunks = turn_chunks(self.hub, turn)
-            if not chunks.whole or after >= len(chunks.chunks) or after < 0:
+            if not chunks.whole or after >= len(chunks.texts) or after < 0:
                 self.push(
                     _frame(
                         "error",
