@@ -20,6 +20,7 @@ from ..bus import Bus
 from ..manager import SessionManager
 from ..store.base import Store
 from .agui import agui_routes
+from .cf_agents import cf_agents_routes
 from .chat_http import chat_routes
 from .chat_ws import chat_ws_routes
 from .config import HubConfig
@@ -117,6 +118,7 @@ def create_app(
         WebSocketRoute("/ws", ws),
         *chat_routes(),  # POST /api/chat, GET /api/chat/{id}/stream (hub/server/chat_http.py)
         *chat_ws_routes(),  # /api/chat/ws: the AI SDK 7 WebSocketChatTransport (hub/server/chat_ws.py)
+        *cf_agents_routes(),  # /agents/{agent}/{name}: Cloudflare's cf_agent_* chat (hub/server/cf_agents.py)
         *agui_routes(),  # POST /agui, GET /agui/{thread}/stream: AG-UI 1.0 (hub/server/agui.py)
     ]
     if mcp_endpoint is not None:

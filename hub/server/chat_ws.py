@@ -51,7 +51,7 @@ from .outbox import Outbox
 from .ports import ChatHost, ChatTurn
 from .replychunks import TurnChunks, turn_chunks
 
-__all__ = ["chat_ws_routes"]
+__all__ = ["Socket", "chat_ws_routes"]
 
 log = logging.getLogger("sessionhub.chat")
 
@@ -98,7 +98,7 @@ def _frame(kind: str, request_id: str, **fields: Any) -> str:
 class _Stream:
     """One request's reply on one socket: its own gap-free sequence, from 0."""
 
-    def __init__(self, socket: _Socket, request_id: str, chunks: TurnChunks) -> None:
+    def __init__(self, socket: Socket, request_id: str, chunks: TurnChunks) -> None:
         self.socket, self.request_id, self.chunks = socket, request_id, chunks
         self.sequence = 0  # the next chunk's sequence on this request
         self.next = 0  # the next kept chunk of the turn this request is given
@@ -138,7 +138,7 @@ class _Stream:
         self.socket.streams.pop(self.request_id, None)
 
 
-class _Socket:
+class Socket:
     """One ``/api/chat/ws`` connection: its token, its requests, and its bounded outbox."""
 
     def __init__(self, hub: ChatHost, websocket: WebSocket) -> None:
@@ -185,6 +185,26 @@ class _Socket:
                 return
             self.wake.clear()
             await self.wake.wait()
+
+    async def serve(self, drainer: asyncio.Task[None]) -> None:
+        """Read and handle frames until the peer goes, or the drainer ends the socket."""
+        websocket = self.websocket
+        while self.closing is None:
+            receive = asyncio.ensure_future(websocket.receive())
+            done, _ = await asyncio.wait({receive, drainer}, return_when=asyncio.FIRST_COMPLETED)
+            if receive not in done:
+                receive.cancel()
+                return
+            message = receive.result()
+            if message["type"] == "websocket.disconnect":
+                return
+            text = message.get("text")
+            if text is None:
+                try:
+                    text = (message.get("bytes") or b"").decode("utf-8")
+                except UnicodeDecodeError:
+                    continue
+            await self.handle(text)
 
     # -- requests ------------------------------------------------------------------------
 
@@ -334,27 +354,11 @@ async def _endpoint(websocket: WebSocket) -> None:
     if hub.closing:
         await websocket.close(CLOSE_GOING_AWAY, "server shutting down; resume elsewhere")
         return
-    socket = _Socket(hub, websocket)
+    socket = Socket(hub, websocket)
     socket.token = token
     drainer = asyncio.create_task(socket.drain())
     try:
-        while socket.closing is None:
-            receive = asyncio.ensure_future(websocket.receive())
-            done, _ = await asyncio.wait({receive, drainer}, return_when=asyncio.FIRST_COMPLETED)
-            if receive not in done:
-                receive.cancel()
-                break
-            message = receive.result()
-            if message["type"] == "websocket.disconnect":
-                break
-            text = message.get("text")
-            if text is None:
-                data = message.get("bytes") or b""
-                try:
-                    text = data.decode("utf-8")
-                except UnicodeDecodeError:
-                    continue
-            await socket.handle(text)
+        await socket.serve(drainer)
     except WebSocketDisconnect:
         pass
     finally:
