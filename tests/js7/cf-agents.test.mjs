@@ -34,6 +34,8 @@ async function open(name) {
     if (data.type === "cf_agent_stream_resume_none") transport.handleStreamResumeNone(data);
   });
   await client.ready;
+  // The history follows the identity: what useAgentChat shows first.
+  await until(() => frames.some((f) => f.type === "cf_agent_chat_messages"), "the history on connect");
   return { client, transport, frames };
 }
 
@@ -68,7 +70,9 @@ test("identity and history on connect; a reply streams and is what the hub store
   try {
     assert.equal(a.client.agent, AGENT);
     assert.equal(a.client.name, name);
-    assert.deepEqual(a.frames.find((f) => f.type === "cf_agent_chat_messages").messages, []);
+    const transcript = await until(() => a.frames.find((f) => f.type === "cf_agent_chat_messages"), "the history");
+    assert.deepEqual(transcript.messages, []);
+    assert.equal(transcript.connect, true);
     const first = user("hello cloudflare");
     const { last, chunks } = await read(await a.transport.sendMessages({ chatId: name, messages: [first], trigger: "submit-message" }));
     assert.equal(chunks[0].type, "start");
