@@ -32,6 +32,7 @@ re-attach ``read``. Each reader's stream is bounded as a WebSocket's outbox is
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -43,6 +44,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from protocol import Forbidden, InvalidInput, SessionHubError, SessionNotFound, coerce_message
+from protocol.records import ContextBlock
 
 from .chat_http import ChatBody, _code, _cors, _ensure_session, _error, _grant, _refused
 from .httpbody import BodyError, parse_body, read_body
@@ -201,6 +203,54 @@ def _result_content(part: dict[str, Any]) -> str:
         return str(part.get("errorText", ""))
     output = part.get("output")
     return output if isinstance(output, str) else json.dumps(output)
+
+
+# -- state: the session's context blocks ------------------------------------------------------
+
+
+def _plain(block: ContextBlock) -> bool:
+    return not block.is_skill and not block.is_searchable
+
+
+async def blocks_state(hub: ChatHost, session_id: str) -> dict[str, Any]:
+    """The run's AG-UI state: ``{"contextBlocks": {label: content}}`` of the session's plain
+    blocks (skills and searchable blocks are keyed stores, not one text: left out)."""
+    blocks = await hub.manager.get_session(session_id).get_context_blocks()
+    return {"contextBlocks": {b.label: b.content for b in blocks if _plain(b)}}
+
+
+async def apply_state(hub: ChatHost, session_id: str, state: Any) -> None:
+    """A run's input ``state``: the ``contextBlocks`` it changes are written, all or none
+    (each is checked first; a write the engine refuses puts back the ones before it)."""
+    if state is None:
+        return
+    wanted = state.get("contextBlocks") if isinstance(state, dict) else None
+    if wanted is None:
+        return
+    if not isinstance(wanted, dict) or not all(isinstance(v, str) for v in wanted.values()):
+        raise InvalidInput("state.contextBlocks must map block labels to their text")
+    session = hub.manager.get_session(session_id)
+    blocks = {b.label: b for b in await session.get_context_blocks()}
+    changes: dict[str, str] = {}
+    for label, content in wanted.items():
+        block = blocks.get(label)
+        if block is None:
+            raise InvalidInput(f"state.contextBlocks: no block {label!r} in this session")
+        if block.content == content:
+            continue
+        if not block.writable or not _plain(block):
+            raise InvalidInput(f"state.contextBlocks: block {label!r} is not writable text")
+        changes[label] = content
+    done: list[str] = []
+    try:
+        for label, content in changes.items():
+            await session.replace_context_block(label, content)
+            done.append(label)
+    except SessionHubError:
+        for label in done:
+            with contextlib.suppress(SessionHubError):
+                await session.replace_context_block(label, blocks[label].content)
+        raise
 
 
 # -- UI chunks out as AG-UI events -----------------------------------------------------------
@@ -380,37 +430,64 @@ class AguiRun:
     """One turn's AG-UI events on this node, numbered from the run's first, rendered once
     for all its readers (each reader's stream is its own :class:`SseFeed`)."""
 
-    def __init__(self, hub: ChatHost, turn: ChatTurn, run_id: str) -> None:
+    def __init__(self, hub: ChatHost, turn: ChatTurn, run_id: str, state: dict[str, Any] | None) -> None:
         self.hub, self.turn, self.run_id = hub, turn, run_id
         self.chunks: TurnChunks = turn_chunks(hub, turn)
         self.encoder = AguiEncoder(turn.session_id, run_id, turn.reply_id)
         self.events: list[str] = [json.dumps(self.encoder.started(), separators=(",", ":"))]
         self.reopen: list[list[Event]] = [[]]  # per event: what is open after it
+        if state is not None:
+            self._add({"type": "STATE_SNAPSHOT", "snapshot": state}, [])
+        self.ending: asyncio.Task[None] | None = None
         self.consumed = 0  # UI chunks rendered so far
         self.feeds: list[SseFeed] = []
         self.done = False
         self.chunks.listeners.append(self)
         self.deliver(0, self.chunks.done)
 
+    def _add(self, event: Event, reopen: list[Event]) -> None:
+        self.events.append(json.dumps(event, separators=(",", ":")))
+        self.reopen.append(reopen)
+
     def deliver(self, first: int, last: bool) -> None:
+        if self.ending is not None:
+            return
         start = len(self.events)
         items = self.chunks.items
+        final: list[Event] = []
         for index in range(self.consumed, len(items)):
             for event in self.encoder.chunk(items[index]):
-                self.events.append(json.dumps(event, separators=(",", ":")))
-                self.reopen.append(self.encoder.reopen())
+                if event["type"] in ("RUN_FINISHED", "RUN_ERROR"):
+                    final.append(event)  # after the state, below
+                else:
+                    self._add(event, self.encoder.reopen())
         self.consumed = len(items)
-        if last:
-            if not self.encoder.ended:  # a turn that ended with no final chunk
-                for event in self.encoder.chunk({"type": "error", "errorText": "the run ended"}):
-                    self.events.append(json.dumps(event, separators=(",", ":")))
-                    self.reopen.append([])
-            self.done = True
-            with contextlib.suppress(ValueError):
-                self.chunks.listeners.remove(self)
-            if _RUNS.get(id(self.turn)) is self:
-                del _RUNS[id(self.turn)]
-        if len(self.events) > start or last:
+        if last and not final:  # a turn that ended with no final chunk
+            final = [e for e in self.encoder.chunk({"type": "error", "errorText": "the run ended"}) if e]
+        self._push(start)
+        if last or final:
+            # The blocks as the run left them, then its end: read from the store, so a task.
+            self.ending = asyncio.get_running_loop().create_task(self._end(final))
+
+    async def _end(self, final: list[Event]) -> None:
+        start = len(self.events)
+        try:
+            self._add(
+                {"type": "STATE_SNAPSHOT", "snapshot": await blocks_state(self.hub, self.turn.session_id)}, []
+            )
+        except Exception:  # the store or the session went: the run still ends
+            log.info("the AG-UI run %s ended without its state", self.run_id, exc_info=True)
+        for event in final:
+            self._add(event, [])
+        self.done = True
+        with contextlib.suppress(ValueError):
+            self.chunks.listeners.remove(self)
+        if _RUNS.get(id(self.turn)) is self:
+            del _RUNS[id(self.turn)]
+        self._push(start)
+
+    def _push(self, start: int) -> None:
+        if len(self.events) > start or self.done:
             text = self.sse(start, len(self.events))
             for feed in list(self.feeds):
                 feed.push(text, last=self.done)
@@ -466,10 +543,12 @@ class AguiRun:
 _RUNS: dict[int, AguiRun] = {}
 
 
-def agui_run(hub: ChatHost, turn: ChatTurn, run_id: str | None = None) -> AguiRun:
+def agui_run(
+    hub: ChatHost, turn: ChatTurn, run_id: str | None = None, state: dict[str, Any] | None = None
+) -> AguiRun:
     run = _RUNS.get(id(turn))
     if run is None or run.turn is not turn:
-        run = _RUNS[id(turn)] = AguiRun(hub, turn, run_id or turn.reply_id)
+        run = _RUNS[id(turn)] = AguiRun(hub, turn, run_id or turn.reply_id, state)
     return run
 
 
@@ -504,13 +583,15 @@ async def _post(request: Request) -> Response | SseFeed:
             raise InvalidInput("`messages` is empty: nothing to answer")
         chat = ChatBody(id=body.threadId, messages=[{"parts": m.parts} for m in messages])
         await _ensure_session(hub, grant, chat)
+        await apply_state(hub, body.threadId, body.state)
         await hub.manager.append_all(body.threadId, messages, None)
         turn = await hub.turns.start(body.threadId, messages[-1].id, "submit-message")
+        state = await blocks_state(hub, body.threadId)
     except Forbidden:
         return _refused(request, cors)
     except SessionHubError as exc:
         return _error(_code(exc), str(exc), cors)
-    return agui_run(hub, turn, body.runId).join(cors, None, None)
+    return agui_run(hub, turn, body.runId, state).join(cors, None, None)
 
 
 def _last_event(request: Request, run: AguiRun) -> int | None:
@@ -541,7 +622,11 @@ async def _stream(request: Request) -> Response | SseFeed:
         return _error(_code(exc), str(exc), cors)
     if turn is None:
         return Response(status_code=204, headers=cors)
-    run = agui_run(hub, turn)
+    try:
+        state = await blocks_state(hub, thread)
+    except SessionHubError as exc:
+        return _error(_code(exc), str(exc), cors)
+    run = agui_run(hub, turn, None, state)
     after = _last_event(request, run)
     if after is not None:
         return run.join(cors, after, None)

@@ -16,6 +16,7 @@ from typing import Any
 import httpx2
 import pytest
 
+from hub import ReadonlyText, SessionManager, SqliteStore
 from hub.auth import issue_token
 from hub.server import HubConfig
 from tests.adapters.test_chat_ws import JS7, NODE22, SECRET, _npm_ci
@@ -130,3 +131,61 @@ async def test_tokens_run_needs_write_reattach_needs_read(tmp_path: Path) -> Non
             "".join(e.get("delta", "") for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
             == "You said: hi"
         )
+
+
+async def test_state_is_the_context_blocks_and_a_run_may_write_them(tmp_path: Path) -> None:
+    """``STATE_SNAPSHOT`` after ``RUN_STARTED`` and before the end carries the plain blocks;
+    an input ``state`` writes the blocks it changes, all or none."""
+    store = await SqliteStore.open(tmp_path / "hub.db")
+    try:
+        await _state_run(store)
+    finally:
+        await store.close()
+
+
+async def _state_run(store: SqliteStore) -> None:
+    manager = (
+        SessionManager(store)
+        .with_context("soul", provider=ReadonlyText("kind"))
+        .with_context("memory", max_tokens=50)
+        .with_context("notes", max_tokens=50)
+    )
+    async with (
+        served(manager=manager) as h,
+        responder(h.ws_url, lambda: len(h.hub.turns.responders) == 1),
+        httpx2.AsyncClient(base_url=h.url) as http,
+    ):
+        thread = "t-" + uuid.uuid4().hex
+        await h.hub.store.create_session("chat", session_id=thread)
+
+        async def run(state: Any) -> tuple[int, list[dict[str, Any]]]:
+            body = {**_run(thread, "hi"), "state": state}
+            async with http.stream("POST", "/agui", json=body) as r:
+                lines = [line async for line in r.aiter_lines()]
+            if r.status_code != 200:
+                return r.status_code, [json.loads("".join(lines))]
+            return 200, [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+
+        status, events = await run({"contextBlocks": {"memory": "likes tea", "soul": "kind"}})
+        assert status == 200
+        types = [e["type"] for e in events]
+        assert types[:2] == ["RUN_STARTED", "STATE_SNAPSHOT"]
+        assert types[-2:] == ["STATE_SNAPSHOT", "RUN_FINISHED"]
+        assert events[1]["snapshot"] == {
+            "contextBlocks": {"soul": "kind", "memory": "likes tea", "notes": ""}
+        }
+        session = h.hub.manager.get_session(thread)
+        assert (await session.get_context_block("memory")).content == "likes tea"  # type: ignore[union-attr]
+
+        # All or none: notes is fine, the read-only soul is not, and memory is too long.
+        for bad in (
+            {"contextBlocks": {"notes": "n", "soul": "cruel"}},
+            {"contextBlocks": {"notes": "n", "memory": "word " * 200}},
+            {"contextBlocks": {"nope": "x"}},
+            {"contextBlocks": {"notes": 5}},
+        ):
+            status, (answer,) = await run(bad)
+            assert status == 400 and answer["error"]["code"] == "invalid", (bad, answer)
+        blocks = {b.label: b.content for b in await session.get_context_blocks()}
+        assert blocks == {"soul": "kind", "memory": "likes tea", "notes": ""}
+        assert len(await h.hub.manager.get_history(thread)) == 2  # only the first run's
