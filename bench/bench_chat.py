@@ -139,8 +139,8 @@ def _free_port() -> int:
 
 
 def _start_hub(db: Path, port: int) -> subprocess.Popen[bytes]:
-    # `-m hub.cli` from the checkout: this tree's hub, whatever `sessionhub` is installed.
-    command = [sys.executable, "-m", "hub.cli", "serve", "--db", str(db), "--port", str(port)]
+    # `-m hub.apps.cli` from the checkout: this tree's hub, whatever `sessionhub` is installed.
+    command = [sys.executable, "-m", "hub.apps.cli", "serve", "--db", str(db), "--port", str(port)]
     command += ["--log-level", "warning"]
     proc = subprocess.Popen(command, cwd=ROOT)
     deadline = time.monotonic() + 20

@@ -8,7 +8,7 @@ Prints figures, never asserts timings. Run from the repository root:
                                         [--idle 1000] [--runs 5] [--sections live,burst,...]
                                         [--profile-hub FILE] [--json] [--quick]
 
-Everything runs on 127.0.0.1. The hub is ``python -m hub.cli serve`` (this checkout's) in a
+Everything runs on 127.0.0.1. The hub is ``python -m hub.apps.cli serve`` (this checkout's) in a
 subprocess on a fresh SQLite file (WAL, the defaults) in a temporary directory. The baseline is this script in
 ``--worker baseline`` mode: ``websockets.asyncio.server.serve`` plus ``broadcast()``, no
 storage, speaking just enough of the protocol (``create``, ``subscribe``, ``append``,
@@ -500,14 +500,14 @@ class Server:
 
     @classmethod
     async def start_hub(cls, db: Path, *, profile: str | None = None) -> Server:
-        """``python -m hub.cli serve`` from this checkout (cwd first on sys.path), not an
+        """``python -m hub.apps.cli serve`` from this checkout (cwd first on sys.path), not an
         installed ``sessionhub`` script, which may import another checkout's code.
         ``profile``: run it under cProfile, the stats written to that file at exit."""
         port = free_port()
         cmd = [sys.executable]
         if profile:
             cmd += ["-m", "cProfile", "-o", profile]
-        cmd += ["-m", "hub.cli"]
+        cmd += ["-m", "hub.apps.cli"]
         proc = await asyncio.create_subprocess_exec(
             *cmd,
             "serve",

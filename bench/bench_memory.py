@@ -108,7 +108,7 @@ async def hub(repo: Path, tmp: Path, extra: list[str]) -> AsyncIterator[Hub]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "hub.cli",
+        "hub.apps.cli",
         "serve",
         "--db",
         str(db),

@@ -90,7 +90,7 @@ def _start_hub(db: Path, tree: Path = HERE.parent, *extra: str) -> tuple[subproc
         [
             sys.executable,
             "-m",
-            "hub.cli",
+            "hub.apps.cli",
             "serve",
             "--db",
             str(db),

@@ -1,7 +1,8 @@
 """Python client of the sessionhub WebSocket hub: :class:`HubClient`.
 
 Clients depend on :mod:`protocol` only, never on the engine (:mod:`hub`). The package, by
-concept: :mod:`clients.client` (the socket, requests, subscriptions, reconnects),
+concept: :mod:`clients.client` (requests, subscriptions, renewing the token),
+:mod:`clients.link` (the socket under it: the reader, reconnects, failover),
 :mod:`clients.api` (the engine's API over it), :mod:`clients.streaming` (streamed
 messages), :mod:`clients.errors` (the exceptions and error decoding).
 """

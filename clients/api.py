@@ -482,7 +482,7 @@ class RemoteSession:
     async def start_turn(self, message_id: str | None = None, trigger: str | None = None) -> dict[str, Any]:
         """Ask a connected responder for a reply to ``message_id`` (default: the latest
         leaf; an assistant message is regenerated). Returns ``{turn_id, reply_id,
-        parent_id, trigger}``; the reply streams into the session (hub/server/turns.py)."""
+        parent_id, trigger}``; the reply streams into the session (hub/server/turndispatch.py)."""
         fields: dict[str, Any] = {"message_id": message_id}
         if trigger is not None:
             fields["trigger"] = trigger

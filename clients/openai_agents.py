@@ -45,7 +45,7 @@ __all__ = ["METADATA_KEY", "HubAgentSession", "SessionsAPI"]
 #: The key of a message's ``metadata`` under which the original items are kept.
 METADATA_KEY = "openai_agents"
 
-# The id prefix of the synthetic message standing for a compacted span (hub.overlays; the
+# The id prefix of the synthetic message standing for a compacted span (hub.store.overlays; the
 # client does not import the engine).
 _SUMMARY_PREFIX = "compaction_"
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}

@@ -137,7 +137,7 @@ async def run_sessions(
         for info in await hub.sessions.list():
             stream.write((msgspec.json.encode(info).decode() if raw else _session_line(info)) + "\n")
         # Here, not at the interpreter's exit: a closed pipe is then a BrokenPipeError the
-        # command turns into its exit code (hub/cli.py).
+        # command turns into its exit code (hub/apps/cli.py).
         stream.flush()
     return 0
 
@@ -152,7 +152,7 @@ def failure(
 ) -> tuple[int, str | None]:
     """The exit code and the one line (without the ``sessionhub:`` prefix) for what ended a
     ``tail`` or ``sessions``; ``(1, None)`` for an exception that is not the hub's answer
-    (a bug: the caller re-raises it). Exit codes: ``hub.cli.EXIT_CODES``."""
+    (a bug: the caller re-raises it). Exit codes: ``hub.apps.cli.EXIT_CODES``."""
     url = url if isinstance(url, str) else ", ".join(url)
     if isinstance(exc, ConnectionLost):
         return 3, f"cannot reach the hub at {url} ({exc}); is `sessionhub serve` running there? (--url)"

@@ -68,7 +68,9 @@ class TurnClient(Protocol):
     module does not import it back."""
 
     _turns: TurnQueue | None
-    sessions: RemoteSessions
+
+    @property
+    def sessions(self) -> RemoteSessions: ...
 
     async def request(self, op: str, **fields: Any) -> Any: ...
 

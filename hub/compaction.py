@@ -24,7 +24,7 @@ import msgspec
 from protocol import InvalidInput, Message, coerce_message
 
 from .context import call
-from .overlays import COMPACTION_PREFIX
+from .store.overlays import COMPACTION_PREFIX
 from .tokens import estimate_message_tokens, js_json, utf16_len
 
 __all__ = [
@@ -102,7 +102,7 @@ class CompactContext:
 #: The session a summary prompt is about, while :func:`create_compact_function`'s
 #: compaction waits for its summarizer (from ``CompactContext.session_id``). A summarizer
 #: that serves several sessions reads it to know whose history it holds: the hub's
-#: :class:`~hub.workers.WorkerSummarizer` sends a prompt only to workers allowed on it.
+#: :class:`~hub.server.workers.WorkerSummarizer` sends a prompt only to workers allowed on it.
 summarizing_session: ContextVar[str | None] = ContextVar("summarizing_session", default=None)
 
 

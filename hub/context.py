@@ -1,9 +1,9 @@
 """Context blocks: what the model always knows, rendered into a frozen system prompt.
 
 Behavior, strings and formats are the original's (spec §7–§8), to the character: the
-46-``═`` rule, ``LABEL (description) [pct% — t/max tokens] [tag]`` headers with JavaScript
-half-up rounding, empty read-only blocks omitted, sections joined by a blank line, and the
-``set_context`` / ``load_context`` / ``unload_context`` / ``search_context`` tools.
+prompt's format and the entries' keys are :mod:`hub.contextprompt`'s, the
+``set_context`` / ``load_context`` / ``unload_context`` / ``search_context`` tools
+:mod:`hub.contexttools`'; this module holds the blocks, their providers and the prompt.
 
 The rendered prompt is **frozen**: writes change the blocks (and what the tools report) but
 never the prompt, so a model's prefix cache stays warm; only ``refresh_system_prompt``
@@ -15,9 +15,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import math
-import re
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +23,9 @@ import msgspec
 
 from protocol import ContextBlock, ContextError
 
-from .tokens import JS_WHITESPACE, estimate_string_tokens
+from .contextprompt import SEPARATOR, context_entry_key, render_system_prompt
+from .contexttools import context_tools
+from .tokens import estimate_string_tokens
 from .tools import Tool
 
 __all__ = [
@@ -40,8 +40,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("sessionhub.context")
-
-SEPARATOR = "═" * 46
 
 ChangeListener = Callable[[str, dict[str, Any]], Awaitable[None]]
 UnloadListener = Callable[[str, str], Awaitable[None]]
@@ -71,55 +69,7 @@ def is_search_provider(provider: object) -> bool:
     return _has(provider, "search")
 
 
-# -- entry keys ----------------------------------------------------------------------------
-
-_NON_SLUG = re.compile(r"[^a-z0-9]+")
-
-
-def _utf16_prefix(text: str, units: int) -> str:
-    data = text.encode("utf-16-le", "surrogatepass")[: units * 2]
-    return data.decode("utf-16-le", "surrogatepass")
-
-
-def _slugify(text: str) -> str:
-    slug = _NON_SLUG.sub("-", _utf16_prefix(text, 60).lower())
-    if slug.startswith("-"):
-        slug = slug[1:]
-    if slug.endswith("-"):
-        slug = slug[:-1]
-    return slug
-
-
-def _base36(value: int) -> str:
-    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
-    if value == 0:
-        return "0"
-    out = []
-    while value:
-        value, rem = divmod(value, 36)
-        out.append(digits[rem])
-    return "".join(reversed(out))
-
-
-def _stable_hash(text: str) -> str:
-    """32-bit FNV-1a over UTF-16 code units, in lowercase base 36."""
-    data = text.encode("utf-16-le", "surrogatepass")
-    h = 0x811C9DC5
-    for i in range(0, len(data), 2):
-        h ^= data[i] | (data[i + 1] << 8)
-        h = (h * 0x01000193) & 0xFFFFFFFF
-    return _base36(h)
-
-
-def context_entry_key(title: str | None, content: str) -> str:
-    """The key of a skill or search entry: the title's slug (same title → same entry,
-    updated in place), else a slug of the content plus its hash."""
-    if title is not None and title.strip(JS_WHITESPACE):  # JavaScript's trim()
-        return _slugify(title) or "entry-" + _stable_hash(title)
-    return (_slugify(content) or "entry") + "-" + _stable_hash(content)
-
-
-# -- configuration and rendering -----------------------------------------------------------
+# -- configuration -----------------------------------------------------------------------
 
 
 @dataclass
@@ -131,59 +81,6 @@ class ContextConfig:
     description: str | None = None
     max_tokens: int | None = None
     provider: Any = None
-
-
-def _round_half_up(value: float) -> int:
-    return math.floor(value + 0.5)
-
-
-def _usage_percent(tokens: int, max_tokens: int) -> int:
-    return _round_half_up(tokens / max_tokens * 100)
-
-
-def _tag(block: ContextBlock) -> str:
-    if block.is_searchable:
-        return "[searchable]"
-    if block.is_skill:
-        return "[loadable]"
-    if not block.writable:
-        return "[readonly]"
-    return "[writable]"
-
-
-def render_system_prompt(blocks: Iterable[ContextBlock]) -> str:
-    """The system prompt for these blocks, in order."""
-    sections = []
-    for block in blocks:
-        if block.content == "" and not (block.writable or block.is_searchable or block.is_skill):
-            continue
-        header = block.label.upper()
-        if block.description:
-            header += f" ({block.description})"
-        if block.max_tokens:
-            pct = _usage_percent(block.tokens, block.max_tokens)
-            header += f" [{pct}% — {block.tokens}/{block.max_tokens} tokens]"
-        header += " " + _tag(block)
-        sections.append(f"{SEPARATOR}\n{header}\n{SEPARATOR}\n{block.content}")
-    return "\n\n".join(sections)
-
-
-def _quoted(labels: Sequence[str]) -> str:
-    return ", ".join(f'"{label}"' for label in labels)
-
-
-def _label_schema(labels: Sequence[str], description: str) -> dict[str, Any]:
-    # What the AI SDK sends for a zod enum: a one-value enum becomes a const.
-    if len(labels) == 1:
-        return {"type": "string", "const": labels[0], "description": description}
-    return {"type": "string", "enum": list(labels), "description": description}
-
-
-_SET_CONTEXT_HINT = (
-    "\n\nFor keyed blocks (skill collections / searchable), pass `metadata: { title, description }` "
-    "— title stabilises updates, description helps the model pick entries. Metadata is optional; "
-    "short content rarely needs it, long loadable entries benefit most."
-)
 
 
 class ContextBlocks:
@@ -496,170 +393,7 @@ class ContextBlocks:
 
     # -- tools ---------------------------------------------------------------------------
     async def tools(self) -> list[Tool]:
-        """The tools the current blocks call for (none when every block is read-only)."""
+        """The tools the current blocks call for (none when every block is read-only):
+        :mod:`hub.contexttools`."""
         await self.ensure_loaded()
-        blocks = list(self._blocks.values())
-        writable = [b for b in blocks if b.writable]
-        skills = [b.label for b in blocks if b.is_skill]
-        searchable = [b.label for b in blocks if b.is_searchable]
-        out: list[Tool] = []
-        if writable:
-            out.append(self._set_context_tool(writable))
-        if skills:
-            out.append(self._load_context_tool(skills))
-            out.append(self._unload_context_tool(skills))
-        if searchable:
-            out.append(self._search_context_tool(searchable))
-        return out
-
-    def _set_context_tool(self, writable: list[ContextBlock]) -> Tool:
-        lines = []
-        for b in writable:
-            if b.is_skill:
-                kind = "skill collection, keyed entries"
-            elif b.is_searchable:
-                kind = "searchable, keyed entries"
-            else:
-                kind = "writable"
-            lines.append(f'- "{b.label}" ({kind}): {b.description or "no description"}')
-        keyed = [b.label for b in writable if b.is_skill or b.is_searchable]
-        description = (
-            "Write to a context block. Available blocks:\n"
-            + "\n".join(lines)
-            + "\n\nWrites are durable and persist across sessions."
-            + (_SET_CONTEXT_HINT if keyed else "")
-        )
-        properties: dict[str, Any] = {
-            "label": _label_schema([b.label for b in writable], "Block label to write to"),
-            "content": {"type": "string", "description": "The main content to write to the block."},
-            "action": {
-                "type": "string",
-                "enum": ["replace", "append"],
-                "description": "replace (default) or append",
-            },
-        }
-        if keyed:
-            properties["metadata"] = {
-                "type": "object",
-                "properties": {
-                    "title": {
-                        "type": "string",
-                        "description": "Short title. Used as a stable identifier — entries with the "
-                        "same title are updated in place, different titles create new entries.",
-                    },
-                    "description": {
-                        "type": "string",
-                        "description": "One-line summary shown alongside the title in the system "
-                        "prompt so the model can decide when to load the entry.",
-                    },
-                },
-                "additionalProperties": {},
-                "description": "Optional metadata for keyed entries (skill collections, searchable "
-                f"blocks: {_quoted(keyed)}). Short content doesn't need metadata; longer loadable "
-                "entries (skills) benefit from a title and description so the model can pick the "
-                "right one without loading it.",
-            }
-        schema = {
-            "type": "object",
-            "properties": properties,
-            "required": ["label", "content"],
-            "additionalProperties": {},
-        }
-
-        async def run(args: dict[str, Any]) -> str:
-            label, content = args["label"], args["content"]
-            block = self._blocks.get(label)
-            if block is None:
-                return f'Error: block "{label}" not found'
-            if block.is_skill or block.is_searchable:
-                metadata = args.get("metadata") or {}
-                title = metadata.get("title")
-                title = title if isinstance(title, str) else None
-                key = context_entry_key(title, content)
-                if block.is_skill:
-                    summary = metadata.get("description")
-                    summary = summary if isinstance(summary, str) else None
-                    await self.set_skill(label, key, content, summary if summary is not None else title)
-                else:
-                    await self.set_search_entry(label, key, content)
-                return f'Indexed "{key}" in {label}.'
-            if args.get("action") == "append":
-                written = await self.append_to_block(label, content)
-            else:
-                written = await self.set_block(label, content)
-            if written.max_tokens:
-                pct = _usage_percent(written.tokens, written.max_tokens)
-                usage = f"{pct}% ({written.tokens}/{written.max_tokens} tokens)"
-            else:
-                usage = f"{written.tokens} tokens"
-            return f"Written to {label}. Usage: {usage}"
-
-        return Tool("set_context", description, schema, run)
-
-    def _skill_schema(self, skills: list[str], key_description: str) -> dict[str, Any]:
-        return {
-            "type": "object",
-            "properties": {
-                "label": _label_schema(skills, "Skill block label"),
-                "key": {"type": "string", "description": key_description},
-            },
-            "required": ["label", "key"],
-            "additionalProperties": {},
-        }
-
-    def _load_context_tool(self, skills: list[str]) -> Tool:
-        description = (
-            f"Load a document from a skill block by key. Available skill blocks: {_quoted(skills)}. "
-            "Check the system prompt for available keys."
-        )
-
-        async def run(args: dict[str, Any]) -> str:
-            label, key = args["label"], args["key"]
-            if label not in skills:
-                return f'Error: "{label}" is not a skill block. Skill blocks: {", ".join(skills)}'
-            content = await self.load_skill(label, key)
-            return f"Not found: {key}" if content is None else content
-
-        return Tool("load_context", description, self._skill_schema(skills, "Skill key to load"), run)
-
-    def _unload_context_tool(self, skills: list[str]) -> Tool:
-        loaded = list(self._loaded_skills)
-        description = (
-            "Unload a previously loaded skill to free context space. The skill remains available "
-            "for re-loading."
-            + (f" Currently loaded: {', '.join(loaded)}." if loaded else " No skills currently loaded.")
-        )
-
-        async def run(args: dict[str, Any]) -> str:
-            label, key = args["label"], args["key"]
-            if label not in skills:
-                return f'Error: "{label}" is not a skill block. Skill blocks: {", ".join(skills)}'
-            if not await self.unload_skill(label, key):
-                return f'Skill "{key}" is not currently loaded in "{label}".'
-            return f'Unloaded "{key}" from {label}. Context reclaimed.'
-
-        return Tool("unload_context", description, self._skill_schema(skills, "Skill key to unload"), run)
-
-    def _search_context_tool(self, searchable: list[str]) -> Tool:
-        description = (
-            "Search for information in a searchable context block. ONLY these blocks are "
-            f"searchable: {_quoted(searchable)}. Other blocks cannot be searched."
-        )
-        schema = {
-            "type": "object",
-            "properties": {
-                "label": _label_schema(searchable, "Searchable block label"),
-                "query": {"type": "string", "description": "Search query"},
-            },
-            "required": ["label", "query"],
-            "additionalProperties": {},
-        }
-
-        async def run(args: dict[str, Any]) -> str:
-            label, query = args["label"], args["query"]
-            if label not in searchable:
-                return f'Error: "{label}" is not searchable. Searchable blocks: {", ".join(searchable)}'
-            result = await self.search_context(label, query)
-            return "No results found." if result is None else result
-
-        return Tool("search_context", description, schema, run)
+        return context_tools(self, list(self._blocks.values()), list(self._loaded_skills))

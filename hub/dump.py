@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from datetime import datetime
-from pathlib import Path
 from typing import Any, Final
 
 import msgspec
@@ -33,7 +32,6 @@ __all__ = [
     "dump_lines",
     "export_lines",
     "import_lines",
-    "open_store",
     "parse_dump",
     "session_lines",
 ]
@@ -316,33 +314,6 @@ async def import_dumps(store: Store, dumps: Sequence[SessionDump], *, replace: b
     check_dumps(dumps)
     stored = await store.import_sessions(dumps, replace=replace)
     return ImportResult(sessions=[i.id for i in stored], messages=sum(len(d.messages) for d in dumps))
-
-
-@contextlib.asynccontextmanager
-async def open_store(db: str | Path) -> AsyncIterator[Store]:
-    """The store ``db`` names (as ``--db``), for a one-off command: no bus is recorded or
-    started. On Postgres the writes still send their doorbells, so hubs serving the
-    database see imported sessions live."""
-    from .backends import is_postgres, resolve_db
-
-    db = resolve_db(db)
-    store: Store
-    if is_postgres(db):
-        from .extras import load
-
-        postgres = load("hub.store.postgres", "postgres")
-        store = await postgres.PostgresStore.connect(str(db), max_size=2)
-    else:
-        from .store.sqlite import SqliteStore
-
-        folder = Path(db).parent
-        if str(db) != ":memory:" and not folder.is_dir():
-            raise InvalidInput(f"--db {str(db)!r}: the directory {str(folder)!r} does not exist")
-        store = await SqliteStore.open(db)
-    try:
-        yield store
-    finally:
-        await store.close()
 
 
 # -- other formats -------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Event retention policy: ages as operators write them (``30d``) and the cutoff they
-mean. The hub's background pruner is :class:`hub.server.retention.Retention`; see
+mean. The hub's background pruner is :class:`hub.server.pruner.Retention`; see
 docs/operations.md.
 """
 

@@ -25,9 +25,9 @@ from .builder import SessionBuilder, SessionConfig
 from .compaction import CompactContext, CompactResult
 from .context import ContextBlocks, ContextConfig, call, is_skill_provider
 from .events import follow
-from .overlays import COMPACTION_PREFIX
 from .providers import StoreContextProvider
 from .store.base import LATEST, LogEntry, Parent, ParentArg, Store, session_stream
+from .store.overlays import COMPACTION_PREFIX
 from .tokens import estimate_message_tokens, estimate_string_tokens
 from .tools import Tool
 

@@ -7,8 +7,6 @@ speaks OpenAI's ``/v1/chat/completions`` (OpenAI, vLLM, llama.cpp, Ollama, LiteL
 
 from __future__ import annotations
 
-import asyncio
-import random
 from typing import Any
 
 import httpx2
@@ -16,10 +14,9 @@ import httpx2
 from protocol.errors import SummarizerError
 
 from .compaction import Summarizer
+from .completions import ChatCompletions
 
 __all__ = ["OpenAICompatible", "Summarizer"]
-
-_RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
 
 class OpenAICompatible:
@@ -30,7 +27,8 @@ class OpenAICompatible:
     (timeouts, connection errors, 408/409/425/429/5xx) are retried ``max_retries`` times
     with exponential backoff and jitter, honouring ``Retry-After``; anything else, or
     running out of retries, raises :class:`~protocol.errors.SummarizerError` with the
-    server's answer in the message.
+    server's answer in the message (:class:`hub.completions.ChatCompletions`, the client
+    the responder uses too).
     """
 
     def __init__(
@@ -47,16 +45,14 @@ class OpenAICompatible:
         max_tokens: int | None = None,
         client: httpx2.AsyncClient | None = None,
     ) -> None:
-        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.api = ChatCompletions(
+            base_url, model, api_key, timeout=timeout, max_retries=max_retries, backoff=backoff, client=client
+        )
+        self.url = self.api.url
         self.model = model
-        self.api_key = api_key
-        self.timeout = timeout
-        self.max_retries = max_retries
-        self.backoff = backoff
         self.system_prompt = system_prompt
         self.temperature = temperature
         self.max_tokens = max_tokens
-        self._client = client
 
     def _body(self, prompt: str) -> dict[str, Any]:
         messages = []
@@ -70,48 +66,9 @@ class OpenAICompatible:
             body["max_tokens"] = self.max_tokens
         return body
 
-    def _delay(self, attempt: int, response: httpx2.Response | None) -> float:
-        if response is not None:
-            retry_after = response.headers.get("retry-after")
-            if retry_after is not None:
-                try:
-                    return min(max(float(retry_after), 0.0), 60.0)
-                except ValueError:
-                    pass
-        return float(self.backoff * (2**attempt) * (0.5 + random.random()))
-
     async def __call__(self, prompt: str) -> str:
-        headers = {"content-type": "application/json"}
-        if self.api_key:
-            headers["authorization"] = f"Bearer {self.api_key}"
-        client = self._client or httpx2.AsyncClient(timeout=self.timeout)
-        try:
-            return await self._post(client, headers, self._body(prompt))
-        finally:
-            if self._client is None:
-                await client.aclose()
-
-    async def _post(self, client: httpx2.AsyncClient, headers: dict[str, str], body: dict[str, Any]) -> str:
-        last = "no attempt made"
-        for attempt in range(self.max_retries + 1):
-            response: httpx2.Response | None = None
-            try:
-                response = await client.post(self.url, json=body, headers=headers, timeout=self.timeout)
-            except httpx2.TimeoutException:
-                last = f"timed out after {self.timeout}s"
-            except httpx2.TransportError as exc:
-                last = f"connection failed: {exc}"
-            else:
-                if response.status_code == 200:
-                    return _summary_of(response)
-                last = f"HTTP {response.status_code}: {response.text[:500]}"
-                if response.status_code not in _RETRY_STATUS:
-                    raise SummarizerError(f"summarizer request to {self.url} failed: {last}")
-            if attempt < self.max_retries:
-                await asyncio.sleep(self._delay(attempt, response))
-        raise SummarizerError(
-            f"summarizer request to {self.url} failed after {self.max_retries + 1} attempts: {last}"
-        )
+        async with self.api.connection() as client:
+            return _summary_of(await self.api.complete(client, self._body(prompt)))
 
 
 def _summary_of(response: httpx2.Response) -> str:

@@ -9,644 +9,162 @@ serve: reload a snapshot, then subscribe again from its ``last_seq``).
 Messages travel as Vercel AI SDK ``UIMessage`` dicts; records (sessions, overlays, search
 hits, blocks) as JSON objects with the field names of :mod:`protocol.records`.
 ``parent_id`` left out means "the latest leaf", ``null`` means "a new root".
+
+The requests are :mod:`protocol.requests`', the server's frames :mod:`protocol.serverframes`';
+this module names every struct of both (``from protocol.frames import X``, ``frames.X``),
+as :mod:`protocol.codec`, the server and the clients use them.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Literal, get_args
-
-import msgspec
-from msgspec import UNSET, UnsetType
-
-from .records import PresenceEntry
+from .requests import (
+    REQUEST_TYPES,
+    AddCompaction,
+    AddUsage,
+    Append,
+    AppendAll,
+    AppendContextBlock,
+    Auth,
+    ClearMessages,
+    Compact,
+    CompactAndSplit,
+    Create,
+    Delete,
+    DeleteMessages,
+    End,
+    EstimateTokens,
+    Export,
+    Fork,
+    FreezeSystemPrompt,
+    Get,
+    GetBranches,
+    GetCompactions,
+    GetContextBlock,
+    GetContextBlocks,
+    GetHistory,
+    GetLatestLeaf,
+    GetMessage,
+    GetMessageCount,
+    GetPathLength,
+    GetTurn,
+    Hello,
+    Import,
+    List,
+    Msg,
+    ParentId,
+    Ping,
+    Presence,
+    PruneEvents,
+    ReadEvents,
+    RefreshSystemPrompt,
+    Rename,
+    ReplaceContextBlock,
+    Request,
+    RunTool,
+    Search,
+    SessionSearch,
+    StartTurn,
+    StopTurn,
+    StreamDelta,
+    StreamEnd,
+    StreamStart,
+    Subscribe,
+    Summary,
+    TakeTurns,
+    Tools,
+    TurnFailed,
+    Unsubscribe,
+    UpdateMessage,
+    Upsert,
+)
+from .serverframes import (
+    ERROR_CODES,
+    DumpFrame,
+    ErrorCode,
+    ErrorFrame,
+    EventFrame,
+    PresenceFrame,
+    ReplyFrame,
+    ResetFrame,
+    ServerFrame,
+    StreamFrame,
+    SummarizeFrame,
+    TurnFrame,
+    TurnStoppedFrame,
+    UnsubscribedFrame,
+)
 
 __all__ = [
     "ERROR_CODES",
     "REQUEST_TYPES",
+    "AddCompaction",
+    "AddUsage",
+    "Append",
+    "AppendAll",
+    "AppendContextBlock",
+    "Auth",
+    "ClearMessages",
+    "Compact",
+    "CompactAndSplit",
+    "Create",
+    "Delete",
+    "DeleteMessages",
     "DumpFrame",
+    "End",
+    "ErrorCode",
     "ErrorFrame",
+    "EstimateTokens",
     "EventFrame",
+    "Export",
+    "Fork",
+    "FreezeSystemPrompt",
+    "Get",
+    "GetBranches",
+    "GetCompactions",
+    "GetContextBlock",
+    "GetContextBlocks",
+    "GetHistory",
+    "GetLatestLeaf",
+    "GetMessage",
+    "GetMessageCount",
+    "GetPathLength",
+    "GetTurn",
+    "Hello",
+    "Import",
+    "List",
+    "Msg",
+    "ParentId",
+    "Ping",
+    "Presence",
     "PresenceFrame",
+    "PruneEvents",
+    "ReadEvents",
+    "RefreshSystemPrompt",
+    "Rename",
+    "ReplaceContextBlock",
     "ReplyFrame",
     "Request",
     "ResetFrame",
+    "RunTool",
+    "Search",
     "ServerFrame",
+    "SessionSearch",
+    "StartTurn",
+    "StopTurn",
+    "StreamDelta",
+    "StreamEnd",
     "StreamFrame",
+    "StreamStart",
+    "Subscribe",
     "SummarizeFrame",
+    "Summary",
+    "TakeTurns",
+    "Tools",
+    "TurnFailed",
     "TurnFrame",
     "TurnStoppedFrame",
+    "Unsubscribe",
     "UnsubscribedFrame",
+    "UpdateMessage",
+    "Upsert",
 ]
-
-#: Error codes, a closed set. ``reset`` is not among them: it is its own frame.
-ErrorCode = Literal[
-    "bad_frame",  # not JSON, not an object, or not a known request shape
-    "unknown_op",  # ``op`` names no operation
-    "invalid",  # a field has the wrong type or value; nothing was done
-    "not_found",  # the session (or message) does not exist
-    "forbidden",  # the token does not allow this
-    "too_large",  # the frame is over the size limit
-    "too_many",  # too many subscriptions on this connection
-    "conflict",  # the state changed under the operation; nothing was written
-    "upstream",  # a summarizer or worker failed
-    "unavailable",  # the hub is shutting down (and the clients' ConnectionLost)
-    "internal",  # a bug or a failing database; the operation was rolled back
-]
-
-ERROR_CODES: tuple[str, ...] = get_args(ErrorCode)
-
-Msg = dict[str, Any]
-ParentId = str | None | UnsetType
-
-
-class _Req(msgspec.Struct, tag_field="op", kw_only=True, forbid_unknown_fields=True):
-    id: str | int
-
-
-# -- sessions registry and messages (SessionManager) -------------------------------------
-
-
-class Create(_Req, tag="create"):
-    name: str
-    parent_session_id: str | None = None
-    model: str | None = None
-    source: str | None = None
-
-
-class Get(_Req, tag="get"):
-    session_id: str
-
-
-class List(_Req, tag="list"):
-    pass
-
-
-class Rename(_Req, tag="rename"):
-    session_id: str
-    name: str
-
-
-class Delete(_Req, tag="delete"):
-    session_id: str
-
-
-class End(_Req, tag="end"):
-    """Mark the session ended (``end_reason``); the reply is the ended session."""
-
-    session_id: str
-    reason: str = "ended"
-
-
-class Append(_Req, tag="append"):
-    session_id: str
-    message: Msg
-    parent_id: ParentId = UNSET
-
-
-class Upsert(_Req, tag="upsert"):
-    session_id: str
-    message: Msg
-    parent_id: ParentId = UNSET
-
-
-class AppendAll(_Req, tag="append_all"):
-    session_id: str
-    messages: list[Msg]
-    parent_id: ParentId = UNSET
-
-
-class GetHistory(_Req, tag="get_history"):
-    session_id: str
-    leaf_id: str | None = None
-
-
-class GetBranches(_Req, tag="get_branches"):
-    session_id: str
-    message_id: str
-
-
-class GetMessageCount(_Req, tag="get_message_count"):
-    session_id: str
-
-
-class ClearMessages(_Req, tag="clear_messages"):
-    session_id: str
-
-
-class DeleteMessages(_Req, tag="delete_messages"):
-    session_id: str
-    ids: list[str]
-
-
-class Fork(_Req, tag="fork"):
-    session_id: str
-    at_message_id: str
-    name: str
-
-
-class AddCompaction(_Req, tag="add_compaction"):
-    session_id: str
-    summary: str
-    from_id: str
-    to_id: str
-
-
-class GetCompactions(_Req, tag="get_compactions"):
-    session_id: str
-
-
-class CompactAndSplit(_Req, tag="compact_and_split"):
-    session_id: str
-    summary: str
-    name: str | None = None
-
-
-class AddUsage(_Req, tag="add_usage"):
-    session_id: str
-    input_tokens: int
-    output_tokens: int
-    cost: float
-
-
-class Search(_Req, tag="search"):
-    query: str
-    limit: int = 20
-
-
-# -- one session (Session) ---------------------------------------------------------------
-
-
-class GetMessage(_Req, tag="get_message"):
-    session_id: str
-    message_id: str
-
-
-class GetLatestLeaf(_Req, tag="get_latest_leaf"):
-    session_id: str
-
-
-class GetPathLength(_Req, tag="get_path_length"):
-    session_id: str
-    leaf_id: str | None = None
-
-
-class UpdateMessage(_Req, tag="update_message"):
-    session_id: str
-    message: Msg
-
-
-class SessionSearch(_Req, tag="session_search"):
-    session_id: str
-    query: str
-    limit: int = 20
-
-
-class GetContextBlocks(_Req, tag="get_context_blocks"):
-    session_id: str
-
-
-class GetContextBlock(_Req, tag="get_context_block"):
-    session_id: str
-    label: str
-
-
-class ReplaceContextBlock(_Req, tag="replace_context_block"):
-    session_id: str
-    label: str
-    content: str
-
-
-class AppendContextBlock(_Req, tag="append_context_block"):
-    session_id: str
-    label: str
-    content: str
-
-
-class FreezeSystemPrompt(_Req, tag="freeze_system_prompt"):
-    session_id: str
-
-
-class RefreshSystemPrompt(_Req, tag="refresh_system_prompt"):
-    session_id: str
-
-
-class Tools(_Req, tag="tools"):
-    """The session's tools (``session_id``), or the manager's (``session_id: null``)."""
-
-    session_id: str | None
-
-
-class RunTool(_Req, tag="run_tool"):
-    session_id: str | None
-    name: str
-    arguments: Msg | str = msgspec.field(default_factory=dict)
-
-
-class Compact(_Req, tag="compact"):
-    session_id: str
-    leaf_id: str | None = None
-
-
-class EstimateTokens(_Req, tag="estimate_tokens"):
-    """The token estimate compaction decisions use (``Session.estimate_tokens``)."""
-
-    session_id: str
-    leaf_id: str | None = None
-
-
-# -- event logs (one read, not a subscription) ---------------------------------------------
-
-
-class ReadEvents(_Req, tag="read_events"):
-    """At most ``limit`` logged events of the session (``session_id``) or of the registry
-    (``null``) after ``after_seq``, oldest first: ``Session.read_events`` /
-    ``SessionManager.read_registry_events``. A position the log cannot serve is
-    ``not_found`` with the position's ``detail`` (the clients raise ``PositionLost``)."""
-
-    session_id: str | None
-    after_seq: int = 0
-    limit: int = 1000
-
-
-class PruneEvents(_Req, tag="prune_events"):
-    """``SessionManager.prune_events``: ``older_than`` is an age in seconds or an
-    ISO-8601 time (naive: UTC). Answered with ``{"events", "streams"}``."""
-
-    older_than: float | datetime | None = None
-    keep_per_session: int | None = None
-    batch: int = 1000
-
-
-# -- subscriptions -----------------------------------------------------------------------
-
-
-class Subscribe(_Req, tag="subscribe"):
-    """Every event of the session (``session_id``) or of the registry (``null``) after
-    ``after_seq``, then live. ``epoch``: the epoch the position belongs to, if known."""
-
-    session_id: str | None
-    after_seq: int = 0
-    epoch: str | None = None
-    #: Also send ``presence`` frames (who joins and leaves the session). Off by default:
-    #: with n subscribers that is n frames per arrival.
-    presence: bool = False
-
-
-class Unsubscribe(_Req, tag="unsubscribe"):
-    session_id: str | None
-
-
-class Ping(_Req, tag="ping"):
-    pass
-
-
-class Hello(_Req, tag="hello"):
-    """Who this connection is (shown in presence), and the sessions it is on besides the
-    ones it subscribes to. Answered with ``{"connection_id": ...}``."""
-
-    name: str | None = None
-    role: str | None = None
-    sessions: list[str] = msgspec.field(default_factory=list)
-    #: This connection can write summaries: the hub may send it ``summarize`` frames.
-    summarizer: bool = False
-
-
-class Auth(_Req, tag="auth"):
-    """Present a new token on this connection (renewal before ``exp``, or a first token).
-    A token that verifies replaces the connection's grant, and the subscriptions it no
-    longer covers end: the reply is ``{"sub", "exp", "ended": [session id or null]}``. A
-    token that does not verify is ``forbidden`` and the previous grant stays."""
-
-    token: str
-
-
-class Summary(_Req, tag="summary"):
-    """A worker's answer to a ``summarize`` frame: the summary, or why there is none."""
-
-    request_id: str
-    summary: str | None = None
-    error: str | None = None
-
-
-class StreamStart(_Req, tag="stream_start"):
-    """Start streaming a message: it is stored at once (with no parts) and grows as deltas
-    arrive. Answered with ``{"index": 0}``."""
-
-    session_id: str
-    message_id: str
-    role: str = "assistant"
-    parent_id: ParentId = UNSET
-    metadata: Any = None
-    #: The turn this message answers (from a ``turn`` frame): only the connection the turn
-    #: was given to may start it, with the turn's ``reply_id`` and ``parent_id``.
-    turn_id: str | None = None
-
-
-class StreamDelta(_Req, tag="stream_delta"):
-    """One piece of a streamed message: ``kind`` ``text`` or ``reasoning`` with ``text``
-    (appended to the last part of that kind), or ``tool`` with a whole tool ``part``
-    (replacing the part with the same ``toolCallId``). Answered with its ``index``."""
-
-    session_id: str
-    message_id: str
-    kind: Literal["text", "reasoning", "tool"]
-    text: str | None = None
-    part: dict[str, Any] | None = None
-
-
-class StreamEnd(_Req, tag="stream_end"):
-    """Finish (``status: finished``, the default) or abort a streamed message."""
-
-    session_id: str
-    message_id: str
-    status: Literal["finished", "aborted"] = "finished"
-
-
-class Presence(_Req, tag="presence"):
-    """Who is on a session: a list of :class:`~protocol.records.PresenceEntry`
-    (``{"connection_id", "name", "role", "streaming"}``)."""
-
-    session_id: str
-
-
-class TakeTurns(_Req, tag="take_turns"):
-    """This connection answers turns: the hub may send it ``turn`` frames, each for a
-    session its token can write. Answered with ``null``."""
-
-
-class StartTurn(_Req, tag="start_turn"):
-    """Ask for an assistant reply to ``message_id`` (default: the latest leaf) from a
-    connected responder. A user message is answered (the reply is its child); an assistant
-    message is regenerated (the reply is its sibling). ``leaf_id`` is an alias of
-    ``message_id``. Answered with ``{"turn_id", "reply_id", "parent_id", "trigger"}``."""
-
-    session_id: str
-    message_id: str | None = None
-    leaf_id: str | None = None
-    trigger: Literal["submit-message", "regenerate-message"] | None = None
-
-
-class GetTurn(_Req, tag="get_turn"):
-    """The session's turn in flight: ``{"turn_id", "reply_id", "message_id", "trigger",
-    "started"}``, or ``null`` (what a chat reconnecting after a reload asks first)."""
-
-    session_id: str
-
-
-class TurnFailed(_Req, tag="turn_failed"):
-    """A responder cannot answer the turn it was given: the turn ends with ``error``
-    (a reply it already streams should then be ended with ``aborted``)."""
-
-    turn_id: str
-    error: str
-
-
-class StopTurn(_Req, tag="stop_turn"):
-    """Stop the session's turn in flight (``turn_id``: that one, which must be in flight),
-    on whichever node it runs: its reply ends as it stands (stream status ``stopped``), its
-    responder gets a ``turn_stopped`` frame, and ``turn.ended`` says ``status: stopped``
-    with ``reason``. Answered with ``{"turn_id", "reply_id", "started"}``; ``not_found``
-    when no such turn is in flight."""
-
-    session_id: str
-    turn_id: str | None = None
-    reason: str = "stopped by request"
-
-
-# -- export and import (admin on ``*``; docs/protocol.md) -----------------------------------
-
-
-class Export(_Req, tag="export"):
-    """The dump of ``session_ids`` (default: every session), as ``dump`` frames of lines
-    (each well under the frame limit), then the reply ``{sessions, lines}``."""
-
-    session_ids: list[str] | None = None
-
-
-class Import(_Req, tag="import"):
-    """One chunk of a dump, in order: the hub checks each line as it comes and holds the
-    sessions read so far; ``final`` writes them (``replace``: over sessions already
-    stored) and replies ``{sessions, messages}``; a chunk before it replies ``{lines}``, the
-    lines read so far. A refusal (a bad line, too large) ends the import: nothing written."""
-
-    lines: list[str]
-    final: bool = False
-    replace: bool = False
-
-
-Request = (
-    Create
-    | Get
-    | List
-    | Rename
-    | Delete
-    | End
-    | Append
-    | Upsert
-    | AppendAll
-    | GetHistory
-    | GetBranches
-    | GetMessageCount
-    | ClearMessages
-    | DeleteMessages
-    | Fork
-    | AddCompaction
-    | GetCompactions
-    | CompactAndSplit
-    | AddUsage
-    | Search
-    | GetMessage
-    | GetLatestLeaf
-    | GetPathLength
-    | UpdateMessage
-    | SessionSearch
-    | GetContextBlocks
-    | GetContextBlock
-    | ReplaceContextBlock
-    | AppendContextBlock
-    | FreezeSystemPrompt
-    | RefreshSystemPrompt
-    | Tools
-    | RunTool
-    | Compact
-    | EstimateTokens
-    | ReadEvents
-    | PruneEvents
-    | Subscribe
-    | Unsubscribe
-    | Ping
-    | Hello
-    | Presence
-    | Summary
-    | Auth
-    | StreamStart
-    | StreamDelta
-    | StreamEnd
-    | TakeTurns
-    | StartTurn
-    | GetTurn
-    | TurnFailed
-    | StopTurn
-    | Export
-    | Import
-)
-
-REQUEST_TYPES: dict[str, type[_Req]] = {str(t.__struct_config__.tag): t for t in Request.__args__}
-
-
-# -- server → client ---------------------------------------------------------------------
-
-
-class _Frame(msgspec.Struct, tag_field="frame", kw_only=True):
-    pass
-
-
-class ReplyFrame(_Frame, tag="reply"):
-    id: str | int
-    result: Any = None
-
-
-class ErrorFrame(_Frame, tag="error", omit_defaults=True):
-    """``detail``: what the client needs to rebuild the engine's exception without parsing
-    ``message`` (``{"session_id"}`` for an unknown session, ``{"field", "problem"}`` for an
-    invalid message); left out when there is none."""
-
-    id: str | int | None
-    code: ErrorCode
-    message: str
-    detail: dict[str, Any] | None = None
-
-
-class EventFrame(_Frame, tag="event"):
-    """One logged change. ``stream`` is ``session`` (``seq`` counts the session's changes)
-    or ``registry`` (``seq`` counts registry changes; ``session_id`` is their subject)."""
-
-    stream: Literal["session", "registry"]
-    session_id: str
-    seq: int
-    epoch: str
-    type: str
-    data: dict[str, Any]
-    created_at: str
-
-
-class ResetFrame(_Frame, tag="reset"):
-    """The subscription to ``session_id`` (``null``: the registry) cannot continue from the
-    position asked for: reload a snapshot and subscribe again from ``last_seq`` of
-    ``epoch``. The subscription has ended."""
-
-    session_id: str | None
-    after_seq: int
-    epoch: str
-    first_seq: int
-    last_seq: int
-    message: str
-
-
-class UnsubscribedFrame(_Frame, tag="unsubscribed"):
-    """The hub ended the subscription to ``session_id`` (``null``: the registry): it could
-    not read the log for a while (``code`` ``unavailable``: the database is out of reach).
-    Nothing was skipped: subscribe again, after a pause, from the last event you hold. It
-    may answer the subscribe request in place of its reply."""
-
-    session_id: str | None
-    code: ErrorCode
-    message: str
-
-
-class PresenceFrame(_Frame, tag="presence"):
-    """A connection joined or left a session (sent to the session's subscribers; not part
-    of the event log). A ``join`` for a connection already present replaces its entry (a
-    new name or role, a stream started or ended)."""
-
-    session_id: str
-    action: Literal["join", "leave"]
-    entry: PresenceEntry
-
-
-class SummarizeFrame(_Frame, tag="summarize"):
-    """The hub asks a worker (one that said ``summarizer: true`` in ``hello``, and, with
-    auth on, whose token has ``write`` on ``session_id``) to write a summary of that
-    session; the worker answers with a ``summary`` request carrying ``request_id``.
-    ``session_id`` is ``null`` when the compaction did not say which session it is for
-    (then only a worker with ``write`` on ``*`` is asked)."""
-
-    request_id: str
-    session_id: str | None
-    prompt: str
-
-
-class StreamFrame(_Frame, tag="stream"):
-    """A streamed message, live (not part of the event log), to the session's subscribers.
-
-    ``action``: ``start`` (``message`` with no parts), ``delta`` (``deltas``: the deltas
-    since the previous frame, each ``{"index", "kind", "text" | "part"}``, coalesced over a
-    few milliseconds so a fast stream costs each subscriber tens of frames a second, not
-    thousands), ``state`` (``message`` as accumulated so far: sent to a subscriber that
-    catches up while the stream runs), or ``end`` (``status``: ``finished``, ``aborted``,
-    ``interrupted`` when the writer's connection died, ``stopped`` when its turn was
-    stopped, or ``too_large`` when it grew past the hub's ``max_stream_bytes``; ``message``
-    is what was stored).
-    ``index`` counts deltas (the last one, in a ``delta`` frame): apply a delta only if its
-    index is one more than what you hold.
-    """
-
-    session_id: str
-    message_id: str
-    action: Literal["start", "delta", "state", "end"]
-    index: int
-    deltas: list[dict[str, Any]] | None = None
-    message: dict[str, Any] | None = None
-    status: str | None = None
-
-
-class TurnFrame(_Frame, tag="turn"):
-    """The hub gives a turn to this responder (a connection that sent ``take_turns``):
-    stream the reply with ``stream_start`` (``message_id: reply_id``, ``parent_id``,
-    ``turn_id``), or answer ``turn_failed``. ``message_id`` is the message answered;
-    ``history`` the branch up to ``parent_id`` (overlays applied); ``regenerates`` the
-    assistant message this reply replaces, if any."""
-
-    turn_id: str
-    session_id: str
-    message_id: str
-    parent_id: str | None
-    reply_id: str
-    trigger: str
-    history: list[dict[str, Any]]
-    regenerates: str | None = None
-
-
-class TurnStoppedFrame(_Frame, tag="turn_stopped"):
-    """A turn given to this responder was stopped (``stop_turn``): stop answering it. Its
-    reply, if started, was already ended by the hub as it stood (further deltas are
-    refused); a turn not started must not be."""
-
-    turn_id: str
-    session_id: str
-    reply_id: str
-    reason: str
-
-
-class DumpFrame(_Frame, tag="dump"):
-    """Lines of the dump an ``export`` request (``id``) asked for, in order, before its
-    reply; a batch is bounded in bytes, well under the frame limit."""
-
-    id: str | int
-    lines: list[str]
-
-
-ServerFrame = (
-    ReplyFrame
-    | ErrorFrame
-    | EventFrame
-    | ResetFrame
-    | UnsubscribedFrame
-    | PresenceFrame
-    | SummarizeFrame
-    | StreamFrame
-    | TurnFrame
-    | TurnStoppedFrame
-    | DumpFrame
-)

@@ -1,11 +1,9 @@
 """Fail on a module over 600 lines (tests, benchmarks and generated files aside).
 
 A module that long is several things under one name (issue 25): split it by what its
-parts are for. The modules already over the limit are listed below with the lines they
-had when the gate came in; each may shrink, none may grow, and one that drops to 600 or
-below (or goes) must leave the list (the gate fails until it does), so the list only ever
-gets shorter. Lower a count when its module shrinks, so that it cannot regrow.
-Run by scripts/check; ``python scripts/check_sizes.py`` prints what fails.
+parts are for. There is no allow-list: the modules that were over the limit when the gate
+came in have all been split. Run by scripts/check; ``python scripts/check_sizes.py`` prints
+what fails.
 """
 
 from __future__ import annotations
@@ -21,20 +19,6 @@ SOURCES = ("hub", "protocol", "clients", "scripts", "web")
 SUFFIXES = {".py", ".js", ".mjs"}
 #: Directories that are not our modules: installed packages, caches, browser tests.
 SKIP = {"node_modules", "__pycache__", "test", "tests"}
-
-#: Today's oversized modules and their line counts when the gate came in: the most each
-#: may have until it is split. Never raise one.
-OVERSIZED: dict[str, int] = {
-    "web/sessionhub.js": 921,  # the JS client: ClientConnection, HubClient, LiveMessages
-    "hub/server/turns.py": 812,  # turns, their responders and their streams
-    "hub/store/postgres/store.py": 788,
-    "clients/client.py": 735,  # HubClient: connection, reconnects, subscriptions
-    "hub/store/sqlite/store.py": 721,
-    "hub/cli.py": 681,  # every subcommand (issue 25: entry points in their own package)
-    "hub/context.py": 665,
-    "protocol/frames.py": 652,  # every request and frame struct
-    "hub/store/postgres/sql.py": 618,
-}
 
 
 def modules() -> dict[str, int]:
@@ -52,19 +36,11 @@ def modules() -> dict[str, int]:
 
 
 def problems(sizes: dict[str, int]) -> list[str]:
-    out: list[str] = []
-    for name, lines in sorted(sizes.items()):
-        allowed = OVERSIZED.get(name, LIMIT)
-        if lines > allowed:
-            if name in OVERSIZED:
-                out.append(f"{name}: {lines} lines, past the {allowed} it had (split it, do not grow it)")
-            else:
-                out.append(f"{name}: {lines} lines, over {LIMIT}: split it")
-        elif name in OVERSIZED and lines <= LIMIT:  # else the entry would let it regrow
-            out.append(f"{name}: {lines} lines now: remove it from OVERSIZED in scripts/check_sizes.py")
-    for name in sorted(set(OVERSIZED) - set(sizes)):
-        out.append(f"{name}: gone: remove it from OVERSIZED in scripts/check_sizes.py")
-    return out
+    return [
+        f"{name}: {lines} lines, over {LIMIT}: split it"
+        for name, lines in sorted(sizes.items())
+        if lines > LIMIT
+    ]
 
 
 def main() -> int:

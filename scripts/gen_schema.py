@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Write protocol/schema.json: the JSON Schema of the wire protocol, generated from its types.
 
-Run after changing protocol/frames.py (``.venv/bin/python scripts/gen_schema.py``); a test
-fails while the committed file differs from what this script generates.
+Run after changing a request or a frame (protocol/requests.py, protocol/serverframes.py:
+``.venv/bin/python scripts/gen_schema.py``); a test fails while the committed file differs
+from what this script generates.
 """
 
 from __future__ import annotations

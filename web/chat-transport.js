@@ -14,7 +14,7 @@ const isToolPart = (p) => typeof p?.type === "string" && (p.type.startsWith("too
  * One streamed message as AI SDK UI message stream chunks: update(message) returns the
  * chunks that take a reader from what it was sent to `message` (text and reasoning grow by
  * their new suffix; tool parts go input-start, input-available, output). A port of
- * hub/server/chat_http.py's UIMessageEncoder, so both transports send the same chunks.
+ * hub/adapters/uistream.py's UIMessageEncoder, so both transports send the same chunks.
  */
 export class UIMessageChunks {
   constructor(messageId) {

@@ -16,9 +16,10 @@ serve (pruned, another epoch, the future) get a ``reset`` frame, never a silent 
 The package, one concept a module (docs/architecture.md): :mod:`.config` (the limits),
 :mod:`.wire` (engine values as frames), :mod:`.outbox` and :mod:`.tails` (what is held
 for peers), :mod:`.connection` (one socket), :mod:`.ops` (what each request runs),
-:mod:`.hub` (the registry of connections), :mod:`.turns` and :mod:`.chat_http` (chat
-turns, ``/api/chat``), :mod:`.handshake` and :mod:`.app` (HTTP), :mod:`.ports` (what the
-parts need of each other).
+:mod:`.hub` (the registry of connections), :mod:`.turndispatch` (chat turns),
+:mod:`.handshake` and :mod:`.app` (HTTP; ``create_app`` mounts the protocol adapters of
+:mod:`hub.adapters`: ``/api/chat``, ``/mcp``), :mod:`.ports` (what the parts need of each
+other).
 """
 
 from __future__ import annotations

@@ -15,21 +15,17 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from ..backends import open_backend
+from ..adapters import adapters
+from ..apps.backends import open_backend
 from ..bus import Bus
 from ..manager import SessionManager
 from ..store.base import Store
-from .agui import agui_routes
-from .cf_agents import cf_agents_routes
-from .chat_http import chat_routes
-from .chat_ws import chat_ws_routes
 from .config import HubConfig
 from .connection import CLOSE_GOING_AWAY
 from .handshake import HostCheck, KeepTransport, origin_allowed
 from .health import health
 from .hub import Hub
 from .logfilter import install_log_filters
-from .mcp import create_endpoint as create_mcp_endpoint
 from .outage import CLOSE_TRY_AGAIN_LATER, OUTAGE_REASON
 from .static import WEB_DIR, InspectorFiles
 from .unrouted import unrouted
@@ -51,7 +47,7 @@ def create_app(
     Pass ``manager`` (configured with context templates, compaction...) or ``store`` to
     share ones you own (they are not closed on shutdown), or ``db`` (a SQLite path or a
     ``postgresql://`` DSN) and ``bus`` (``memory``, ``postgres``, a ``redis://`` URL or a
-    :class:`~hub.bus.Bus`; see :mod:`hub.backends`) to have the app open and close them.
+    :class:`~hub.bus.Bus`; see :mod:`hub.apps.backends`) to have the app open and close them.
     ``configure_manager(manager)`` is called on the manager the app builds over those,
     before it serves (compaction, context...: what ``sessionhub serve`` sets from its
     options). ``app.state.hub`` is the running :class:`Hub`.
@@ -59,8 +55,9 @@ def create_app(
     if manager is not None and configure_manager is not None:
         raise ValueError("pass manager or configure_manager, not both: configure your manager yourself")
     settings = config or HubConfig()
-    # The MCP endpoint (hub/mcp.py); None when the optional `mcp` package is not installed.
-    mcp_endpoint = create_mcp_endpoint()
+    # The protocol adapters (hub/adapters/: the AI SDK chat, MCP when its package is
+    # installed), mounted beside /ws; each sees the hub through hub/adapters/port.py.
+    mounted = adapters()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -76,8 +73,9 @@ def create_app(
                     configure_manager(active)
             hub = Hub(active.store, active, settings, worker_summarizer)
             app.state.hub = hub
-            if mcp_endpoint is not None:
-                await stack.enter_async_context(mcp_endpoint.run(hub))
+            for adapter in mounted:
+                if adapter.lifespan is not None:
+                    await stack.enter_async_context(adapter.lifespan(hub))
             try:
                 yield
             finally:
@@ -116,26 +114,11 @@ def create_app(
         Route("/readyz", readyz),
         Route("/metrics", metrics),
         WebSocketRoute("/ws", ws),
-        *chat_routes(),  # POST /api/chat, GET /api/chat/{id}/stream (hub/server/chat_http.py)
-        *chat_ws_routes(),  # /api/chat/ws: the AI SDK 7 WebSocketChatTransport (hub/server/chat_ws.py)
-        *cf_agents_routes(),  # /agents/{agent}/{name}: Cloudflare's cf_agent_* chat (hub/server/cf_agents.py)
-        *agui_routes(),  # POST /agui, GET /agui/{thread}/stream: AG-UI 1.0 (hub/server/agui.py)
     ]
-    if mcp_endpoint is not None:
-        routes.append(mcp_endpoint.route())
+    for adapter in mounted:
+        routes += adapter.routes
     # Typed JSON for a wrong method or a missing API path (hub/server/unrouted.py).
-    routes += unrouted(
-        [
-            "/healthz",
-            "/readyz",
-            "/metrics",
-            "/api/chat",
-            "/api/chat/{id}/stream",
-            "/api/chat/{id}/stop",
-            "/agui",
-            "/agui/{id}/stream",
-        ]
-    )
+    routes += unrouted(["/healthz", "/readyz", "/metrics", *(p for a in mounted for p in a.paths)])
     # The browser inspector and the JS client (web/, see docs/inspector.md): static files,
     # no build step, mounted last so that every other route wins.
     # Only the files the inspector needs (hub/server/static.py), not web/test/; in a wheel

@@ -17,7 +17,7 @@ class HubConfig:
     the peer is evicted (close code 4008); ``close_grace`` how long an evicted peer has to
     take the close frame before its transport is aborted. A chat SSE reader is bounded by
     the same two: ``outbox_bytes`` queued for it, or a send not taken for ``send_timeout``,
-    and it is dropped (hub/server/ssefeed.py)."""
+    and it is dropped (hub/adapters/sse.py)."""
 
     max_frame_bytes: int = 1 << 20
     #: The largest HTTP request body (``POST /api/chat`` and its sub-routes, ``/mcp``): a
@@ -61,13 +61,13 @@ class HubConfig:
     max_in_flight: int = 64
     #: How long an evicted peer has to take its close frame before the TCP connection is cut.
     close_grace: float = 5.0
-    #: How long a turn waits for a responder to start answering it (hub/server/turns.py).
+    #: How long a turn waits for a responder to start answering it (hub/server/turndispatch.py).
     turn_timeout: float = 30.0
     #: A chat reply's SSE stream (``POST /api/chat``) sends a comment line after this many
     #: seconds without a chunk, so that proxies that cut idle connections (often at 30-60 s)
     #: keep it while the turn waits for a responder or a slow model.
     chat_keepalive: float = 15.0
-    #: Event retention (hub/server/retention.py): prune events older than this many
+    #: Event retention (hub/server/pruner.py): prune events older than this many
     #: seconds, and beyond the newest N of each log, every ``retention_interval`` s. None: keep.
     retain_events: float | None = None
     retain_events_per_session: int | None = None

@@ -17,13 +17,14 @@ from protocol.connection import ServerConnection, StreamKey
 
 from ..auth import Grant
 from ..store.base import Store
+from .asgiscope import RAW_SEND, TRANSPORT
 from .config import HubConfig
 from .metrics import Metrics
 from .outbox import Evicted, Held, Outbox, frame_cost
 from .presence import Presence
 from .streams import Streams
 from .tails import Live, Tails
-from .turns import Turns
+from .turndispatch import Turns
 
 if TYPE_CHECKING:
     from .workers import WorkerSummarizer
@@ -37,14 +38,6 @@ CLOSE_SLOW_CONSUMER = 4008
 CLOSE_TOKEN_EXPIRED = 4001
 CLOSE_GOING_AWAY = 1001
 CLOSE_UNSUPPORTED = 1003
-
-
-#: Where the ASGI server's transport is kept in a WebSocket's scope (see ``KeepTransport``).
-TRANSPORT = "sessionhub.transport"
-#: Where the ASGI server's own ``send`` is kept (``KeepTransport``): frames go straight to
-#: it, not through starlette's WebSocket and exception middleware, two coroutine layers
-#: that do nothing for a text frame (docs/benchmarks.md).
-RAW_SEND = "sessionhub.send"
 
 
 class ConnectionHost(Protocol):

@@ -14,8 +14,8 @@ from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
+from .asgiscope import RAW_SEND, TRANSPORT
 from .config import HubConfig
-from .connection import RAW_SEND, TRANSPORT
 
 log = logging.getLogger("sessionhub.server")
 

@@ -25,11 +25,11 @@ from .ops import Op, operations, receive
 from .outage import StoreWatch
 from .outbox import Held
 from .presence import Presence
+from .pruner import Retention
 from .relay import Relay
-from .retention import Retention
 from .streams import Streams
 from .tails import Tails
-from .turns import Turns
+from .turndispatch import Turns
 
 if TYPE_CHECKING:
     from .workers import WorkerSummarizer
@@ -54,7 +54,7 @@ class Hub:
         self.metrics = Metrics()
         self.held = Held()
         self.metrics.watch_held(self.held)
-        #: What chat SSE readers have queued (hub/server/ssefeed.py): apart from ``held``, as
+        #: What chat SSE readers have queued (hub/adapters/sse.py): apart from ``held``, as
         #: their queues share one text per chunk, and outbox_bytes_total evicts WebSockets.
         self.sse_held = Held()
         self.metrics.watch_sse(self.sse_held)

@@ -9,7 +9,7 @@ frames came. Three kinds of entry:
   or a session, run in a task of its own, timed (``sessionhub_op_seconds``), its result
   converted to wire data (:func:`hub.server.wire.wire`);
 - connection ops run in a task (:func:`local`): ``hello``, ``presence``, the stream ops,
-  ``take_turns`` and ``turn_failed`` (:mod:`.turns`);
+  ``take_turns`` and ``turn_failed`` (:mod:`.turndispatch`);
 - connection ops that change the connection's state at once, so that the frames read
   after them see it: ``subscribe``, ``unsubscribe`` (:mod:`.subscriptions`), ``auth``
   (:mod:`.access`), ``summary``, and each ``import`` chunk (checked in the order read).
@@ -42,7 +42,7 @@ from .access import allowed, auth
 from .connection import Connection
 from .ports import Sessions
 from .subscriptions import subscribe, unsubscribe
-from .turns import Turns
+from .turndispatch import Turns
 from .wire import error_frame, parent_arg, wire
 
 __all__ = [

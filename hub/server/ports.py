@@ -1,10 +1,12 @@
 """What the server's parts need of each other, as small Protocols.
 
-Streams, presence, the relay, the worker summarizer, turns, the chat endpoints and the MCP
-endpoint each take the narrow view below instead of the whole :class:`~hub.server.hub.Hub`, so none of them
-imports the hub or the connection module, and the package has no import cycle (not even
-behind ``TYPE_CHECKING``; ``scripts/check_cycles.py`` counts those). The hub and its
-connections satisfy these structurally; nothing here subclasses them.
+Streams, presence, the relay, the worker summarizer and turns each take the narrow view
+below instead of the whole :class:`~hub.server.hub.Hub`, so none of them imports the hub or
+the connection module, and the package has no import cycle (not even behind
+``TYPE_CHECKING``; ``scripts/check_cycles.py`` counts those). The hub and its connections
+satisfy these structurally; nothing here subclasses them. The protocol adapters beside the
+server (``/api/chat``, ``/mcp``) have their own port, :mod:`hub.adapters.port`, which
+builds on :class:`Sessions`.
 """
 
 from __future__ import annotations
@@ -20,25 +22,18 @@ from ..manager import SessionManager
 from ..session import Session
 from ..store.base import Store
 from .config import HubConfig
-from .metrics import Metrics
-from .outbox import Held
-from .turnframes import TurnOffer, TurnStatus, Watcher
+from .turnframes import TurnOffer, TurnStatus
 
 __all__ = [
-    "ChatHost",
-    "ChatStreams",
-    "ChatTurn",
     "ConnectionRegistry",
     "Peer",
     "PresenceBoard",
     "PresenceTable",
     "ReplyWriter",
     "Responder",
-    "Served",
     "Sessions",
     "StreamHost",
     "StreamMirror",
-    "TurnDesk",
     "TurnHost",
     "TurnRelay",
     "TurnStreams",
@@ -125,15 +120,6 @@ class Sessions(Protocol):
         ...
 
 
-class Served(Sessions, Protocol):
-    """A running hub as an endpoint beside ``/ws`` (MCP) sees it."""
-
-    @property
-    def config(self) -> HubConfig: ...
-    @property
-    def closing(self) -> bool: ...
-
-
 class StreamHost(ConnectionRegistry, Sessions, Protocol):
     """What running streams need: the subscribers to send to, the engine to write through,
     the store (silent saves, the bus's relay) and presence (a writer is on its session)."""
@@ -148,7 +134,7 @@ class StreamHost(ConnectionRegistry, Sessions, Protocol):
 
 
 class Responder(Protocol):
-    """A connection that answers turns (``take_turns``), as :mod:`.turns` sees it: who it
+    """A connection that answers turns (``take_turns``), as :mod:`.turndispatch` sees it: who it
     is, whether its grant lets it write the session, and sending it the ``turn`` frame
     (``send`` raises :class:`~hub.server.outbox.Evicted` when it cannot take it)."""
 
@@ -204,61 +190,3 @@ class TurnRelay(Protocol):
         ...
 
     def relayed(self, node: str, message: TurnOffer | TurnStatus) -> None: ...
-
-
-class ChatTurn(Protocol):
-    """A turn as the chat endpoints stream it: its reply, and watching the reply grow."""
-
-    @property
-    def session_id(self) -> str: ...
-    @property
-    def reply_id(self) -> str: ...
-    def watch(self, watcher: Watcher) -> Callable[[], None]:
-        """Call ``watcher`` with each stream frame of the reply, then the outcome; returns
-        the call that stops it."""
-        ...
-
-
-class TurnDesk(Protocol):
-    """Starting a turn, and the turn a session has in flight."""
-
-    async def start(
-        self, session_id: str, message_id: str | None = None, trigger: str | None = None
-    ) -> ChatTurn: ...
-    def in_flight(self, session_id: str) -> ChatTurn | None: ...
-    async def stop(
-        self, session_id: str, turn_id: str | None = None, reason: str = "stopped by request"
-    ) -> dict[str, Any]:
-        """Stop the session's turn in flight on any node; NotFound when there is none."""
-        ...
-
-    async def find(self, session_id: str) -> ChatTurn | None:
-        """The turn in flight in the session on any node (this one's first)."""
-        ...
-
-
-class ChatStreams(Protocol):
-    """A streamed message as it stands now, for a reader that joins mid-reply."""
-
-    def current(self, session_id: str, message_id: str) -> tuple[dict[str, Any], int] | None:
-        """The message so far and its index, on this node or mirrored; None: not streaming."""
-        ...
-
-
-class ChatHost(Served, Protocol):
-    """A running hub as ``POST /api/chat`` and its resume endpoint see it: the limits (auth
-    secret, allowed origins), the engine, the store (a new chat's session), turns and the
-    replies streaming now."""
-
-    @property
-    def store(self) -> Store: ...
-    @property
-    def streams(self) -> ChatStreams: ...
-    @property
-    def turns(self) -> TurnDesk: ...
-    @property
-    def metrics(self) -> Metrics: ...
-    @property
-    def sse_held(self) -> Held:
-        """What the chat SSE readers have queued (``sessionhub_sse_bytes``)."""
-        ...

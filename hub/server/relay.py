@@ -2,7 +2,7 @@
 
 A cross-node bus relays encoded frames (``RemoteBus.relay``). Three kinds travel: stream
 frames (:class:`~hub.server.streams.Streams` mirrors them), turn offers and statuses
-(:class:`~hub.server.turns.Turns` places turns on nodes with responders), and presence,
+(:class:`~hub.server.turndispatch.Turns` places turns on nodes with responders), and presence,
 kept here. Each keeper is handed in as a port (:mod:`.ports`). Presence is
 a per-node table: each node relays every join and leave as it happens and a full snapshot
 of its table every ``heartbeat`` seconds; a node not heard from for ``ttl`` seconds is

@@ -122,7 +122,7 @@ class TurnLog:
 
 @dataclass(eq=False)
 class RemoteTurn:
-    """A turn another node runs (see the module): a :class:`~hub.server.ports.ChatTurn`."""
+    """A turn another node runs (see the module): a :class:`~hub.adapters.port.ChatTurn`."""
 
     session_id: str
     turn_id: str

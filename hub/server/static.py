@@ -38,8 +38,9 @@ WEB_DIR = _web_dir()
 
 #: Paths under web/ the hub serves ("." is the directory, i.e. index.html).
 SHIPPED = frozenset({".", "index.html", "inspector.css", "sessionhub.js", "presence.js", "chat-transport.js"})
-#: The examples and the inspector's ES modules (web/inspector/*.js).
-_PATTERNS = re.compile(r"examples/[A-Za-z0-9_-]+\.html|inspector/[A-Za-z0-9_-]+\.js")
+#: The examples and the ES modules of the inspector (web/inspector/*.js) and of the JS
+#: client, which sessionhub.js loads (web/sessionhub/*.js).
+_PATTERNS = re.compile(r"examples/[A-Za-z0-9_-]+\.html|(?:inspector|sessionhub)/[A-Za-z0-9_-]+\.js")
 
 
 def is_shipped(path: str) -> bool:

@@ -116,7 +116,7 @@ class Streams:
         self.active: dict[tuple[str, str], LiveStream] = {}
         self.mirrors: dict[tuple[str, str], Mirror] = {}
         #: session id -> callbacks given every stream frame of the session, this node's and
-        #: relayed ones (:mod:`.turns`: the chat endpoints). Local deltas come one by one, at
+        #: relayed ones (:mod:`.turndispatch`: the chat endpoints). Local deltas come one by one, at
         #: once, not coalesced: a chat reply's first token is not held back for subscribers.
         self.watchers: dict[str, list[Callable[[f.StreamFrame], None]]] = {}
         bus = hub.store.bus

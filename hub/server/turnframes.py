@@ -2,7 +2,7 @@
 endpoints), and what nodes tell each other about it through the relay.
 
 Values only, so that the ports (:mod:`.ports`), the relay and the chat endpoints can name
-them without importing :mod:`.turns`, which takes its host through the ports.
+them without importing :mod:`.turndispatch`, which takes its host through the ports.
 """
 
 from __future__ import annotations

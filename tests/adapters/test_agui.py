@@ -1,4 +1,4 @@
-"""AG-UI 1.0 at ``/agui`` (hub/server/agui.py).
+"""AG-UI 1.0 at ``/agui`` (hub/adapters/agui.py).
 
 The real client drives it first: ``@ag-ui/client`` 1.0's ``HttpAgent``, every event checked
 by ``@ag-ui/core``'s schemas and the client's own order verifier, on Node 22
@@ -19,7 +19,7 @@ import pytest
 from hub import ReadonlyText, SessionManager, SqliteStore
 from hub.auth import issue_token
 from hub.server import HubConfig
-from tests.adapters.test_chat_ws import JS7, NODE22, SECRET, _npm_ci
+from tests.adapters.test_aisdk_ws import JS7, NODE22, SECRET, _npm_ci
 from tests.support.chatkit import responder
 from tests.support.hubtest import served
 

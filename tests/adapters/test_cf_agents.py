@@ -1,4 +1,4 @@
-"""Cloudflare's agent chat protocol at ``/agents/{agent}/{name}`` (hub/server/cf_agents.py).
+"""Cloudflare's agent chat protocol at ``/agents/{agent}/{name}`` (hub/adapters/cf_agents.py).
 
 Cloudflare's own client code drives it first: ``agents`` 0.32's ``AgentClient`` and the
 ``WebSocketChatTransport`` of ``agents/chat/transport`` (what ``useAgentChat`` uses), on
@@ -17,10 +17,10 @@ import httpx2
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
+from hub.adapters.cf_agents import session_of
 from hub.auth import issue_token
 from hub.server import HubConfig
-from hub.server.cf_agents import session_of
-from tests.adapters.test_chat_ws import JS7, NODE22, SECRET, _npm_ci
+from tests.adapters.test_aisdk_ws import JS7, NODE22, SECRET, _npm_ci
 from tests.support.chatkit import responder
 from tests.support.hubtest import served
 

@@ -61,7 +61,7 @@ async def ok(session: ClientSession, name: str, arguments: dict[str, Any]) -> st
 @contextlib.asynccontextmanager
 async def serve_process(db: Path, *extra: str) -> AsyncIterator[int]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "hub.cli", "serve", "--db", str(db), "--port", "0", *extra,
+        sys.executable, "-m", "hub.apps.cli", "serve", "--db", str(db), "--port", "0", *extra,
         stderr=subprocess.PIPE, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
     assert proc.stderr is not None

@@ -1,4 +1,4 @@
-"""hub/backends.py: what ``--db`` and ``--bus`` accept, and the bus a database records so
+"""hub/apps/backends.py: what ``--db`` and ``--bus`` accept, and the bus a database records so
 that nodes on different buses (which would miss each other's live events) are refused."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 
 from hub import InvalidInput, PostgresStore, SqliteStore
-from hub.backends import BusMismatch, bus_identity, make_bus, open_backend, resolve_db
+from hub.apps.backends import BusMismatch, bus_identity, make_bus, open_backend, resolve_db
 from hub.bus import MemoryBus, PgListenBus, RedisBus
 from tests.support.nodes import scratch_database
 from tests.support.services import postgres_dsn, redis_url

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from clients import HubClient
+from hub.apps.cli import EXIT_CODES
 from hub.auth import verify_token
-from hub.cli import EXIT_CODES
 from tests.support.services import redis_url
 
 SECRET = "a-cli-test-secret-that-is-long-enough-for-hs256"
@@ -35,7 +35,7 @@ def run(
     *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "hub.cli", *args],
+        [sys.executable, "-m", "hub.apps.cli", *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -57,7 +57,7 @@ def one_line(result: subprocess.CompletedProcess[str]) -> str:
 async def serve(*args: str, env: dict[str, str] | None = None) -> AsyncIterator[str]:
     """A real ``sessionhub serve`` on a free port; yields its WebSocket URL once it listens."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "hub.cli", "serve", "--port", "0", *args,
+        sys.executable, "-m", "hub.apps.cli", "serve", "--port", "0", *args,
         stderr=subprocess.PIPE, env=environ(env),
     )  # fmt: skip
     assert proc.stderr is not None
@@ -154,7 +154,7 @@ def test_token_refuses_a_short_secret_without_pyjwts_warning() -> None:
 def test_token_without_any_secret_says_where_to_put_one() -> None:
     env = {k: v for k, v in environ().items() if k != "SESSIONHUB_AUTH_SECRET"}
     result = subprocess.run(
-        [sys.executable, "-m", "hub.cli", "token", "--session", "*", "--scope", "read"],
+        [sys.executable, "-m", "hub.apps.cli", "token", "--session", "*", "--scope", "read"],
         capture_output=True, text=True, timeout=60, env=env,
     )  # fmt: skip
     assert result.returncode == 2
@@ -255,7 +255,7 @@ async def test_a_closed_stdout_ends_quietly(tmp_path: Path) -> None:
         os.close(read)  # the reader is gone before anything is written: `| head` that exited
         try:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "hub.cli", "sessions", "--url", url,
+                sys.executable, "-m", "hub.apps.cli", "sessions", "--url", url,
                 stdout=write, stderr=subprocess.PIPE, env=environ(),
             )  # fmt: skip
         finally:
@@ -300,7 +300,8 @@ CLI_IMPORT_CASES = [
 @contextlib.asynccontextmanager
 async def cli_db(kind: str, tmp_path: Path) -> AsyncIterator[str]:
     """A ``--db`` of ``kind`` holding one session."""
-    from hub.dump import import_lines, open_store
+    from hub.apps.backends import open_store
+    from hub.dump import import_lines
     from tests.support.dumps import dump, session
     from tests.support.nodes import scratch_database
     from tests.support.services import postgres_dsn

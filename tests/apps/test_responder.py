@@ -1,4 +1,4 @@
-"""The built-in responder (hub/responder.py, ``sessionhub respond``) against a local
+"""The built-in responder (hub/apps/responder.py, ``sessionhub respond``) against a local
 streaming chat-completions server written here: a real HTTP server on 127.0.0.1:0 that
 speaks OpenAI's SSE format. Text, a tool call round trip through the session's context
 tools, a 500 then success, and a timeout; the chat sees each as the AI SDK would."""
@@ -18,7 +18,7 @@ from typing import Any
 import httpx2
 
 from hub import ReadonlyText, SessionManager, SqliteStore
-from hub.responder import ChatCompletionsResponder, run_responder
+from hub.apps.responder import ChatCompletionsResponder, run_responder
 from tests.support.chatkit import sse_chunks
 from tests.support.hubtest import served
 
@@ -268,7 +268,7 @@ async def test_a_timeout_is_retried_then_reported(tmp_path: Path) -> None:
 
 def test_respond_command_refuses_a_bad_base_url() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "hub.cli", "respond", "--base-url", "localhost:8080", "--model", "m"],
+        [sys.executable, "-m", "hub.apps.cli", "respond", "--base-url", "localhost:8080", "--model", "m"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -284,7 +284,7 @@ def test_respond_command_says_when_the_hub_is_unreachable() -> None:
         [
             sys.executable,
             "-m",
-            "hub.cli",
+            "hub.apps.cli",
             "respond",
             "--url",
             "ws://127.0.0.1:9/ws",

@@ -23,7 +23,7 @@ from tests.support.hubtest import Served, eventually, served, text
 
 async def start_serve(db: Path, port: int = 0) -> tuple[asyncio.subprocess.Process, int]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "hub.cli", "serve", "--db", str(db), "--port", str(port),
+        sys.executable, "-m", "hub.apps.cli", "serve", "--db", str(db), "--port", str(port),
         stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
     assert proc.stderr is not None
@@ -44,7 +44,7 @@ async def stop(proc: asyncio.subprocess.Process) -> None:
 
 async def cli(*args: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "hub.cli", *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        sys.executable, "-m", "hub.apps.cli", *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
 

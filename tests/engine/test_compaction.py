@@ -32,7 +32,7 @@ from hub.compaction import (
     truncate_older_messages,
     truncate_tool_output,
 )
-from hub.overlays import COMPACTION_PREFIX
+from hub.store.overlays import COMPACTION_PREFIX
 from hub.tokens import estimate_message_tokens, js_json
 from tests.support.hubtest import text_message
 

@@ -48,7 +48,7 @@ from hub.compaction import (
     sanitize_tool_pairs,
     truncate_older_messages,
 )
-from hub.overlays import COMPACTION_PREFIX
+from hub.store.overlays import COMPACTION_PREFIX
 from hub.tokens import estimate_message_tokens
 from tests.support.hubtest import text_message
 

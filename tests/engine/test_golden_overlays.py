@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hub import Compaction, Message, Session, SqliteStore
-from hub.overlays import COMPACTION_PREFIX
+from hub.store.overlays import COMPACTION_PREFIX
 from tests.support.hubtest import text_message
 
 GOLDEN: dict[str, Any] = json.loads(

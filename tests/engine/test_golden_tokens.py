@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from hub import tokens
-from hub.overlays import COMPACTION_PREFIX
+from hub.store.overlays import COMPACTION_PREFIX
 from hub.tokens import estimate_message_tokens, estimate_string_tokens, utf16_len
 
 GOLDEN: dict[str, Any] = json.loads(

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hub.overlays import COMPACTION_PREFIX, apply_compactions, visible_compactions
+from hub.store.overlays import COMPACTION_PREFIX, apply_compactions, visible_compactions
 from protocol import Compaction, Message
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

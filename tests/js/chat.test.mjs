@@ -1,4 +1,4 @@
-// The real AI SDK (ai 6.x) against a running hub and responder: tests/adapters/test_chat_http.py
+// The real AI SDK (ai 6.x) against a running hub and responder: tests/adapters/test_aisdk_chat.py
 // starts both and sets SESSIONHUB_URL and SESSIONHUB_WS_URL. The responder answers by the
 // user's text: "tool ..." streams reasoning, a tool call and its result, then text;
 // "slow ..." streams 40 words over about 1.5 s; "fail ..." fails after one word; anything

@@ -1,5 +1,5 @@
 // The real AI SDK 7 WebSocketChatTransport (ai 7.x, on Node 22) against a running hub and
-// responder: tests/adapters/test_chat_ws.py starts both and sets SESSIONHUB_URL and
+// responder: tests/adapters/test_aisdk_ws.py starts both and sets SESSIONHUB_URL and
 // SESSIONHUB_WS_URL. The responder answers by the user's text (tests/support/chatkit.py):
 // "tool ..." streams reasoning, a tool call and its result, then text; "slow ..." streams
 // 40 words over about 1.5 s; anything else is echoed back in three deltas.

@@ -160,7 +160,7 @@ def hub_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     db = tmp_path_factory.mktemp("hub") / "hub.db"
     port = free_port()
     with subprocess.Popen(
-        [sys.executable, "-m", "hub.cli", "serve", "--db", str(db), "--port", str(port)],
+        [sys.executable, "-m", "hub.apps.cli", "serve", "--db", str(db), "--port", str(port)],
         stderr=subprocess.PIPE,
         text=True,
         env=sample_env(),

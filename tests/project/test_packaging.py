@@ -46,8 +46,8 @@ def python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_a_sqlite_hub_loads_neither_asyncpg_nor_redis(tmp_path: Path) -> None:
     code = """
 import asyncio, sys
-import hub, hub.server, hub.cli, hub.backends, hub.bus, hub.store, clients, protocol
-from hub.backends import open_backend
+import hub, hub.server, hub.apps.cli, hub.apps.backends, hub.bus, hub.store, clients, protocol
+from hub.apps.backends import open_backend
 from hub.server import create_app
 
 async def main():
@@ -96,7 +96,8 @@ def test_a_missing_extra_names_it(module: str, code: str, extra: str) -> None:
 )
 def test_serve_without_an_extra_is_one_line(tmp_path: Path, module: str, args: list[str], extra: str) -> None:
     code = (
-        f"import sys; sys.modules[{module!r}] = None\nfrom hub.cli import main\nsys.exit(main(sys.argv[1:]))"
+        f"import sys; sys.modules[{module!r}] = None\n"
+        "from hub.apps.cli import main\nsys.exit(main(sys.argv[1:]))"
     )
     db = [] if "--db" in args else ["--db", str(tmp_path / "x.db")]
     result = python(code, "serve", *db, *args, "--port", "0")
@@ -125,8 +126,12 @@ async def test_the_hub_serves_the_inspector_and_not_its_tests(tmp_path: Path) ->
     async with served(db=tmp_path / "hub.db") as h:
         index = await asyncio.to_thread(_get, h.url + "/")
         assert index[0] == 200 and b"inspector/main.js" in index[1]
-        modules = sorted(p.relative_to(web).as_posix() for p in (web / "inspector").glob("*.js"))
-        assert "inspector/main.js" in modules
+        modules = sorted(
+            p.relative_to(web).as_posix()
+            for part in ("inspector", "sessionhub")
+            for p in (web / part).glob("*.js")
+        )
+        assert {"inspector/main.js", "sessionhub/client.js"} <= set(modules)
         pages = (
             "inspector.css",
             "sessionhub.js",
@@ -319,7 +324,14 @@ def test_the_wheel_builds_quietly_and_ships_no_js_tests(wheel_build: tuple[Path,
     assert sorted(top_level) == sorted(IMPORT_PACKAGES)
     # The inspector's files are under hub/server/web/: exactly the ones the hub serves.
     served = _served_files()
-    assert {"index.html", "inspector/main.js", "sessionhub.js", "presence.js", "chat-transport.js"} <= served
+    assert {
+        "index.html",
+        "inspector/main.js",
+        "sessionhub.js",
+        "sessionhub/client.js",
+        "presence.js",
+    } <= served
+    assert "chat-transport.js" in served
     assert "examples/chat.html" in served
     assert {n.removeprefix(PACKAGED_WEB) for n in names if n.startswith(PACKAGED_WEB)} == served
     assert not [n for n in names if "/test/" in n or n.endswith(".mjs")]
@@ -374,3 +386,17 @@ def test_an_editable_install_serves_the_checkouts_web_and_installs_no_web_packag
     answers = _serve_and_get(venv, tmp_path, ["/", "/sessionhub.js"])
     assert answers["/"] == (200, (ROOT / "web" / "index.html").read_bytes())
     assert answers["/sessionhub.js"] == (200, b"// edited\n")
+
+
+def test_every_python_package_is_listed_for_the_wheel() -> None:
+    """pyproject.toml lists the wheel's packages by hand (a flat layout with several roots):
+    a new package left off the list (hub/adapters/, say) would import from the checkout and
+    be missing from every install. Checked without building, so without PyPI."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    listed = set(config["tool"]["setuptools"]["packages"])
+    found = {
+        ".".join(init.parent.relative_to(ROOT).parts)
+        for top in ("hub", "protocol", "clients")
+        for init in (ROOT / top).rglob("__init__.py")
+    }
+    assert found - listed == set(), f"add these to [tool.setuptools] packages: {sorted(found - listed)}"

@@ -67,8 +67,8 @@ def test_parse_ttl(text_: str, seconds: float) -> None:
 
 def test_token_command_prints_a_valid_token() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "hub.cli", "token", "--secret", SECRET, "--session", "s1", "--session", "s2",
-         "--scope", "write", "--ttl", "2h", "--sub", "ci"],
+        [sys.executable, "-m", "hub.apps.cli", "token", "--secret", SECRET, "--session", "s1",
+         "--session", "s2", "--scope", "write", "--ttl", "2h", "--sub", "ci"],
         capture_output=True, text=True, check=True, timeout=30,
     ).stdout.strip()  # fmt: skip
     grant = verify_token(SECRET, out)
@@ -78,7 +78,7 @@ def test_token_command_prints_a_valid_token() -> None:
 
 def test_serve_refuses_a_public_address_without_a_secret() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "hub.cli", "serve", "--host", "0.0.0.0", "--port", "0"],
+        [sys.executable, "-m", "hub.apps.cli", "serve", "--host", "0.0.0.0", "--port", "0"],
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert result.returncode == 2

@@ -58,7 +58,7 @@ class Serve:
 
     async def start(self) -> None:
         summaries = WORKER_SUMMARIES if self.worker_summaries else ()
-        args = ["-m", "hub.cli", "serve", "--db", str(self.db), "--port", str(self.port), *summaries]
+        args = ["-m", "hub.apps.cli", "serve", "--db", str(self.db), "--port", str(self.port), *summaries]
         args += self.extra
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable,

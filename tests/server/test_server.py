@@ -63,7 +63,7 @@ async def test_sessionhub_serve_command(tmp_path: Path) -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "hub.cli",
+        "hub.apps.cli",
         "serve",
         "--db",
         str(db),
@@ -97,7 +97,7 @@ async def run_serve(*args: str) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "hub.cli",
+        "hub.apps.cli",
         "serve",
         *args,
         stderr=subprocess.PIPE,

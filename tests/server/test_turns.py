@@ -1,4 +1,4 @@
-"""Turns (hub/server/turns.py) over the WebSocket: ``start_turn``, who gets a turn, hand-over when
+"""Turns (hub/server/turndispatch.py) over the WebSocket: ``start_turn``, who gets a turn, hand-over when
 a responder goes away, what a responder may answer, and the outcome in the log. Real
 uvicorn, real ``HubClient`` responders and raw sockets."""
 

@@ -14,7 +14,7 @@ from hub import SessionHubError, SessionManager, SqliteStore
 from hub.auth import issue_token
 from hub.compaction import create_compact_function, summarizing_session
 from hub.server import HubConfig, create_app
-from hub.workers import WorkerSummarizer
+from hub.server.workers import WorkerSummarizer
 from protocol.errors import SummarizerError
 from tests.support.hubtest import eventually, served, text
 

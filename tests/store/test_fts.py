@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hub.fts import phrase_query, words_query
+from hub.store.fts import phrase_query, words_query
 
 
 def test_phrase_quotes_the_whole_query() -> None:

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from hub import Message, SqliteStore
-from hub.fts import phrase_query, words_query
+from hub.store.fts import phrase_query, words_query
 from hub.store.policy import SEARCH_WINDOW
 from hub.store.rows import message_json
 from hub.store.sqlite import rank, search, sql

@@ -59,7 +59,7 @@ class Node:
         return f"ws://127.0.0.1:{self.port}/ws"
 
     async def start(self, timeout: float = 30.0) -> None:
-        args = [sys.executable, "-m", "hub.cli", "serve", "--db", self.db, "--port", str(self.port)]
+        args = [sys.executable, "-m", "hub.apps.cli", "serve", "--db", self.db, "--port", str(self.port)]
         if self.bus:
             args += ["--bus", self.bus]
         args += self.extra

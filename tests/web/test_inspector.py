@@ -651,7 +651,7 @@ async def test_the_event_details_of_a_failed_compaction(
 
 async def test_a_turn_refused_in_a_start_race_is_no_failed_turn(scene: Scene) -> None:
     """Two nodes started a turn at once: the loser logged ``turn.started``, then ``turn.ended``
-    with ``refused: true`` (hub/server/turns.py ``_race``), and never ran. Its two rows are
+    with ``refused: true`` (hub/server/turnnodes.py ``_race``), and never ran. Its two rows are
     grey and say so; a turn that did fail stays red."""
     h, page, hub = scene.served, scene.page, scene.hub
     info = await hub.sessions.create("raced")

@@ -154,7 +154,7 @@ export class SessionModel {
     return out.sort((a, b) => b.order - a.order);
   }
 
-  /** The overlays that apply on this path (protocol: hub/overlays.py `_chosen`). */
+  /** The overlays that apply on this path (protocol: hub/store/overlays.py `_chosen`). */
   overlays(pathIds) {
     const index = new Map(pathIds.map((id, i) => [id, i]));
     const byStart = new Map();

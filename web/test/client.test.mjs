@@ -492,3 +492,24 @@ test("without reconnect, connect() still tries each URL once; close() settles a 
   closing.close();
   await assert.rejects(second, ConnectionLost);
 });
+
+test("a second subscription to one stream (the registry too) throws HubError invalid", async () => {
+  const { client } = await connected();
+  client.subscribe(null);
+  client.subscribe("s1");
+  assert.throws(() => client.subscribe(null), (err) => err instanceof HubError && err.code === "invalid" && /the registry/.test(err.message));
+  assert.throws(() => client.subscribe("s1"), (err) => err instanceof HubError && /"?s1/.test(err.message));
+});
+
+test("renew ends the subscriptions the new token does not cover, the registry's included", async () => {
+  const { client, socket } = await connected();
+  const errors = [];
+  client.subscribe(null, { onError: (err) => errors.push(err) });
+  client.subscribe("s1", { onError: (err) => errors.push(err) });
+  const renewing = client.renew("t2");
+  await tick();
+  socket.frame({ frame: "reply", id: socket.last("auth").id, result: { sub: "u", exp: null, ended: [null] } });
+  assert.deepEqual((await renewing).ended, [null]);
+  assert.equal(errors.length, 1);
+  assert.ok(errors[0] instanceof HubError && errors[0].code === "forbidden" && /the registry/.test(errors[0].message));
+});

@@ -19,7 +19,7 @@ Design (docs/postgres.md):
   SqliteStore does.
 - Messages are keyed ``(session_id, id)``; ``pk`` (an identity) is insertion order and
   ``parent_pk`` the parent's pk, with the same invariants as SqliteStore's rowids.
-- Full text: ``tsvector`` columns computed at insert (from :func:`~hub.fts.fts_text`'s
+- Full text: ``tsvector`` columns computed at insert (from :func:`~hub.store.fts.fts_text`'s
   words) with GIN indexes, under the ``sessionhub`` text search configuration (Porter
   stemming, no stop words); a hit's text is read from the stored message, no copy kept.
 - A ``message.appended`` event refers to its message (``events.ref``) until the message
@@ -33,7 +33,7 @@ write transaction), :mod:`.store` (:class:`PostgresStore`). Importing it needs a
 
 from __future__ import annotations
 
-from ...fts import MAX_INDEXED_CHARS, fts_text
+from ..fts import MAX_INDEXED_CHARS, fts_text
 from ..policy import SEARCH_WINDOW
 from .schema import MIGRATIONS, SCHEMA_SQL
 from .store import PostgresStore

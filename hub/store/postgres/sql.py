@@ -11,9 +11,9 @@ import msgspec
 from protocol import Compaction, Conflict, Event, InvalidInput, Message, SessionInfo, SessionNotFound
 
 from ...bus.doorbell import CHANNEL, stream_key
-from ...fts import fts_text
-from ...overlays import apply_compactions
 from ..base import LATEST, AppendResult, ParentArg, StreamPosition
+from ..fts import fts_text
+from ..overlays import apply_compactions
 from ..policy import (
     REGISTRY,
     already_ended,
@@ -97,60 +97,6 @@ COMPACTIONS = (
     "SELECT id, summary, from_message_id, to_message_id, created_at FROM compactions "
     "WHERE session_id = $1 ORDER BY pk"
 )
-
-# tsquery of a phrase, and of words (each word a phrase, ANDed; words without any lexeme
-# are dropped, as FTS5 drops an empty quoted phrase from an AND). The text form of a
-# tsquery is valid tsquery input, so nothing the user typed is ever parsed as syntax.
-PHRASE_Q = "phraseto_tsquery('sessionhub', $1::text)"
-WORDS_Q = (
-    "(SELECT string_agg('(' || w.q::text || ')', ' & ')::tsquery FROM "
-    "(SELECT phraseto_tsquery('sessionhub', x) AS q FROM unnest($1::text[]) AS x) AS w "
-    "WHERE w.q::text <> '')"
-)
-
-# A search is two statements. The first turns the user's words into a tsquery's text; the
-# second has that tsquery as a constant, so the planner sees which lexemes it holds and,
-# from the column's statistics, how common they are: a rare word goes through the GIN index,
-# a common word or phrase walks the session's newest rows (GIN keeps no row order, so it
-# would check every match in the heap: a phrase in 14 % of 100,000 rows, 25 ms against
-# 1 ms). As a parameter (one prepared plan for every query) it would look the same for all.
-# The constant travels as hex, so nothing the user typed is ever read as SQL.
-TSQUERY = {
-    "phrase": f"SELECT ({PHRASE_Q})::text",
-    "words": f"SELECT ({WORDS_Q})::text",
-}
-SEARCH_SESSION = f"""
-WITH hits AS (
-    SELECT m.pk, m.id, m.role, m.content, m.created_at, m.tsv
-    FROM messages m WHERE m.session_key = {SESSION_KEY} AND m.tsv @@ {{q}}
-    ORDER BY m.pk DESC LIMIT {{window}}
-)
-SELECT h.id, h.role, h.content, $1::text, h.created_at FROM hits h
-ORDER BY ts_rank(h.tsv, {{q}}, 1) DESC, h.pk LIMIT $2
-"""
-# Only the messages of registered sessions; a hit's session id is its stream's name.
-SEARCH_ALL = f"""
-WITH hits AS (
-    SELECT m.pk, m.id, m.role, m.content, s.id AS session_id, m.created_at, m.tsv
-    FROM messages m JOIN streams st ON st.key = m.session_key
-    JOIN sessions s ON s.id = substr(st.stream, {len(session_stream("")) + 1}) WHERE m.tsv @@ {{q}}
-    ORDER BY m.pk DESC LIMIT {{window}}
-)
-SELECT h.id, h.role, h.content, h.session_id, h.created_at FROM hits h
-ORDER BY ts_rank(h.tsv, {{q}}, 1) DESC, h.pk LIMIT $1
-"""
-
-
-def tsquery_constant(text: str) -> str:
-    return f"convert_from(decode('{text.encode().hex()}', 'hex'), 'UTF8')::tsquery"
-
-
-SEARCH_ENTRIES = f"""
-WITH q AS (SELECT {WORDS_Q} AS q)
-SELECT e.key, e.content FROM search_entries e, q
-WHERE e.label = $2 AND e.tsv @@ q.q
-ORDER BY ts_rank(e.tsv, q.q, 1) DESC, e.pk LIMIT $3
-"""
 
 # The messages of a batch whose pks and event seqs were taken before (insert_messages).
 INSERT_MESSAGES = f"""

@@ -44,7 +44,7 @@ _TIE = 1e-12
 
 
 def phrase_text(expr: str) -> str | None:
-    """The text of ``expr`` when it is one quoted FTS5 phrase (hub.fts.phrase_query), else None."""
+    """The text of ``expr`` when it is one quoted FTS5 phrase (hub.store.fts.phrase_query), else None."""
     if len(expr) < 2 or expr[0] != '"' or expr[-1] != '"':
         return None
     inner = expr[1:-1]

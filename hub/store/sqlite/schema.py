@@ -104,7 +104,7 @@ MIGRATIONS: list[str] = [
         SELECT session_id, COUNT(*) FROM messages GROUP BY session_id;
     """,
     # Facts about how the database is served, e.g. the bus its nodes ring each other on
-    # (hub/backends.py: a node on another bus would miss their live events).
+    # (hub/apps/backends.py: a node on another bus would miss their live events).
     """
     CREATE TABLE settings (
         key TEXT PRIMARY KEY,

@@ -1,6 +1,6 @@
 """Import from the OpenAI Agents SDK (``sessionhub import --from openai-agents FILE``).
 
-A composition root, like :mod:`hub.cli`: it maps the SDK's items with the client-side
+A composition root, like :mod:`hub.apps.cli`: it maps the SDK's items with the client-side
 mapping of :class:`clients.openai_agents.HubAgentSession`, so it may import the clients,
 which the engine (:mod:`hub.dump` included) may not.
 """
@@ -12,8 +12,8 @@ from pathlib import Path
 
 from protocol import InvalidInput
 
-from .dump import _utc
-from .store.base import SessionDump
+from ..dump import _utc
+from ..store.base import SessionDump
 
 __all__ = ["from_openai_agents"]
 
@@ -28,8 +28,8 @@ async def from_openai_agents(path: str | Path) -> list[SessionDump]:
 
     from clients.openai_agents import HubAgentSession
 
-    from .manager import SessionManager
-    from .store.sqlite import SqliteStore
+    from ..manager import SessionManager
+    from ..store.sqlite import SqliteStore
 
     file = Path(path)
     if not file.is_file():  # noqa: ASYNC240 - one stat of a local file

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:  # loaded by serve_compaction: `sessionhub tail` need not import the engine
-    from .compaction import Summarizer
-    from .manager import SessionManager
-    from .server.workers import WorkerSummarizer
+    from ..compaction import Summarizer
+    from ..manager import SessionManager
+    from ..server.workers import WorkerSummarizer
 
 __all__ = ["API_KEY_ENV", "ServeCompaction", "add_options", "compaction_problem", "serve_compaction"]
 
@@ -131,7 +131,7 @@ class ServeCompaction:
         self.tail_tokens = tail_tokens
 
     def configure(self, manager: SessionManager) -> None:
-        from .compaction import create_compact_function
+        from ..compaction import create_compact_function
 
         manager.on_compaction(create_compact_function(self.summarize, tail_token_budget=self.tail_tokens))
         if self.compact_after is not None:
@@ -140,8 +140,8 @@ class ServeCompaction:
 
 def serve_compaction(args: argparse.Namespace) -> ServeCompaction | None:
     """The compaction of checked options (:func:`compaction_problem`); None without a summarizer."""
-    from .server.workers import WorkerSummarizer
-    from .summarizers import OpenAICompatible
+    from ..server.workers import WorkerSummarizer
+    from ..summarizers import OpenAICompatible
 
     timeout = TIMEOUT if args.summarizer_timeout is None else args.summarizer_timeout
     workers: WorkerSummarizer | None = None

@@ -24,13 +24,13 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from protocol import InvalidInput
 
-from .bus import Bus, MemoryBus, RemoteBus
-from .bus.doorbell import CHANNEL
-from .extras import MissingExtra, load
-from .store.base import Store
+from ..bus import Bus, MemoryBus, RemoteBus
+from ..bus.doorbell import CHANNEL
+from ..extras import MissingExtra, load
+from ..store.base import Store
 
 if TYPE_CHECKING:
-    from .bus import PgListenBus
+    from ..bus import PgListenBus
 
 __all__ = [
     "BackendUnavailable",
@@ -39,6 +39,7 @@ __all__ = [
     "is_postgres",
     "make_bus",
     "open_backend",
+    "open_store",
     "probe",
     "record_bus",
     "redact",
@@ -181,20 +182,8 @@ async def open_backend(
     if isinstance(ring, RemoteBus):
         await ring.start()
     try:
-        store: Store
-        if is_postgres(db):
-            postgres = load("hub.store.postgres", "postgres")
-            # NOTIFY rides in the store's transactions only when somebody LISTENs for it.
-            notify = _is(ring, "hub.bus.postgres", "PgListenBus")
-            store = await postgres.PostgresStore.connect(str(db), bus=ring, notify=notify)
-        else:
-            from .store.sqlite import SqliteStore
-
-            folder = Path(db).parent
-            if str(db) != ":memory:" and not folder.is_dir():
-                # Refused here: aiosqlite's failed open leaves a thread that outlives the loop.
-                raise InvalidInput(f"--db {str(db)!r}: the directory {str(folder)!r} does not exist")
-            store = await SqliteStore.open(db, bus=ring)
+        # NOTIFY rides in the store's transactions only when somebody LISTENs for it.
+        store = await _connect(db, ring, notify=_is(ring, "hub.bus.postgres", "PgListenBus"))
         try:
             await record_bus(store, ring, override=bus_override)
             yield store
@@ -203,6 +192,36 @@ async def open_backend(
     finally:
         if isinstance(ring, RemoteBus):
             await ring.close()
+
+
+@contextlib.asynccontextmanager
+async def open_store(db: str | Path) -> AsyncIterator[Store]:
+    """The store ``db`` names (as ``--db``), for a one-off command (``prune``, ``export``,
+    ``import``): no bus is recorded or started. On Postgres the writes still send their
+    doorbells, so hubs serving the database see imported sessions live."""
+    store = await _connect(resolve_db(db), None, notify=True, max_size=2)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def _connect(db: str | Path, ring: Bus | None, *, notify: bool, max_size: int = 10) -> Store:
+    """Open the store of a resolved ``db`` on ``ring`` (None: the store's own memory bus);
+    ``notify`` and ``max_size`` (the pool) are Postgres's."""
+    if is_postgres(db):
+        postgres = load("hub.store.postgres", "postgres")
+        store: Store = await postgres.PostgresStore.connect(
+            str(db), bus=ring, notify=notify, max_size=max_size
+        )
+        return store
+    from ..store.sqlite import SqliteStore
+
+    folder = Path(db).parent
+    if str(db) != ":memory:" and not folder.is_dir():
+        # Refused here: aiosqlite's failed open leaves a thread that outlives the loop.
+        raise InvalidInput(f"--db {str(db)!r}: the directory {str(folder)!r} does not exist")
+    return await SqliteStore.open(db, bus=ring)
 
 
 async def probe(db: str | Path, bus: str | None = None, *, bus_override: bool = False) -> None:

@@ -6,7 +6,7 @@ reply in flight, ``lastSequence`` omitted: all of it again) and ``abort`` frames
 a ``requestId``; the hub answers ``start``, ``chunk {sequence, chunk}`` (sequences gap-free
 from 0 per request), ``end``, ``error {errorText}`` and ``no-active``. Many requests share
 one socket. The chunks are the UI message stream chunks of ``POST /api/chat``
-(:class:`~hub.server.chat_http.UIMessageEncoder`), so what the SDK rebuilds is what the hub
+(:class:`~hub.adapters.uistream.UIMessageEncoder`), so what the SDK rebuilds is what the hub
 stores, whichever door a page uses.
 
 - ``send`` appends the messages the hub does not hold (idempotent by id), creates the chat's
@@ -39,19 +39,20 @@ import logging
 from typing import Any, Literal
 
 import msgspec
-from starlette.routing import BaseRoute, WebSocketRoute
+from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from protocol import Forbidden, SessionHubError, SessionNotFound, coerce_message
 
 from ..auth import Grant, verify_token
-from .chat_http import ChatBody, _code, _ensure_session
-from .handshake import origin_allowed, token_of
-from .outbox import Outbox
-from .ports import ChatHost, ChatTurn
+from ..server.handshake import origin_allowed, token_of
+from ..server.outbox import Outbox
+from .caller import Caller
+from .chats import ChatBody, ensure_session, error_code
+from .port import Adapter, ChatHost, ChatTurn, host_of
 from .replychunks import TurnChunks, turn_chunks
 
-__all__ = ["Socket", "chat_ws_routes"]
+__all__ = ["Socket", "adapter"]
 
 log = logging.getLogger("sessionhub.chat")
 
@@ -208,6 +209,10 @@ class Socket:
 
     # -- requests ------------------------------------------------------------------------
 
+    def caller(self) -> Caller:
+        """This socket's token as the HTTP doors' :class:`~hub.adapters.caller.Caller`."""
+        return Caller(self.hub.config.auth_secret is not None, self.grant)
+
     def _allowed(self, op: str, session_id: str) -> bool:
         secret = self.hub.config.auth_secret
         if secret is None:
@@ -277,14 +282,14 @@ class Socket:
         )
         try:
             messages = [coerce_message(m) for m in request.messages]
-            await _ensure_session(hub, self.grant, body)
+            await ensure_session(hub, self.caller(), body, source="api/chat/ws")
             await hub.manager.append_all(request.id, messages, None)
             turn = await hub.turns.start(request.id, messages[-1].id, request.trigger)
         except Forbidden:
             self._refuse(request.requestId)
             return
         except SessionHubError as exc:
-            self.push(_frame("error", request.requestId, errorText=f"{_code(exc)}: {exc}"))
+            self.push(_frame("error", request.requestId, errorText=f"{error_code(exc)}: {exc}"))
             return
         self._stream(request.requestId, turn, None)
 
@@ -299,7 +304,7 @@ class Socket:
         except SessionNotFound:
             turn = None  # a new chat's page resumes on load: nothing in flight, not an error
         except SessionHubError as exc:
-            self.push(_frame("error", request.requestId, errorText=f"{_code(exc)}: {exc}"))
+            self.push(_frame("error", request.requestId, errorText=f"{error_code(exc)}: {exc}"))
             return
         if turn is None:
             self.push(_frame("no-active", request.requestId))
@@ -344,7 +349,7 @@ class Socket:
 
 
 async def _endpoint(websocket: WebSocket) -> None:
-    hub: ChatHost = websocket.app.state.hub
+    hub = host_of(websocket)
     if not origin_allowed(websocket, hub.config):
         await websocket.close(1008, "origin not allowed")  # before accept: HTTP 403
         return
@@ -369,5 +374,6 @@ async def _endpoint(websocket: WebSocket) -> None:
         socket.outbox.close()  # what it held no longer counts in sessionhub_sse_bytes
 
 
-def chat_ws_routes() -> list[BaseRoute]:
-    return [WebSocketRoute("/api/chat/ws", _endpoint)]
+def adapter() -> Adapter:
+    """The AI SDK 7 WebSocket chat transport, as ``create_app`` mounts it."""
+    return Adapter("aisdk_ws", [WebSocketRoute("/api/chat/ws", _endpoint)])

@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx2
 import pytest
 
+from hub.adapters.sse import KEEPALIVE
 from hub.auth import issue_token
 from hub.server import HubConfig
-from hub.server.chat_http import KEEPALIVE
 from hub.store.base import Store
 from tests.support.chatkit import responder, sse_chunks
 from tests.support.hubtest import served

@@ -1,7 +1,7 @@
 """A turn's reply as UI message stream chunks, rendered once per node for every door
 that streams it chunk by chunk and numbered from the turn's first chunk.
 
-``/api/chat/ws`` (:mod:`.chat_ws`) sends these chunks as they are; AG-UI (:mod:`.agui`)
+``/api/chat/ws`` (:mod:`.aisdk_ws`) sends these chunks as they are; AG-UI (:mod:`.agui`)
 turns each into its events. Both continue a reader after a chunk it names, which needs the
 chunks from the turn's start: :attr:`TurnChunks.whole` says whether this node has them (it
 saw the turn begin, and they stayed within twice ``max_stream_bytes``). Kept while the turn
@@ -16,9 +16,9 @@ from typing import Any, Protocol
 
 from protocol import frames as f
 
-from .chat_http import UIMessageEncoder, _render
-from .ports import ChatHost, ChatTurn
-from .turnframes import TurnOutcome
+from ..server.turnframes import TurnOutcome
+from .port import ChatHost, ChatTurn
+from .uistream import UIMessageEncoder, render
 
 __all__ = ["Listener", "TurnChunks", "turn_chunks"]
 
@@ -69,7 +69,7 @@ class TurnChunks:
     def on_item(self, item: f.StreamFrame | TurnOutcome) -> None:
         # Called by the turn among its other watchers: a failure here must not reach it.
         try:
-            chunks, last = _render(self.encoder, item)
+            chunks, last = render(self.encoder, item)
         except Exception:
             log.exception("a chunk of the reply %s could not be rendered", self.turn.reply_id)
             chunks = [{"type": "error", "errorText": "the hub could not render the reply; resume it"}]

@@ -27,7 +27,7 @@ the first chat request, with ``admin``), and the hub answers as ``AIChatAgent`` 
 loads first). Tokens: ``?token=``, ``Authorization: Bearer`` or the ``bearer.<token>``
 subprotocol, checked on every frame with the op's scope (a read token sees the chat, it
 cannot post, clear or cancel). Frames are bounded by ``max_body_bytes``, each socket's
-outbox by ``outbox_bytes``/``send_timeout`` (:class:`~hub.server.chat_ws.Socket`'s rules);
+outbox by ``outbox_bytes``/``send_timeout`` (:class:`~hub.adapters.aisdk_ws.Socket`'s rules);
 a frame that is not understood is answered ``cf_agent_use_chat_response`` with ``error``
 when it names a request, else ignored, as the Agents SDK does.
 """
@@ -42,18 +42,19 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from protocol import Forbidden, SessionHubError, SessionNotFound, coerce_message
 
-from .chat_http import ChatBody, _code, _cors, _ensure_session, _error, _grant, _refused
-from .chat_ws import CLOSE_GOING_AWAY, Socket
-from .handshake import origin_allowed, token_of
-from .ports import ChatHost, ChatTurn
+from ..server.handshake import origin_allowed, token_of
+from .aisdk_ws import CLOSE_GOING_AWAY, Socket
+from .caller import caller, cors_headers
+from .chats import ChatBody, ensure_session, error_code, json_error, refused
+from .port import Adapter, ChatHost, ChatTurn, host_of
 from .replychunks import TurnChunks, turn_chunks
 
-__all__ = ["cf_agents_routes", "session_of"]
+__all__ = ["adapter", "session_of"]
 
 log = logging.getLogger("sessionhub.chat")
 
@@ -266,7 +267,7 @@ class CfSocket(Socket):
                     _frame(
                         "cf_agent_use_chat_response",
                         id=request_id,
-                        body=f"{_code(exc)}: {exc}",
+                        body=f"{error_code(exc)}: {exc}",
                         done=True,
                         error=True,
                     )
@@ -308,7 +309,9 @@ class CfSocket(Socket):
             )
             return
         messages = [coerce_message(m) for m in body["messages"]]
-        await _ensure_session(self.hub, self.grant, ChatBody(id=self.session_id, messages=body["messages"]))
+        await ensure_session(
+            self.hub, self.caller(), ChatBody(id=self.session_id, messages=body["messages"]), source="agents"
+        )
         await self.hub.manager.append_all(self.session_id, messages, None)
         trigger = (
             body.get("trigger") if body.get("trigger") in ("submit-message", "regenerate-message") else None
@@ -360,7 +363,9 @@ class CfSocket(Socket):
         coerced = [coerce_message(m) for m in messages]
         if not coerced:
             return
-        await _ensure_session(self.hub, self.grant, ChatBody(id=self.session_id, messages=messages))
+        await ensure_session(
+            self.hub, self.caller(), ChatBody(id=self.session_id, messages=messages), source="agents"
+        )
         await self.hub.manager.append_all(self.session_id, coerced, None)
         self._others(_frame("cf_agent_chat_messages", messages=await self.history()))
 
@@ -391,7 +396,7 @@ class CfSocket(Socket):
 
 
 async def _endpoint(websocket: WebSocket) -> None:
-    hub: ChatHost = websocket.app.state.hub
+    hub = host_of(websocket)
     if not origin_allowed(websocket, hub.config):
         await websocket.close(1008, "origin not allowed")
         return
@@ -421,30 +426,35 @@ async def _endpoint(websocket: WebSocket) -> None:
 
 
 async def _get_messages(request: Request) -> Response:
-    hub: ChatHost = request.app.state.hub
-    cors = _cors(request, hub)
+    hub = host_of(request)
+    cors = cors_headers(request.headers, hub.config)
     if cors is None:
-        return _error("forbidden", "origin not allowed")
+        return json_error("forbidden", "origin not allowed")
     session_id = session_of(request.path_params["agent"], request.path_params["name"])
     try:
-        grant = _grant(request, hub)
-        if hub.config.auth_secret is not None and (
-            grant is None or not grant.allows("get_history", session_id)
-        ):
-            raise Forbidden("forbidden")
+        caller(request.headers, hub.config).check("get_history", session_id)
     except Forbidden:
-        return _refused(request, cors)
+        return refused(request.headers, cors)
     try:
         messages = [m.to_dict() for m in await hub.manager.get_history(session_id)]
     except SessionNotFound:
         messages = []
     except SessionHubError as exc:
-        return _error(_code(exc), str(exc), cors)
+        return json_error(error_code(exc), str(exc), cors)
     return JSONResponse(messages, headers=cors)
 
 
-def cf_agents_routes() -> list[BaseRoute]:
-    return [
-        Route("/agents/{agent}/{name}/get-messages", _get_messages, methods=["GET"]),
-        WebSocketRoute("/agents/{agent}/{name}", _endpoint),
-    ]
+#: The adapter's HTTP path (a typed 405 answers any other method on it).
+PATHS = ["/agents/{agent}/{name}/get-messages"]
+
+
+def adapter() -> Adapter:
+    """Cloudflare's agent chat, as ``create_app`` mounts it."""
+    return Adapter(
+        "cf_agents",
+        [
+            Route(PATHS[0], _get_messages, methods=["GET"]),
+            WebSocketRoute("/agents/{agent}/{name}", _endpoint),
+        ],
+        PATHS,
+    )

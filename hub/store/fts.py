@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from .tokens import JS_WHITESPACE
+from ..tokens import JS_WHITESPACE
 
 __all__ = ["MAX_INDEXED_CHARS", "fts_text", "fts_words", "phrase_query", "split_words", "words_query"]
 

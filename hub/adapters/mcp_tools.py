@@ -1,54 +1,38 @@
-"""The hub's Model Context Protocol endpoint: streamable HTTP at ``/mcp``, built on the
-official ``mcp`` SDK (an optional extra: ``pip install "sessionhub[mcp]"``).
+"""What the hub's MCP server offers: its tools and resources, over the port's
+:class:`~hub.adapters.port.Served` (the door, HTTP and tokens, is :mod:`.mcp`).
 
 Tools: the context tools of the hub's sessions (``set_context``, ``load_context``,
 ``unload_context``, ``search_context``) and the manager's ``session_search``, with the
 original's names, descriptions and results, each taking a ``session_id``; plus
 ``list_sessions``, ``get_history``, ``append_message`` and ``search``. Resources: each
-session's frozen system prompt and its context blocks.
-
-Everything runs through the hub's own :class:`~hub.SessionManager`, so a write made here is
-an event for every WebSocket subscriber. With an auth secret, the bearer token of each HTTP
-request is verified as the WebSocket's is, and each call needs the scope that the
-equivalent WebSocket operation needs (:data:`hub.auth.OP_LEVELS`).
-
-The server is stateless (a fresh MCP transport per HTTP request): every request is
-authorized on its own token, and no per-client state outlives a request.
+session's frozen system prompt and its context blocks. Each call needs the scope that the
+equivalent WebSocket op needs, checked against the request's caller (:data:`CALLER`, a
+:class:`~hub.adapters.caller.Caller` the door sets for the tasks that serve the request).
 """
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import json
-import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+import uuid
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
-from protocol import Forbidden, InvalidInput, Message, SessionHubError
+from protocol import InvalidInput, Message, SessionHubError
 
-from ..auth import Grant, verify_token
 from ..store.base import LATEST
 from ..tools import Tool, dispatch
-from .httpbody import BodyError, parse_body, read_body
+from .caller import ANYONE, Caller
 
 if TYPE_CHECKING:
     import mcp_types as types
     from mcp.server.context import ServerRequestContext
     from mcp.server.lowlevel import Server
-    from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-    from starlette.responses import Response
-    from starlette.routing import Route
-    from starlette.types import Message as AsgiMessage
-    from starlette.types import Receive, Scope, Send
 
-    from .ports import Served
+    from .port import Served
 
-__all__ = ["URI_PREFIX", "McpEndpoint", "create_endpoint"]
-
-log = logging.getLogger("sessionhub.mcp")
+__all__ = ["CALLER", "RESOURCE_SESSIONS", "URI_PREFIX", "McpServer"]
 
 URI_PREFIX = "sessionhub://sessions/"
 #: A session id that is never registered (registered ids are UUIDs): the context tools'
@@ -60,45 +44,8 @@ RESOURCE_SESSIONS = 100
 
 _SESSION_ID = {"type": "string", "description": "The id of the hub session to act on."}
 
-
-@dataclass(frozen=True)
-class _Access:
-    """Who is calling: ``grant`` is None for a missing or bad token (refused) when auth is on."""
-
-    auth: bool
-    grant: Grant | None
-
-    def check(self, op: str, session_id: str | None) -> None:
-        if self.auth and (self.grant is None or not self.grant.allows(op, session_id)):
-            raise Forbidden("forbidden")
-
-
-_ACCESS: contextvars.ContextVar[_Access] = contextvars.ContextVar("sessionhub_mcp_access")
-
-
-def create_endpoint() -> McpEndpoint | None:
-    """The endpoint, or None (with one log line) when the ``mcp`` package is missing."""
-    try:
-        import mcp.server.lowlevel  # noqa: F401
-    except ImportError:
-        log.warning('no /mcp endpoint: the mcp package is not installed (pip install "sessionhub[mcp]")')
-        return None
-    return McpEndpoint()
-
-
-def _bearer(scope: Scope) -> str | None:
-    for key, value in scope.get("headers", ()):
-        if key == b"authorization":
-            header = value.decode("latin-1")
-            return header[7:].strip() if header[:7].lower() == "bearer " else None
-    return None
-
-
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", ()):
-        if key == name:
-            return str(value.decode("latin-1"))
-    return None
+#: Who calls, for the request being served (:mod:`.mcp` sets it before the SDK runs it).
+CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("sessionhub_mcp_caller")
 
 
 def _text_of(message: Message) -> str:
@@ -135,130 +82,20 @@ def _string(arguments: dict[str, Any], name: str, *, required: bool = True) -> s
     return value
 
 
-#: JSON-RPC's codes for a body that is not JSON, and for one refused as a request.
-_PARSE_ERROR, _INVALID_REQUEST = -32700, -32600
-
-
-async def _bounded(scope: Scope, receive: Receive, limit: int) -> Receive:
-    """Read the body within ``limit`` (:mod:`.httpbody`), parse it by the socket's rules
-    (the SDK's own parser would meet what the socket refuses), and hand the SDK a
-    ``receive`` that replays it."""
-    from starlette.datastructures import Headers
-
-    # A content type required: the SDK would refuse its absence in plain text.
-    data = await read_body(receive, Headers(scope=scope), limit, type_required=True)
-    parse_body(data)
-    replayed = False
-
-    async def replay() -> AsgiMessage:
-        nonlocal replayed
-        if replayed:
-            return await receive()
-        replayed = True
-        return {"type": "http.request", "body": data, "more_body": False}
-
-    return replay
-
-
-def _rpc_error(exc: BodyError) -> Response:
-    """A refused request in JSON-RPC's form, the hub's code in ``data``."""
-    from starlette.responses import JSONResponse
-
-    rpc = _PARSE_ERROR if exc.status == 400 else _INVALID_REQUEST
-    error = {"code": rpc, "message": str(exc), "data": {"code": exc.code}}
-    headers = {"www-authenticate": "Bearer"} if exc.status == 401 else None
-    return JSONResponse({"jsonrpc": "2.0", "id": None, "error": error}, exc.status, headers=headers)
-
-
-class _AsgiApp:
-    def __init__(self, endpoint: McpEndpoint) -> None:
-        self.endpoint = endpoint
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.endpoint._asgi(scope, receive, send)
-
-
-class McpEndpoint:
-    """The MCP server of one hub app. ``run(hub)`` is entered in the app's lifespan (the
-    SDK's session manager runs once per lifespan); ``route()`` is mounted at ``/mcp``."""
+class McpServer:
+    """The SDK's low-level MCP server (:attr:`server`) over the hub in :attr:`hub` (set by
+    the door for the app's lifespan)."""
 
     def __init__(self) -> None:
-        self._hub: Served | None = None
-        self._manager: StreamableHTTPSessionManager | None = None
-        self._server: Server[Any] = self._build_server()
+        self.hub: Served | None = None
+        self.server: Server[Any] = self._build_server()
 
-    # -- wiring --------------------------------------------------------------------------
-    def route(self) -> Route:
-        from starlette.routing import Route
-
-        # An object, not a method: Starlette then hands it the raw ASGI call, every method.
-        return Route("/mcp", endpoint=_AsgiApp(self), name="mcp")
-
-    @contextlib.asynccontextmanager
-    async def run(self, hub: Served) -> AsyncIterator[None]:
-        from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-
-        manager = StreamableHTTPSessionManager(
-            app=self._server,
-            stateless=True,
-            json_response=True,
-            max_request_body_size=hub.config.max_body_bytes,
-        )
-        async with manager.run():
-            self._hub, self._manager = hub, manager
-            try:
-                yield
-            finally:
-                self._hub = self._manager = None
-
-    async def _asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
-        from starlette.responses import PlainTextResponse
-
-        hub, manager = self._hub, self._manager
-        if hub is None or manager is None or hub.closing:
-            await PlainTextResponse("server shutting down", status_code=503)(scope, receive, send)
-            return
-        origin = _header(scope, b"origin")
-        allowed = hub.config.allowed_origins
-        # A browser page from elsewhere must not drive the hub (the WebSocket's rule).
-        if (
-            origin is not None
-            and origin not in allowed
-            and "*" not in allowed
-            and origin.split("://", 1)[-1] != _header(scope, b"host")
-        ):
-            await PlainTextResponse("origin not allowed", status_code=403)(scope, receive, send)
-            return
-        secret = hub.config.auth_secret
-        grant: Grant | None = None
-        try:
-            if secret is not None:
-                # A missing or bad token is refused before its body is read (the MCP
-                # authorization spec's 401); a good one is checked per call below.
-                try:
-                    grant = verify_token(secret, _bearer(scope))
-                except Forbidden:
-                    raise BodyError(
-                        401, "unauthorized", "this hub needs a token: Authorization: Bearer <token>"
-                    ) from None
-            if scope.get("method") == "POST":
-                receive = await _bounded(scope, receive, hub.config.max_body_bytes)
-        except BodyError as exc:
-            await _rpc_error(exc)(scope, receive, send)
-            return
-        # The SDK serves the request in tasks started from here, which inherit this context.
-        reset = _ACCESS.set(_Access(secret is not None, grant))
-        try:
-            await manager.handle_request(scope, receive, send)
-        finally:
-            _ACCESS.reset(reset)
-
-    def _hub_or_fail(self) -> Served:
-        if self._hub is None:
+    def served(self) -> Served:
+        """The running hub; :class:`~protocol.SessionHubError` outside the app's lifespan."""
+        if self.hub is None:
             raise SessionHubError("the hub is not running")
-        return self._hub
+        return self.hub
 
-    # -- the MCP server ------------------------------------------------------------------
     def _build_server(self) -> Server[Any]:
         from mcp.server.lowlevel import Server
 
@@ -276,7 +113,7 @@ class McpEndpoint:
         )
 
     async def _context_tools(self) -> list[Tool]:
-        hub = self._hub_or_fail()
+        hub = self.served()
         return await hub.manager.get_session(_PROBE).tools()
 
     def _own_tools(self) -> dict[str, tuple[str, dict[str, Any], Callable[[dict[str, Any]], Awaitable[str]]]]:
@@ -338,7 +175,7 @@ class McpEndpoint:
     ) -> types.ListToolsResult:
         import mcp_types as types
 
-        hub = self._hub_or_fail()
+        hub = self.served()
         listed: list[types.Tool] = []
         for tool in [*await self._context_tools(), *hub.manager.tools()]:
             schema = json.loads(json.dumps(tool.input_schema))
@@ -371,8 +208,8 @@ class McpEndpoint:
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=failed)
 
     async def _run_tool(self, name: str, arguments: dict[str, Any]) -> str:
-        hub = self._hub_or_fail()
-        access = _ACCESS.get(_Access(False, None))
+        hub = self.served()
+        access = CALLER.get(ANYONE)
         own = self._own_tools().get(name)
         if own is not None:
             return await own[2](arguments)
@@ -388,8 +225,8 @@ class McpEndpoint:
         return await dispatch(await session.tools(), name, arguments)
 
     async def _list_sessions(self, arguments: dict[str, Any]) -> str:
-        _ACCESS.get(_Access(False, None)).check("list", None)
-        sessions = await self._hub_or_fail().manager.list()
+        CALLER.get(ANYONE).check("list", None)
+        sessions = await self.served().manager.list()
         return json.dumps(
             [
                 {
@@ -411,8 +248,8 @@ class McpEndpoint:
     async def _get_history(self, arguments: dict[str, Any]) -> str:
         session_id = _string(arguments, "session_id")
         assert session_id is not None
-        _ACCESS.get(_Access(False, None)).check("get_history", session_id)
-        return _history_text(await self._hub_or_fail().manager.get_history(session_id))
+        CALLER.get(ANYONE).check("get_history", session_id)
+        return _history_text(await self.served().manager.get_history(session_id))
 
     async def _append_message(self, arguments: dict[str, Any]) -> str:
         session_id = _string(arguments, "session_id")
@@ -423,15 +260,13 @@ class McpEndpoint:
         assert session_id is not None and text is not None
         if role not in ("user", "assistant", "system"):
             raise InvalidInput(f"role must be user, assistant or system; got {role!r}")
-        _ACCESS.get(_Access(False, None)).check("append", session_id)
-        import uuid
-
+        CALLER.get(ANYONE).check("append", session_id)
         message = {
             "id": message_id or uuid.uuid4().hex,
             "role": role,
             "parts": [{"type": "text", "text": text}],
         }
-        appended = await self._hub_or_fail().manager.append(
+        appended = await self.served().manager.append(
             session_id, message, LATEST if parent_id is None else parent_id
         )
         return f"Appended message {appended}."
@@ -442,8 +277,8 @@ class McpEndpoint:
         limit = arguments.get("limit", 20)
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise InvalidInput('argument "limit" must be a positive integer')
-        _ACCESS.get(_Access(False, None)).check("search", None)
-        results = await self._hub_or_fail().manager.search(query, limit)
+        CALLER.get(ANYONE).check("search", None)
+        results = await self.served().manager.search(query, limit)
         return json.dumps(
             [
                 {
@@ -460,7 +295,7 @@ class McpEndpoint:
 
     # -- resources -----------------------------------------------------------------------
     async def _labels(self) -> list[str]:
-        blocks = await self._hub_or_fail().manager.get_session(_PROBE).get_context_blocks()
+        blocks = await self.served().manager.get_session(_PROBE).get_context_blocks()
         return [b.label for b in blocks]
 
     async def _list_resources(
@@ -468,17 +303,14 @@ class McpEndpoint:
     ) -> types.ListResourcesResult:
         import mcp_types as types
 
-        access = _ACCESS.get(_Access(False, None))
-        hub = self._hub_or_fail()
+        access = CALLER.get(ANYONE)
+        hub = self.served()
         labels = await self._labels()
         resources: list[types.Resource] = []
 
-        def allowed(op: str, session_id: str) -> bool:
-            return not access.auth or (access.grant is not None and access.grant.allows(op, session_id))
-
         for info in (await hub.manager.list())[:RESOURCE_SESSIONS]:
             base = URI_PREFIX + quote(info.id, safe="")
-            if allowed("freeze_system_prompt", info.id):
+            if access.allows("freeze_system_prompt", info.id):
                 resources.append(
                     types.Resource(
                         name=f"{info.name} · system prompt",
@@ -487,7 +319,7 @@ class McpEndpoint:
                         mime_type="text/plain",
                     )
                 )
-            if not allowed("get_context_block", info.id):
+            if not access.allows("get_context_block", info.id):
                 continue
             for label in labels:
                 resources.append(
@@ -529,7 +361,7 @@ class McpEndpoint:
         from mcp.shared.exceptions import MCPError
 
         uri = str(params.uri)
-        access = _ACCESS.get(_Access(False, None))
+        access = CALLER.get(ANYONE)
         rest = uri[len(URI_PREFIX) :].split("/") if uri.startswith(URI_PREFIX) else []
         try:
             if len(rest) == 2 and rest[1] == "prompt":
@@ -537,11 +369,11 @@ class McpEndpoint:
                 # Reading it freezes it (and stores it, with a cached prompt): the WebSocket's
                 # freeze_system_prompt, with its scope.
                 access.check("freeze_system_prompt", session_id)
-                text = await (await self._hub_or_fail().session(session_id)).freeze_system_prompt()
+                text = await (await self.served().session(session_id)).freeze_system_prompt()
             elif len(rest) == 3 and rest[1] == "blocks":
                 session_id, label = unquote(rest[0]), unquote(rest[2])
                 access.check("get_context_block", session_id)
-                block = await (await self._hub_or_fail().session(session_id)).get_context_block(label)
+                block = await (await self.served().session(session_id)).get_context_block(label)
                 if block is None:
                     raise InvalidInput(f'session {session_id} has no context block "{label}"')
                 text = block.content

@@ -6,11 +6,11 @@ with context blocks, the session's context tools too. The model's text and reaso
 stream into the reply as they come; its tool calls run in the hub (``run_tool``, through
 ``dispatch``) and show up live as tool parts (``input-available``, then
 ``output-available``), and the model is called again with the results, up to
-``max_tool_rounds`` times. Token usage is added to the session. Retries and errors are the
-summarizer's (:class:`hub.summarizers.OpenAICompatible`): timeouts, connection errors and
-408/409/425/429/5xx answers are retried with backoff — until the first token has streamed,
-after which a failure ends the reply — and what cannot be retried fails the turn with the
-server's answer in the chat's ``error`` chunk.
+``max_tool_rounds`` times. Token usage is added to the session. Retries and errors are those
+of :class:`hub.completions.ChatCompletions`, the client the summarizer uses too: timeouts,
+connection errors and 408/409/425/429/5xx answers are retried with backoff — until the
+first token has streamed, after which a failure ends the reply — and what cannot be
+retried fails the turn with the server's answer in the chat's ``error`` chunk.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +29,7 @@ from clients import HubClient, MessageStream, RemoteTool, Turn
 from protocol import Message
 from protocol.errors import SummarizerError
 
-from .summarizers import _RETRY_STATUS, OpenAICompatible
+from ..completions import ChatCompletions
 
 __all__ = ["ChatCompletionsResponder", "chat_messages", "run_responder"]
 
@@ -93,6 +93,12 @@ class _Round:
     input_tokens: int = 0
     output_tokens: int = 0
 
+    def clear(self) -> None:
+        """Forget a failed attempt's part (before anything of it was streamed)."""
+        self.calls.clear()
+        self.text = ""
+        self.input_tokens = self.output_tokens = 0
+
 
 class ChatCompletionsResponder:
     """Answers turns with a chat-completions model (see the module)."""
@@ -111,19 +117,21 @@ class ChatCompletionsResponder:
         max_tool_rounds: int = 8,
         client: httpx2.AsyncClient | None = None,
     ) -> None:
-        # The summarizer's retry policy, shared: same statuses, same backoff and Retry-After.
-        self.policy = OpenAICompatible(
-            base_url, model, api_key, timeout=timeout, max_retries=max_retries, backoff=backoff
+        self.api = ChatCompletions(
+            base_url,
+            model,
+            api_key,
+            timeout=timeout,
+            max_retries=max_retries,
+            backoff=backoff,
+            client=client,
+            name="responder",
         )
-        self.url = self.policy.url
+        self.url = self.api.url
         self.model = model
-        self.api_key = api_key
-        self.timeout = timeout
-        self.max_retries = max_retries
         self.temperature = temperature
         self.max_tokens = max_tokens
         self.max_tool_rounds = max_tool_rounds
-        self._client = client
 
     async def answer(self, turn: Turn) -> None:
         """Stream the turn's reply; a failure aborts it with the reason shown in the chat."""
@@ -131,26 +139,21 @@ class ChatCompletionsResponder:
         system = await session.freeze_system_prompt()
         tools = await session.tools()
         messages = chat_messages(turn.history, system)
-        client = self._client or httpx2.AsyncClient(timeout=self.timeout)
         used = [0, 0]
-        try:
-            async with turn.reply() as st:
-                try:
-                    for _ in range(self.max_tool_rounds + 1):
-                        result = await self._round(client, messages, tools, st)
-                        used[0] += result.input_tokens
-                        used[1] += result.output_tokens
-                        if not result.calls:
-                            break
-                        messages += await self._run_tools(result, tools, st)
-                finally:
-                    # Before the reply ends: whoever sees it finished sees its usage too.
-                    if used[0] or used[1]:
-                        with contextlib.suppress(Exception):
-                            await turn.client.sessions.add_usage(turn.session_id, used[0], used[1], 0.0)
-        finally:
-            if self._client is None:
-                await client.aclose()
+        async with self.api.connection() as client, turn.reply() as st:
+            try:
+                for _ in range(self.max_tool_rounds + 1):
+                    result = await self._round(client, messages, tools, st)
+                    used[0] += result.input_tokens
+                    used[1] += result.output_tokens
+                    if not result.calls:
+                        break
+                    messages += await self._run_tools(result, tools, st)
+            finally:
+                # Before the reply ends: whoever sees it finished sees its usage too.
+                if used[0] or used[1]:
+                    with contextlib.suppress(Exception):
+                        await turn.client.sessions.add_usage(turn.session_id, used[0], used[1], 0.0)
 
     def _body(self, messages: list[dict[str, Any]], tools: Sequence[RemoteTool]) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -180,40 +183,14 @@ class ChatCompletionsResponder:
         tools: Sequence[RemoteTool],
         st: MessageStream,
     ) -> _Round:
-        headers = {"content-type": "application/json", "accept": "text/event-stream"}
-        if self.api_key:
-            headers["authorization"] = f"Bearer {self.api_key}"
-        body = self._body(messages, tools)
-        last = "no attempt made"
-        for attempt in range(self.max_retries + 1):
-            result = _Round()
-            streamed = False
-            response: httpx2.Response | None = None
-            try:
-                async with client.stream(
-                    "POST", self.url, json=body, headers=headers, timeout=self.timeout
-                ) as response:
-                    if response.status_code != 200:
-                        text = (await response.aread()).decode(errors="replace")
-                        last = f"HTTP {response.status_code}: {text[:500]}"
-                        if response.status_code not in _RETRY_STATUS:
-                            raise SummarizerError(f"responder request to {self.url} failed: {last}")
-                    else:
-                        async for chunk in _sse(response):
-                            streamed = await self._apply(chunk, result, st) or streamed
-                        return result
-            except httpx2.TimeoutException:
-                last = f"timed out after {self.timeout:g}s"
-            except httpx2.TransportError as exc:
-                last = f"connection failed: {exc}"
-            if streamed:
-                # Part of the reply is out: a retry would say it twice.
-                raise SummarizerError(f"responder stream from {self.url} broke off: {last}")
-            if attempt < self.max_retries:
-                await asyncio.sleep(self.policy._delay(attempt, response))
-        raise SummarizerError(
-            f"responder request to {self.url} failed after {self.max_retries + 1} attempts: {last}"
+        result = _Round()
+        await self.api.stream(
+            client,
+            self._body(messages, tools),
+            lambda chunk: self._apply(chunk, result, st),
+            on_retry=result.clear,
         )
+        return result
 
     async def _apply(self, chunk: dict[str, Any], result: _Round, st: MessageStream) -> bool:
         """One streamed chunk into the reply; True if it carried content."""
@@ -273,23 +250,6 @@ class ChatCompletionsResponder:
             )
             answers.append({"role": "tool", "tool_call_id": call_id, "content": output})
         return [asked, *answers]
-
-
-async def _sse(response: httpx2.Response) -> AsyncIterator[dict[str, Any]]:
-    async for line in response.aiter_lines():
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            return
-        try:
-            chunk = json.loads(data)
-        except ValueError:
-            raise SummarizerError(f"the model's stream sent a line that is not JSON: {data[:200]}") from None
-        if isinstance(chunk, dict):
-            if isinstance(chunk.get("error"), dict | str):
-                raise SummarizerError(f"the model's stream reported an error: {str(chunk['error'])[:500]}")
-            yield chunk
 
 
 async def run_responder(

@@ -1,4 +1,4 @@
-"""``sessionhub serve``'s compaction options (hub/cli_compaction.py), through real ``serve``
+"""``sessionhub serve``'s compaction options (hub/apps/serve_compaction.py), through real ``serve``
 processes: an OpenAI-compatible server (a real local one speaking chat completions) or a
 connected worker writes the summaries, ``--compact-after`` compacts by itself, the
 ``compact`` op summarizes, and every bad combination is one line and exit code 2."""

@@ -1,6 +1,6 @@
 """An HTTP request's body, read within a byte bound and parsed by the socket's rules.
 
-Every route that takes a body (``POST /api/chat``, ``/mcp``) checks its token first, then
+Every adapter route that takes a body (``POST /api/chat``, ``/mcp``) checks its token first, then
 the declared ``Content-Length`` against ``HubConfig.max_body_bytes`` before a byte is read;
 a body without a length (chunked) is counted as it arrives and cut at the bound, so no
 request holds more than the bound in memory. The JSON is parsed by

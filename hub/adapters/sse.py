@@ -1,4 +1,5 @@
-"""One reader's server-sent-event stream, bounded as a WebSocket's outbox is.
+"""One reader's server-sent-event stream, bounded as a WebSocket's outbox is: what every
+adapter that answers with SSE streams through (the AI SDK chat today, AG-UI next).
 
 A reply is written to every reader as it grows, whether the reader reads or not. A reader
 that stops reading must not make the hub hold the reply again for it, so what is queued
@@ -20,8 +21,8 @@ from collections.abc import Callable
 
 from starlette.types import Receive, Scope, Send
 
-from .connection import TRANSPORT
-from .outbox import Held, Outbox
+from ..server.asgiscope import TRANSPORT
+from ..server.outbox import Held, Outbox
 
 __all__ = ["SseFeed"]
 

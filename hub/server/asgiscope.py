@@ -1,0 +1,18 @@
+"""The keys the hub's middleware keeps in an ASGI scope (``handshake.KeepTransport``).
+
+A module of its own, importing nothing: the connection (which cuts an evicted peer), the
+handshake (which keeps them) and the protocol adapters' SSE feeds (which cut a reader that
+stopped reading, :mod:`hub.adapters.sse`) all read them, and the adapters may import no
+module of the server that holds connections.
+"""
+
+from __future__ import annotations
+
+__all__ = ["RAW_SEND", "TRANSPORT"]
+
+#: Where the ASGI server's transport is kept in a WebSocket's scope (see ``KeepTransport``).
+TRANSPORT = "sessionhub.transport"
+#: Where the ASGI server's own ``send`` is kept (``KeepTransport``): frames go straight to
+#: it, not through starlette's WebSocket and exception middleware, two coroutine layers
+#: that do nothing for a text frame (docs/benchmarks.md).
+RAW_SEND = "sessionhub.send"
