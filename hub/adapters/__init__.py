@@ -3,6 +3,10 @@ one module each (docs/architecture.md, "Where to add a protocol adapter").
 
 - :mod:`.aisdk_chat`: the Vercel AI SDK's chat over HTTP (``POST /api/chat``, ``GET
   /api/chat/{id}/stream``, ``POST /api/chat/{id}/stop``), rendered by :mod:`.uistream`;
+- :mod:`.aisdk_ws`: the AI SDK 7 ``WebSocketChatTransport`` at ``/api/chat/ws``;
+- :mod:`.cf_agents`: Cloudflare's ``cf_agent_*`` chat at ``/agents/{agent}/{name}``;
+- :mod:`.agui`: AG-UI 1.0 at ``/agui`` (the last three share :mod:`.replychunks`: a
+  turn's chunks numbered once per node);
 - :mod:`.mcp`: the Model Context Protocol at ``/mcp`` (its tools and resources:
   :mod:`.mcp_tools`), when the optional ``mcp`` package is installed.
 
@@ -30,10 +34,13 @@ def adapters() -> list[Adapter]:
     # Imported on call: the adapters import the server's value modules (hub.server.config,
     # ...), and hub.server's package imports create_app, which calls this; imported at the
     # top, `import hub.adapters.mcp` before `import hub.server` would meet a half-made module.
-    from . import aisdk_chat, mcp
+    from . import agui, aisdk_chat, aisdk_ws, cf_agents, mcp
 
     found = [
         aisdk_chat.adapter(),
+        aisdk_ws.adapter(),
+        cf_agents.adapter(),
+        agui.adapter(),
         mcp.adapter(),
     ]
     return [a for a in found if a is not None]

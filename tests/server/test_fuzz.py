@@ -475,6 +475,9 @@ HTTP_ROUTES = [
     ("POST", "/api/chat/s-fuzz/stop"),
     ("GET", "/api/chat/s-fuzz/stream"),
     ("POST", "/mcp"),
+    ("POST", "/agui"),
+    ("GET", "/agui/s-fuzz/stream"),
+    ("GET", "/agents/chat-agent/s-fuzz/get-messages"),
     ("GET", "/healthz"),
     ("GET", "/readyz"),
     ("GET", "/metrics"),
@@ -536,7 +539,11 @@ async def test_every_http_route_answers_every_body_typed(
                     if r.status_code >= 400:
                         code = _typed(path, r)
                     elif r.headers.get("content-type", "").startswith("text/event-stream"):
-                        assert path.startswith("/api/chat") and r.text.rstrip().endswith("data: [DONE]")
+                        if path.startswith("/agui"):  # AG-UI: the run's last event ends it
+                            last = json.loads(r.text.rstrip().rsplit("data: ", 1)[1])
+                            assert last["type"] in ("RUN_FINISHED", "RUN_ERROR"), r.text[-300:]
+                        else:
+                            assert path.startswith("/api/chat") and r.text.rstrip().endswith("data: [DONE]")
                         code = "stream"
                     else:
                         code = str(r.status_code)

@@ -1,0 +1,191 @@
+"""AG-UI 1.0 at ``/agui`` (hub/adapters/agui.py).
+
+The real client drives it first: ``@ag-ui/client`` 1.0's ``HttpAgent``, every event checked
+by ``@ag-ui/core``'s schemas and the client's own order verifier, on Node 22
+(tests/js7/agui.test.mjs). Then raw HTTP for the doors: tokens, bounds, bad bodies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+
+from hub import ReadonlyText, SessionManager, SqliteStore
+from hub.auth import issue_token
+from hub.server import HubConfig
+from tests.adapters.test_aisdk_ws import JS7, NODE22, SECRET, _npm_ci
+from tests.support.chatkit import responder
+from tests.support.hubtest import served
+
+
+def _run(thread: str, *texts: str) -> dict[str, Any]:
+    return {
+        "threadId": thread,
+        "runId": str(uuid.uuid4()),
+        "messages": [{"id": str(uuid.uuid4()), "role": "user", "content": t} for t in texts],
+        "tools": [],
+        "context": [],
+    }
+
+
+async def test_the_ag_ui_client_against_the_hub(tmp_path: Path) -> None:
+    _npm_ci()
+    async with (
+        served(db=tmp_path / "hub.db") as h,
+        responder(h.ws_url, lambda: len(h.hub.turns.responders) == 1),
+    ):
+        proc = await asyncio.create_subprocess_exec(
+            str(NODE22),
+            "--test",
+            "--test-reporter=spec",
+            str(JS7 / "agui.test.mjs"),
+            cwd=JS7,
+            env={
+                "PATH": "/usr/bin:/bin",
+                "SESSIONHUB_URL": h.url,
+                "SESSIONHUB_WS_URL": h.ws_url,
+                "NO_COLOR": "1",
+            },
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    report = out.decode()
+    assert proc.returncode == 0, report
+    assert "fail 0" in report, report
+    assert "skipped 0" in report, report
+    assert "pass 4" in report, report
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b"not json", "invalid"),
+        (b'{"threadId": "t", "runId": "r"}', "invalid"),
+        (b'{"threadId": "t", "runId": "r", "messages": [{"role": "user", "content": "x"}]}', "invalid"),
+        (
+            b'{"threadId": "t", "runId": "r", "messages": [{"id": "m", "role": "wizard", "content": "x"}]}',
+            "invalid",
+        ),
+        (
+            b'{"threadId": "t", "runId": "r", "messages": [{"id": "m", "role": "user", "content": 5}]}',
+            "invalid",
+        ),
+        (
+            b'{"threadId": "t", "runId": "r", "messages": [{"id": "m", "role": "user", "content": "x"}]}'
+            + b" " * 5000,
+            "too_large",
+        ),
+    ],
+)
+async def test_bad_bodies_are_typed_and_nothing_is_written(tmp_path: Path, body: bytes, code: str) -> None:
+    async with (
+        served(db=tmp_path / "hub.db", config=HubConfig(max_body_bytes=4096)) as h,
+        httpx2.AsyncClient(base_url=h.url) as http,
+    ):
+        answer = await http.post("/agui", content=body, headers={"content-type": "application/json"})
+        assert answer.status_code in (400, 413)
+        assert answer.json()["error"]["code"] == code
+        assert await h.hub.manager.get("t") is None
+
+
+async def test_tokens_run_needs_write_reattach_needs_read(tmp_path: Path) -> None:
+    config = HubConfig(auth_secret=SECRET)
+    async with served(db=tmp_path / "hub.db", config=config) as h, httpx2.AsyncClient(base_url=h.url) as http:
+        thread = "t-" + uuid.uuid4().hex
+        await h.hub.store.create_session("chat", session_id=thread)
+
+        def auth(scopes: dict[str, str] | None) -> dict[str, str]:
+            return {} if scopes is None else {"authorization": f"Bearer {issue_token(SECRET, scopes)}"}
+
+        for scopes, status in (
+            (None, 401),
+            ({thread: "read"}, 403),
+            ({"t-other": "admin"}, 403),
+        ):
+            answer = await http.post("/agui", json=_run(thread, "hi"), headers=auth(scopes))
+            assert answer.status_code == status, (scopes, answer.text)
+        assert await h.hub.manager.get_history(thread) == []
+        assert (await http.get(f"/agui/{thread}/stream", headers=auth({thread: "read"}))).status_code == 204
+        assert (
+            await http.get(f"/agui/{thread}/stream", headers=auth({"t-other": "read"}))
+        ).status_code == 403
+        assert (await http.get(f"/agui/{thread}/stream")).status_code == 401
+
+        worker = issue_token(SECRET, {"*": "write"})
+        async with (
+            responder(h.ws_url, lambda: len(h.hub.turns.responders) == 1, token=worker),
+            http.stream("POST", "/agui", json=_run(thread, "hi"), headers=auth({thread: "write"})) as r,
+        ):
+            assert r.status_code == 200
+            events = [json.loads(line[6:]) async for line in r.aiter_lines() if line.startswith("data: ")]
+        assert events[0]["type"] == "RUN_STARTED"
+        assert events[-1]["type"] == "RUN_FINISHED"
+        assert (
+            "".join(e.get("delta", "") for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
+            == "You said: hi"
+        )
+
+
+async def test_state_is_the_context_blocks_and_a_run_may_write_them(tmp_path: Path) -> None:
+    """``STATE_SNAPSHOT`` after ``RUN_STARTED`` and before the end carries the plain blocks;
+    an input ``state`` writes the blocks it changes, all or none."""
+    store = await SqliteStore.open(tmp_path / "hub.db")
+    try:
+        await _state_run(store)
+    finally:
+        await store.close()
+
+
+async def _state_run(store: SqliteStore) -> None:
+    manager = (
+        SessionManager(store)
+        .with_context("soul", provider=ReadonlyText("kind"))
+        .with_context("memory", max_tokens=50)
+        .with_context("notes", max_tokens=50)
+    )
+    async with (
+        served(manager=manager) as h,
+        responder(h.ws_url, lambda: len(h.hub.turns.responders) == 1),
+        httpx2.AsyncClient(base_url=h.url) as http,
+    ):
+        thread = "t-" + uuid.uuid4().hex
+        await h.hub.store.create_session("chat", session_id=thread)
+
+        async def run(state: Any) -> tuple[int, list[dict[str, Any]]]:
+            body = {**_run(thread, "hi"), "state": state}
+            async with http.stream("POST", "/agui", json=body) as r:
+                lines = [line async for line in r.aiter_lines()]
+            if r.status_code != 200:
+                return r.status_code, [json.loads("".join(lines))]
+            return 200, [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+
+        status, events = await run({"contextBlocks": {"memory": "likes tea", "soul": "kind"}})
+        assert status == 200
+        types = [e["type"] for e in events]
+        assert types[:2] == ["RUN_STARTED", "STATE_SNAPSHOT"]
+        assert types[-2:] == ["STATE_SNAPSHOT", "RUN_FINISHED"]
+        assert events[1]["snapshot"] == {
+            "contextBlocks": {"soul": "kind", "memory": "likes tea", "notes": ""}
+        }
+        session = h.hub.manager.get_session(thread)
+        assert (await session.get_context_block("memory")).content == "likes tea"  # type: ignore[union-attr]
+
+        # All or none: notes is fine, the read-only soul is not, and memory is too long.
+        for bad in (
+            {"contextBlocks": {"notes": "n", "soul": "cruel"}},
+            {"contextBlocks": {"notes": "n", "memory": "word " * 200}},
+            {"contextBlocks": {"nope": "x"}},
+            {"contextBlocks": {"notes": 5}},
+        ):
+            status, (answer,) = await run(bad)
+            assert status == 400 and answer["error"]["code"] == "invalid", (bad, answer)
+        blocks = {b.label: b.content for b in await session.get_context_blocks()}
+        assert blocks == {"soul": "kind", "memory": "likes tea", "notes": ""}
+        assert len(await h.hub.manager.get_history(thread)) == 2  # only the first run's

@@ -1,0 +1,123 @@
+"""Cloudflare's agent chat protocol at ``/agents/{agent}/{name}`` (hub/adapters/cf_agents.py).
+
+Cloudflare's own client code drives it first: ``agents`` 0.32's ``AgentClient`` and the
+``WebSocketChatTransport`` of ``agents/chat/transport`` (what ``useAgentChat`` uses), on
+Node 22 (tests/js7/cf-agents.test.mjs). Then raw frames for the tokens and bad input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+
+from hub.adapters.cf_agents import session_of
+from hub.auth import issue_token
+from hub.server import HubConfig
+from tests.adapters.test_aisdk_ws import JS7, NODE22, SECRET, _npm_ci
+from tests.support.chatkit import responder
+from tests.support.hubtest import served
+
+
+async def test_the_agents_sdk_client_against_the_hub(tmp_path: Path) -> None:
+    _npm_ci()
+    async with (
+        served(db=tmp_path / "hub.db") as h,
+        responder(h.ws_url, lambda: len(h.hub.turns.responders) == 1),
+    ):
+        proc = await asyncio.create_subprocess_exec(
+            str(NODE22),
+            "--test",
+            "--test-reporter=spec",
+            str(JS7 / "cf-agents.test.mjs"),
+            cwd=JS7,
+            env={"PATH": "/usr/bin:/bin", "SESSIONHUB_URL": h.url, "NO_COLOR": "1"},
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    report = out.decode()
+    assert proc.returncode == 0, report
+    assert "fail 0" in report, report
+    assert "skipped 0" in report, report
+    assert "pass 3" in report, report
+
+
+async def _until(ws: ClientConnection, kind: str) -> dict[str, Any]:
+    async with asyncio.timeout(10):
+        while True:
+            frame = json.loads(await ws.recv())
+            if frame["type"] == kind:
+                return dict(frame)
+
+
+def _request(request_id: str, *texts: str) -> str:
+    messages = [
+        {"id": str(uuid.uuid4()), "role": "user", "parts": [{"type": "text", "text": t}]} for t in texts
+    ]
+    body = json.dumps({"messages": messages, "trigger": "submit-message"})
+    return json.dumps(
+        {"type": "cf_agent_use_chat_request", "id": request_id, "init": {"method": "POST", "body": body}}
+    )
+
+
+async def test_tokens_read_watches_write_posts_other_sessions_see_nothing(tmp_path: Path) -> None:
+    config = HubConfig(auth_secret=SECRET)
+    async with served(db=tmp_path / "hub.db", config=config) as h, httpx2.AsyncClient(base_url=h.url) as http:
+        name = uuid.uuid4().hex
+        sid = session_of("chat-agent", name)
+        await h.hub.store.create_session("chat", session_id=sid)
+        url = f"ws://127.0.0.1:{h.port}/agents/chat-agent/{name}"
+        read = issue_token(SECRET, {sid: "read"})
+        async with connect(f"{url}?token={read}") as ws:
+            assert (await _until(ws, "cf_agent_chat_messages"))["messages"] == []
+            await ws.send(_request("r1", "hi"))
+            refused = await _until(ws, "cf_agent_use_chat_response")
+            assert refused["id"] == "r1" and refused["error"] and "forbidden" in refused["body"]
+            await ws.send(json.dumps({"type": "cf_agent_chat_clear"}))
+            await ws.send(json.dumps({"type": "cf_agent_stream_resume_request", "probeId": "p"}))
+            assert (await _until(ws, "cf_agent_stream_resume_none")) == {
+                "type": "cf_agent_stream_resume_none",
+                "reason": "idle",
+                "probeId": "p",
+            }
+        other = issue_token(SECRET, {"chat-agent:else": "admin"})
+        async with connect(f"{url}?token={other}") as ws:
+            error = await _until(ws, "cf_agent_state_error")
+            assert "forbidden" in error["error"]
+        async with connect(url) as ws:
+            assert "unauthorized" in (await _until(ws, "cf_agent_state_error"))["error"]
+        assert (await http.get(f"/agents/chat-agent/{name}/get-messages")).status_code == 401
+        ok = await http.get(
+            f"/agents/chat-agent/{name}/get-messages", headers={"authorization": f"Bearer {read}"}
+        )
+        assert ok.status_code == 200 and ok.json() == []
+        assert await h.hub.manager.get_history(sid) == []
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        '{"type":"cf_agent_use_chat_request","id":"b1"}',
+        '{"type":"cf_agent_use_chat_request","id":"b2","init":{"body":"not json"}}',
+        '{"type":"cf_agent_use_chat_request","id":"b3","init":{"body":"{\\"messages\\":[]}"}}',
+        '{"type":"cf_agent_use_chat_request","id":"b4","init":{"body":"{\\"messages\\":[{\\"id\\":5}]}"}}',
+    ],
+)
+async def test_bad_chat_requests_are_answered_with_an_error_and_nothing_is_written(
+    tmp_path: Path, frame: str
+) -> None:
+    async with served(db=tmp_path / "hub.db") as h:
+        async with connect(f"ws://127.0.0.1:{h.port}/agents/chat-agent/bad") as ws:
+            await _until(ws, "cf_agent_chat_messages")
+            await ws.send("not json at all")
+            await ws.send(frame)
+            answer = await _until(ws, "cf_agent_use_chat_response")
+            assert answer["id"] == json.loads(frame)["id"] and answer["error"] and answer["done"]
+        assert await h.hub.manager.get(session_of("chat-agent", "bad")) is None
