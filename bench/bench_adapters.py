@@ -10,7 +10,7 @@ clock (``CLOCK_MONOTONIC``, shared by every process on the machine) when it sent
 each door, the same turns:
 
 - ``api_chat``: ``POST /api/chat``, the AI SDK UI message stream over SSE (the baseline);
-- ``chat_ws``: ``/api/chat/ws``, the AI SDK 7 ``WebSocketChatTransport`` frames;
+- ``aisdk_ws``: ``/api/chat/ws``, the AI SDK 7 ``WebSocketChatTransport`` frames;
 - ``agui``: ``POST /agui``, AG-UI events over SSE;
 - ``cf_agents``: ``/agents/bench/{name}``, Cloudflare's ``cf_agent_use_chat_response`` frames.
 
@@ -44,7 +44,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from bench_chat import TURNS_PER_WORKER, _free_port, _now, _pct, _start_hub, _workers  # noqa: E402
 
-DOORS = ("api_chat", "chat_ws", "agui", "cf_agents")
+DOORS = ("api_chat", "aisdk_ws", "agui", "cf_agents")
 
 
 def _user() -> dict[str, Any]:
@@ -107,7 +107,7 @@ async def _agui(http: Any, base: str, _ws: Any) -> Reply:
     return reply
 
 
-async def _chat_ws(_http: Any, base: str, ws: Any) -> Reply:
+async def _aisdk_ws(_http: Any, base: str, ws: Any) -> Reply:
     from websockets.asyncio.client import connect
 
     reply = Reply()
@@ -163,7 +163,7 @@ async def _cf_agents(_http: Any, base: str, ws: Any) -> Reply:
 
 CLIENTS: dict[str, Callable[[Any, str, Any], Awaitable[Reply]]] = {
     "api_chat": _api_chat,
-    "chat_ws": _chat_ws,
+    "aisdk_ws": _aisdk_ws,
     "agui": _agui,
     "cf_agents": _cf_agents,
 }
