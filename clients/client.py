@@ -5,7 +5,7 @@ resolves a future); events are dispatched to per-stream queues. The protocol sta
 ids, each subscription's ``(epoch, seq)`` and the epoch of its subscribe reply, dropping
 events already delivered, resubscribing after a reconnect or a reset with ``reload``,
 forgetting a refused subscribe, the ``hello`` and ``summary`` frames) lives in
-:class:`protocol.connection.ClientConnection`; this module only moves bytes and awaits.
+:class:`protocol.clientconn.ClientConnection`; this module only moves bytes and awaits.
 
 Reconnects: when the socket drops, requests in flight fail with :class:`ConnectionLost`
 (they are not retried: a request may have run before the socket went away), the client
@@ -39,7 +39,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from protocol import Event, InvalidInput, PresenceEntry, SessionHubError
-from protocol.connection import (
+from protocol.clientconn import (
     ClientConnection,
     ClientEffect,
     Delivered,

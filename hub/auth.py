@@ -64,10 +64,13 @@ class Grant:
                 best = max(best, _RANK[self.scopes[key]])
         return best
 
-    def allows(self, op: str, session_id: str | None, *, registry: bool = False) -> bool:
-        """Whether ``op`` on ``session_id`` is allowed (``registry``: the registry stream,
-        which needs ``admin`` on ``*``). Unknown ops are refused."""
-        if time.time() >= self.expires_at:
+    def allows(
+        self, op: str, session_id: str | None, *, registry: bool = False, now: float | None = None
+    ) -> bool:
+        """Whether ``op`` on ``session_id`` is allowed at ``now`` (default: the wall clock;
+        ``registry``: the registry stream, which needs ``admin`` on ``*``). Unknown ops are
+        refused."""
+        if (time.time() if now is None else now) >= self.expires_at:
             return False
         needed = OP_LEVELS.get(op)
         if needed is None:
@@ -78,13 +81,15 @@ class Grant:
             return self.level(None) >= _RANK["admin"]
         return self.level(session_id) >= _RANK[needed]
 
-    def expired(self) -> bool:
-        return time.time() >= self.expires_at
+    def expired(self, now: float | None = None) -> bool:
+        return (time.time() if now is None else now) >= self.expires_at
 
-    def summarizes(self) -> bool:
+    def summarizes(self, now: float | None = None) -> bool:
         """Whether this grant may summarize some session (``write`` on any session or on
-        ``*``): what a ``hello`` with ``summarizer: true`` needs."""
-        return time.time() < self.expires_at and any(_RANK[v] >= _RANK["write"] for v in self.scopes.values())
+        ``*``) at ``now``: what a ``hello`` with ``summarizer: true`` needs."""
+        return (time.time() if now is None else now) < self.expires_at and any(
+            _RANK[v] >= _RANK["write"] for v in self.scopes.values()
+        )
 
 
 def issue_token(

@@ -21,13 +21,13 @@ from ..manager import SessionManager
 from ..store.base import Store
 from .chat_http import chat_routes
 from .config import HubConfig
-from .connection import CLOSE_GOING_AWAY
 from .handshake import HostCheck, KeepTransport, origin_allowed
 from .health import health
 from .hub import Hub
 from .logfilter import install_log_filters
 from .mcp import create_endpoint as create_mcp_endpoint
 from .outage import CLOSE_TRY_AGAIN_LATER, OUTAGE_REASON
+from .socket_shell import CLOSE_GOING_AWAY
 from .static import WEB_DIR, InspectorFiles
 from .unrouted import unrouted
 from .workers import WorkerSummarizer

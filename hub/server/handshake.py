@@ -15,7 +15,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from .config import HubConfig
-from .connection import RAW_SEND, TRANSPORT
+from .socket_shell import RAW_SEND, TRANSPORT
 
 log = logging.getLogger("sessionhub.server")
 

@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 
-from protocol import Forbidden, SessionNotFound
+from protocol import SessionNotFound
 
-from ..auth import verify_token
 from ..bus import RemoteBus
 from ..manager import SessionManager
 from ..session import Session
 from ..store.base import Store
-from .access import set_grant
 from .config import HubConfig
-from .connection import CLOSE_GOING_AWAY, CLOSE_UNSUPPORTED, Connection
 from .handshake import token_of
 from .metrics import Metrics
 from .ops import Op, operations, receive
@@ -27,6 +24,7 @@ from .outbox import Held
 from .presence import Presence
 from .relay import Relay
 from .retention import Retention
+from .socket_shell import CLOSE_GOING_AWAY, Connection
 from .streams import Streams
 from .tails import Tails
 from .turns import Turns
@@ -130,10 +128,7 @@ class Hub:
         if running:
             await asyncio.wait(running, timeout=self.config.shutdown_grace)
         for connection in list(self.connections):
-            # Let queued replies go out before the close frame.
-            with contextlib.suppress(asyncio.QueueFull):
-                connection.queue.put_nowait(None)
-                connection.kick()
+            connection.end_output()  # queued replies go out before the close frame
         await asyncio.sleep(0)
         for connection in list(self.connections):
             await connection.close(CLOSE_GOING_AWAY, "server shutting down; resume elsewhere")
@@ -148,52 +143,13 @@ class Hub:
         token, subprotocol = token_of(websocket)
         await websocket.accept(subprotocol=subprotocol)
         connection = Connection(self, websocket)
-        if self.config.auth_secret is not None:
-            # A bad token does not close the socket: each request is answered `forbidden`
-            # (an `auth` request may still bring a good one).
-            with contextlib.suppress(Forbidden):
-                set_grant(connection, verify_token(self.config.auth_secret, token))
-        connection.serve_task = asyncio.current_task()
+        connection.open(token)
         self.connections.add(connection)
         self.metrics.connections.inc()
-        in_flight = self.config.max_in_flight
         try:
-            while not connection.closed:
-                if len(connection.requests) >= in_flight:
-                    # Backpressure: leave the next frames in the socket (uvicorn pauses
-                    # reading until we receive) until replies have gone out.
-                    await connection.wait_for_room()
-                    continue
-                message = await websocket.receive()
-                if message["type"] == "websocket.disconnect":
-                    break
-                text = message.get("text")
-                if text is None:
-                    await connection.close(
-                        CLOSE_UNSUPPORTED, "binary frames are not supported; send JSON text"
-                    )
-                    break
-                receive(self.ops, connection, text)
-        except WebSocketDisconnect:
-            pass
-        except RuntimeError:  # the socket went away while we were receiving
-            pass
+            await connection.run(functools.partial(receive, self.ops, connection))
         finally:
-            if connection.closer is not None:
-                # Returning from the app would close the transport before the close frame.
-                with contextlib.suppress(BaseException):
-                    await asyncio.shield(connection.closer)
-            connection.closed = True
-            if connection.expiry is not None:  # no expiry timer outlives the connection
-                connection.expiry.cancel()
-            for task in connection.subscriptions.values():
-                task.cancel()
-            connection.unpark_all()
-            drainer = connection.drainer
-            if drainer is not None and not drainer.done():
-                drainer.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await drainer
+            await connection.finish()
             self.connections.discard(connection)
             if self.worker_summarizer is not None:
                 self.worker_summarizer.connection_lost(connection)

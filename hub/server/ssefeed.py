@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 from starlette.types import Receive, Scope, Send
 
-from .connection import TRANSPORT
 from .outbox import Held, Outbox
+from .socket_shell import TRANSPORT
 
 __all__ = ["SseFeed"]
 
