@@ -24,12 +24,15 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jwt
 
 from protocol.errors import Forbidden, InvalidInput
 from protocol.ops import BY_NAME, LEVELS, Level
+
+if TYPE_CHECKING:  # a typing name only (pyjwt 2.8, the oldest supported, may lack it)
+    from jwt.types import Options
 
 __all__ = ["LEVELS", "OP_LEVELS", "Grant", "issue_token", "parse_ttl", "verify_token"]
 
@@ -116,20 +119,43 @@ def issue_token(
     return jwt.encode(claims, secret, algorithm=_ALGORITHM)
 
 
-def verify_token(secret: str, token: str | None) -> Grant:
-    """The grant of a valid token; :class:`Forbidden` (saying nothing more) otherwise."""
+def verify_token(secret: str, token: str | None, now: float | None = None) -> Grant:
+    """The grant of a valid token; :class:`Forbidden` (saying nothing more) otherwise.
+    ``now``: the time its ``exp`` is judged at (default: the wall clock), so that a caller
+    that reads no clock (:class:`protocol.serverconn.ServerConnection`) can verify."""
     if not token:
         raise Forbidden("forbidden")
+    # With ``now``, the times (exp, iat, nbf) are judged below, at it, not by pyjwt at the
+    # wall clock.
+    wall = now is None
+    options: Options = {"require": ["exp", "sub"], "verify_exp": wall, "verify_iat": wall, "verify_nbf": wall}
     try:
-        claims = jwt.decode(
-            token, secret, algorithms=[_ALGORITHM], options={"require": ["exp", "sub"]}, leeway=0
-        )
+        claims = jwt.decode(token, secret, algorithms=[_ALGORITHM], options=options, leeway=0)
     except jwt.PyJWTError:
         raise Forbidden("forbidden") from None
+    exp = claims["exp"]
+    if now is not None and not _current(claims, now):
+        raise Forbidden("forbidden")
     scopes = claims.get("scopes")
     if not isinstance(scopes, dict) or not all(isinstance(k, str) and v in _RANK for k, v in scopes.items()):
         raise Forbidden("forbidden")
-    return Grant(subject=str(claims["sub"]), scopes=scopes, expires_at=float(claims["exp"]))
+    return Grant(subject=str(claims["sub"]), scopes=scopes, expires_at=float(exp))
+
+
+def _current(claims: Mapping[str, Any], now: float) -> bool:
+    """What pyjwt checks at the wall clock, at ``now``: before exp, not issued or valid
+    only in the future."""
+
+    def number(name: str) -> float | None:
+        value = claims.get(name)
+        return None if isinstance(value, bool) or not isinstance(value, int | float) else float(value)
+
+    exp, iat, nbf = number("exp"), number("iat"), number("nbf")
+    if exp is None or exp <= now:
+        return False
+    if "iat" in claims and (iat is None or iat > now):
+        return False
+    return not ("nbf" in claims and (nbf is None or nbf > now))
 
 
 _TTL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")

@@ -79,9 +79,9 @@ class GrantLike(Protocol):
 
 G = TypeVar("G", bound=GrantLike)
 
-#: Verifies a token: its grant, or :class:`~protocol.errors.Forbidden`. A pure function of
-#: the token (``hub.auth.verify_token`` with the hub's secret); None: auth is off.
-Verify = Callable[[str | None], G]
+#: Verifies a token at a time: its grant, or :class:`~protocol.errors.Forbidden`. A pure
+#: function of the token and ``now`` (``hub.auth.verify_token`` with the hub's secret).
+Verify = Callable[[str | None, float], G]
 
 
 # -- effects ----------------------------------------------------------------------------------
@@ -292,7 +292,7 @@ class ServerConnection(Generic[G]):
         if self.verify is None:
             return []
         try:
-            self.grant = self.verify(token)
+            self.grant = self.verify(token, now)
         except Forbidden:
             return []
         return [ArmExpiry(self.grant.expires_at)]
@@ -304,7 +304,7 @@ class ServerConnection(Generic[G]):
         if self.verify is None:  # no auth: tokens are not checked and nothing expires
             return [Send(ReplyFrame(id=request.id, result={"sub": None, "exp": None, "ended": []}))]
         try:
-            grant = self.verify(request.token)
+            grant = self.verify(request.token, now)
         except Forbidden:
             return [Send(_error(request.id, "forbidden", "forbidden"))]
         self.grant = grant
