@@ -7,7 +7,7 @@
 // several, and resubscribes from there, so every event is delivered once, in order. A request
 // in flight when the socket drops rejects with ConnectionLost (it is not retried: it may have
 // been applied). Same guarantees as the Python client (clients/client.py); the protocol state is
-// a port of protocol/connection.py's ClientConnection. See docs/js-client.md.
+// a port of protocol/clientconn.py's ClientConnection. See docs/js-client.md.
 
 /**
  * Error frames become HubError: `code` is the wire code (invalid, not_found, forbidden...),
@@ -81,7 +81,7 @@ const idOf = (key) => (key === REGISTRY ? null : key);
  * Sans-I/O client state: request ids, pending requests, each followed stream's position
  * (the epoch taken from the subscribe reply), what each subscribe waits for, the reset
  * and reload rule, and the hello and summary frames. Frames in, effects out; a port of
- * protocol/connection.py's ClientConnection, checked against it by tests/vectors/.
+ * protocol/clientconn.py's ClientConnection, checked against it by tests/vectors/.
  */
 export class ClientConnection {
   constructor() {
