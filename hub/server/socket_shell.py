@@ -13,8 +13,8 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
@@ -37,23 +37,11 @@ from protocol.serverconn import (
 )
 
 from ..auth import Grant, verify_token
-from ..store.base import Store
-from .config import HubConfig
-from .metrics import Metrics
-from .outbox import Evicted, Held, Outbox, frame_cost
-from .presence import Presence
-from .streams import Streams
-from .tails import Live, Tails
-from .turns import Turns
+from .eager import start_eagerly
+from .host import ConnectionHost
+from .outbox import Evicted, Outbox, frame_cost
+from .tails import Live
 
-if TYPE_CHECKING:
-    from .workers import WorkerSummarizer
-
-log = logging.getLogger("sessionhub.server")
-
-
-#: Close code for a subscriber evicted because it does not read fast enough.
-CLOSE_SLOW_CONSUMER = 4008
 __all__ = [
     "CLOSE_GOING_AWAY",
     "CLOSE_SLOW_CONSUMER",
@@ -66,6 +54,10 @@ __all__ = [
     "start_eagerly",
 ]
 
+log = logging.getLogger("sessionhub.server")
+
+#: Close code for a subscriber evicted because it does not read fast enough.
+CLOSE_SLOW_CONSUMER = 4008
 CLOSE_GOING_AWAY = 1001
 CLOSE_UNSUPPORTED = 1003
 
@@ -76,40 +68,6 @@ TRANSPORT = "sessionhub.transport"
 #: it, not through starlette's WebSocket and exception middleware, two coroutine layers
 #: that do nothing for a text frame (docs/benchmarks.md).
 RAW_SEND = "sessionhub.send"
-
-
-class ConnectionHost(Protocol):
-    """What a connection (and the ops run on it) needs of its hub: the limits, the byte
-    accounting, the metrics, the tails, presence, streams, turns, the store; :class:`~hub.server.
-    hub.Hub` is the one implementation. A Protocol, so that this module does not import
-    the hub, which imports it."""
-
-    @property
-    def config(self) -> HubConfig: ...
-    @property
-    def held(self) -> Held: ...
-    @property
-    def metrics(self) -> Metrics: ...
-    @property
-    def tails(self) -> Tails: ...
-    @property
-    def presence(self) -> Presence: ...
-    @property
-    def streams(self) -> Streams: ...
-    @property
-    def turns(self) -> Turns: ...
-    @property
-    def store(self) -> Store: ...
-    @property
-    def worker_summarizer(self) -> WorkerSummarizer | None: ...
-    @property
-    def closing(self) -> bool:
-        """Draining: requests read from now on are refused."""
-        ...
-
-    def check_total(self) -> None:
-        """Evict the heaviest connections while the hub holds over ``outbox_bytes_total``."""
-        ...
 
 
 class Connection:
@@ -612,45 +570,6 @@ class Connection:
             drainer.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await drainer
-
-
-def start_eagerly(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
-    """Run ``coro`` now, up to its first wait; the rest, if it waits at all, in a task
-    (what Python 3.12's eager task factory does, on 3.11). Returns that task, or None
-    when ``coro`` finished without waiting."""
-    try:
-        first = coro.send(None)
-    except StopIteration:
-        return None
-    except BaseException:
-        coro.close()
-        raise
-    return asyncio.get_running_loop().create_task(_carry_on(coro, first))
-
-
-async def _carry_on(coro: Coroutine[Any, Any, None], waiting: Any) -> None:
-    """Drive ``coro`` on from a suspension, as a task would: wait for the future it
-    yielded, then resume it (it takes the result itself), or throw the future's error or
-    this task's cancellation into it."""
-    while True:
-        try:
-            if waiting is None:  # a bare yield (asyncio.sleep(0)): one loop iteration
-                await asyncio.sleep(0)
-            else:
-                # What a task does with a future its coroutine yielded: take it over
-                # (clear the flag the yield set, or awaiting it here would be refused).
-                waiting._asyncio_future_blocking = False
-                await waiting
-        except BaseException as exc:
-            try:
-                waiting = coro.throw(exc)
-            except StopIteration:
-                return
-        else:
-            try:
-                waiting = coro.send(None)
-            except StopIteration:
-                return
 
 
 def _abort_if_stuck(transport: asyncio.WriteTransport) -> None:
