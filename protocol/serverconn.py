@@ -223,7 +223,7 @@ class ServerConnection(Generic[G]):
 
     # -- frames in ------------------------------------------------------------------------
 
-    def receive_text(self, data: str | bytes, now: float, *, draining: bool = False) -> Request | Refused:
+    def receive_text(self, data: str | bytes, now: float, draining: bool = False) -> Request | Refused:
         """The request to run, or why it does not. A subscribe that runs is a subscription
         from now on (an ``unsubscribe`` read next finds it); an unsubscribe that runs has
         ended it."""
@@ -231,25 +231,40 @@ class ServerConnection(Generic[G]):
             request = decode_request(data, self.max_frame_bytes)
         except FrameError as exc:
             return Refused(exc.frame, "bad_frame")
-        if isinstance(request, Subscribe):
-            refusal = self._refuse_subscribe(request)
-            if refusal is not None:
-                return Refused(refusal, "bad_frame")
-        elif isinstance(request, Unsubscribe) and request.session_id not in self.subscriptions:
-            return Refused(_error(request.id, "not_found", "not subscribed to this stream"), "bad_frame")
+        kind = type(request)  # one look at the type: this runs for every request read
+        if kind is Subscribe or kind is Unsubscribe:
+            return self._receive_subscription(request, now, draining)  # type: ignore[arg-type]
         if draining:
             # Refused when read; requests read before the drain began run to the end.
             return Refused(_error(request.id, "unavailable", "the hub is shutting down"), "draining")
         if self.verify is not None and not self.allowed(request, now):
             # One message whatever the reason (no token, bad signature, expired, no scope).
             return Refused(_error(request.id, "forbidden", "forbidden"), "forbidden")
+        return request
+
+    def _receive_subscription(
+        self, request: Subscribe | Unsubscribe, now: float, draining: bool
+    ) -> Request | Refused:
+        """A subscribe or unsubscribe: first what the connection's subscriptions refuse
+        (counted as bad frames), then the draining and access refusals; changed only if it
+        runs."""
+        key = request.session_id
         if isinstance(request, Subscribe):
-            key = request.session_id
+            refusal = self._refuse_subscribe(request)
+            if refusal is not None:
+                return Refused(refusal, "bad_frame")
+        elif key not in self.subscriptions:
+            return Refused(_error(request.id, "not_found", "not subscribed to this stream"), "bad_frame")
+        if draining:
+            return Refused(_error(request.id, "unavailable", "the hub is shutting down"), "draining")
+        if self.verify is not None and not self.allowed(request, now):
+            return Refused(_error(request.id, "forbidden", "forbidden"), "forbidden")
+        if isinstance(request, Subscribe):
             self.subscriptions[key] = Subscription(request.after_seq, request.epoch, request.presence)
             if request.presence and key is not None:
                 self.presence_watch = self.presence_watch | {key}
-        elif isinstance(request, Unsubscribe):
-            self._forget(request.session_id)
+        else:
+            self._forget(key)
         return request
 
     def _refuse_subscribe(self, request: Subscribe) -> ErrorFrame | None:

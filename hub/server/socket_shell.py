@@ -460,7 +460,7 @@ class Connection:
     def read(self, data: str) -> f.Request | Refused:
         """One text frame read: the request to run, or its refusal (sent already)."""
         hub = self.hub
-        parsed = self.protocol.receive_text(data, time.time(), draining=hub.closing)
+        parsed = self.protocol.receive_text(data, time.time(), hub.closing)
         if isinstance(parsed, Refused):
             if parsed.reason == "bad_frame":
                 hub.metrics.bad_frames.labels(parsed.frame.code).inc()
