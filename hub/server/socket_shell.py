@@ -13,10 +13,10 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Iterable
 from typing import Any
 
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 
 from protocol import frames as f
 from protocol.codec import encode
@@ -468,7 +468,9 @@ class Connection:
         return parsed
 
     def open(self, token: str | None) -> None:
-        """The socket was accepted with ``token`` (verified when the hub has a secret)."""
+        """The socket was accepted with ``token`` (verified when the hub has a secret), in
+        the task that serves it (``Hub.serve``, which reads its frames)."""
+        self.serve_task = asyncio.current_task()
         self.perform(self.protocol.connect(token, time.time()))
 
     def renew(self, request: f.Auth) -> None:
@@ -519,31 +521,6 @@ class Connection:
             self.perform(self.protocol.tick(time.time()))
 
     # -- the socket's life ----------------------------------------------------------------------
-
-    async def run(self, handle: Callable[[str], None]) -> None:
-        """Read frames and hand each to ``handle`` (the op table's dispatch) until the
-        peer goes or the connection closes; pause reading while ``max_in_flight``
-        requests are unanswered (uvicorn stops reading the socket meanwhile)."""
-        self.serve_task = asyncio.current_task()
-        websocket = self.websocket
-        protocol = self.protocol
-        try:
-            while not self.closed:
-                if not protocol.reading:
-                    await self.wait_for_room()
-                    continue
-                message = await websocket.receive()
-                if message["type"] == "websocket.disconnect":
-                    break
-                text = message.get("text")
-                if text is None:
-                    await self.close(CLOSE_UNSUPPORTED, "binary frames are not supported; send JSON text")
-                    break
-                handle(text)
-        except WebSocketDisconnect:
-            pass
-        except RuntimeError:  # the socket went away while we were receiving
-            pass
 
     def end_output(self) -> None:
         """The hub drains: what is queued goes out, nothing after it."""
