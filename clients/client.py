@@ -5,7 +5,7 @@ resolves a future); events are dispatched to per-stream queues. The protocol sta
 ids, each subscription's ``(epoch, seq)`` and the epoch of its subscribe reply, dropping
 events already delivered, resubscribing after a reconnect or a reset with ``reload``,
 forgetting a refused subscribe, the ``hello`` and ``summary`` frames) lives in
-:class:`protocol.connection.ClientConnection`; the socket, its reader and its reconnects
+:class:`protocol.clientconn.ClientConnection`; the socket, its reader and its reconnects
 (with backoff, over several URLs) are :class:`~clients.link.HubLink`'s; this module is
 the API over them: requests, subscriptions, renewing the token, presence, turns.
 """
@@ -24,7 +24,7 @@ import msgspec
 from websockets.exceptions import ConnectionClosed
 
 from protocol import Event, InvalidInput, PresenceEntry, SessionHubError
-from protocol.connection import StreamKey
+from protocol.clientconn import StreamKey
 
 from .api import RemoteSession, RemoteSessions
 from .errors import ConnectionLost, HubError, TokenExpired

@@ -24,12 +24,15 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jwt
 
 from protocol.errors import Forbidden, InvalidInput
 from protocol.ops import BY_NAME, LEVELS, Level
+
+if TYPE_CHECKING:  # a typing name only (pyjwt 2.8, the oldest supported, may lack it)
+    from jwt.types import Options
 
 __all__ = ["LEVELS", "OP_LEVELS", "Grant", "issue_token", "parse_ttl", "verify_token"]
 
@@ -64,10 +67,13 @@ class Grant:
                 best = max(best, _RANK[self.scopes[key]])
         return best
 
-    def allows(self, op: str, session_id: str | None, *, registry: bool = False) -> bool:
-        """Whether ``op`` on ``session_id`` is allowed (``registry``: the registry stream,
-        which needs ``admin`` on ``*``). Unknown ops are refused."""
-        if time.time() >= self.expires_at:
+    def allows(
+        self, op: str, session_id: str | None, *, registry: bool = False, now: float | None = None
+    ) -> bool:
+        """Whether ``op`` on ``session_id`` is allowed at ``now`` (default: the wall clock;
+        ``registry``: the registry stream, which needs ``admin`` on ``*``). Unknown ops are
+        refused."""
+        if (time.time() if now is None else now) >= self.expires_at:
             return False
         needed = OP_LEVELS.get(op)
         if needed is None:
@@ -78,13 +84,15 @@ class Grant:
             return self.level(None) >= _RANK["admin"]
         return self.level(session_id) >= _RANK[needed]
 
-    def expired(self) -> bool:
-        return time.time() >= self.expires_at
+    def expired(self, now: float | None = None) -> bool:
+        return (time.time() if now is None else now) >= self.expires_at
 
-    def summarizes(self) -> bool:
+    def summarizes(self, now: float | None = None) -> bool:
         """Whether this grant may summarize some session (``write`` on any session or on
-        ``*``): what a ``hello`` with ``summarizer: true`` needs."""
-        return time.time() < self.expires_at and any(_RANK[v] >= _RANK["write"] for v in self.scopes.values())
+        ``*``) at ``now``: what a ``hello`` with ``summarizer: true`` needs."""
+        return (time.time() if now is None else now) < self.expires_at and any(
+            _RANK[v] >= _RANK["write"] for v in self.scopes.values()
+        )
 
 
 def issue_token(
@@ -111,20 +119,43 @@ def issue_token(
     return jwt.encode(claims, secret, algorithm=_ALGORITHM)
 
 
-def verify_token(secret: str, token: str | None) -> Grant:
-    """The grant of a valid token; :class:`Forbidden` (saying nothing more) otherwise."""
+def verify_token(secret: str, token: str | None, now: float | None = None) -> Grant:
+    """The grant of a valid token; :class:`Forbidden` (saying nothing more) otherwise.
+    ``now``: the time its ``exp`` is judged at (default: the wall clock), so that a caller
+    that reads no clock (:class:`protocol.serverconn.ServerConnection`) can verify."""
     if not token:
         raise Forbidden("forbidden")
+    # With ``now``, the times (exp, iat, nbf) are judged below, at it, not by pyjwt at the
+    # wall clock.
+    wall = now is None
+    options: Options = {"require": ["exp", "sub"], "verify_exp": wall, "verify_iat": wall, "verify_nbf": wall}
     try:
-        claims = jwt.decode(
-            token, secret, algorithms=[_ALGORITHM], options={"require": ["exp", "sub"]}, leeway=0
-        )
+        claims = jwt.decode(token, secret, algorithms=[_ALGORITHM], options=options, leeway=0)
     except jwt.PyJWTError:
         raise Forbidden("forbidden") from None
+    exp = claims["exp"]
+    if now is not None and not _current(claims, now):
+        raise Forbidden("forbidden")
     scopes = claims.get("scopes")
     if not isinstance(scopes, dict) or not all(isinstance(k, str) and v in _RANK for k, v in scopes.items()):
         raise Forbidden("forbidden")
-    return Grant(subject=str(claims["sub"]), scopes=scopes, expires_at=float(claims["exp"]))
+    return Grant(subject=str(claims["sub"]), scopes=scopes, expires_at=float(exp))
+
+
+def _current(claims: Mapping[str, Any], now: float) -> bool:
+    """What pyjwt checks at the wall clock, at ``now``: before exp, not issued or valid
+    only in the future."""
+
+    def number(name: str) -> float | None:
+        value = claims.get(name)
+        return None if isinstance(value, bool) or not isinstance(value, int | float) else float(value)
+
+    exp, iat, nbf = number("exp"), number("iat"), number("nbf")
+    if exp is None or exp <= now:
+        return False
+    if "iat" in claims and (iat is None or iat > now):
+        return False
+    return not ("nbf" in claims and (nbf is None or nbf > now))
 
 
 _TTL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")

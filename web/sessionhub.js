@@ -7,7 +7,7 @@
 // several, and resubscribes from there, so every event is delivered once, in order. A request
 // in flight when the socket drops rejects with ConnectionLost (it is not retried: it may have
 // been applied). Same guarantees as the Python client (clients/client.py); the protocol state is
-// a port of protocol/connection.py's ClientConnection. See docs/js-client.md.
+// a port of protocol/clientconn.py's ClientConnection. See docs/js-client.md.
 //
 // This file is the entry: import from it (the hub serves it at /sessionhub.js). The parts,
 // ES modules under sessionhub/ that it loads with no build step: errors.js (HubError and the

@@ -1,9 +1,10 @@
 """The hub: the engine served over a WebSocket (``/ws``), plus ``/healthz``, ``/metrics``
 and the chat endpoints (``/api/chat``).
 
-One connection runs a reader (frames in, via the sans-I/O :class:`protocol.connection.
-ServerConnection`), one task per request, one task per subscription that is catching up,
-and a drainer that empties a bounded outgoing queue into the socket while frames wait.
+One connection runs a reader (frames in, judged by the sans-I/O
+:class:`protocol.serverconn.ServerConnection`, whose decisions the shell in
+:mod:`.socket_shell` performs), one task per request, one task per subscription that is
+catching up, and a drainer that empties a bounded outgoing queue into the socket while frames wait.
 Nothing ever waits on a slow peer but that peer's own tasks: a subscriber whose queue stays
 full past ``send_timeout`` is closed (code 4008) and resumes from its last seq elsewhere.
 
@@ -26,8 +27,8 @@ from __future__ import annotations
 
 from .app import create_app
 from .config import HubConfig
-from .connection import CLOSE_GOING_AWAY, CLOSE_SLOW_CONSUMER, CLOSE_TOKEN_EXPIRED, Connection
 from .hub import Hub
+from .socket_shell import CLOSE_GOING_AWAY, CLOSE_SLOW_CONSUMER, CLOSE_TOKEN_EXPIRED, Connection
 
 __all__ = [
     "CLOSE_GOING_AWAY",

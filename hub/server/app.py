@@ -21,12 +21,12 @@ from ..bus import Bus
 from ..manager import SessionManager
 from ..store.base import Store
 from .config import HubConfig
-from .connection import CLOSE_GOING_AWAY
 from .handshake import HostCheck, KeepTransport, origin_allowed
 from .health import health
 from .hub import Hub
 from .logfilter import install_log_filters
 from .outage import CLOSE_TRY_AGAIN_LATER, OUTAGE_REASON
+from .socket_shell import CLOSE_GOING_AWAY
 from .static import WEB_DIR, InspectorFiles
 from .unrouted import unrouted
 from .workers import WorkerSummarizer

@@ -1,7 +1,8 @@
 """The op table: what each request runs. One entry per request type, one dispatch.
 
-The reader hands every frame to :func:`receive`, which refuses what cannot run (the hub
-is draining, a malformed frame, a request the token does not allow) and calls
+The reader hands every frame to :func:`receive`; the connection's protocol state refuses
+what cannot run (the hub is draining, a malformed frame, a request the token does not
+allow: :class:`protocol.serverconn.ServerConnection`) and :func:`receive` calls
 ``ops[request type](connection, request)`` for the rest, in the reader, in the order the
 frames came. Three kinds of entry:
 
@@ -12,7 +13,8 @@ frames came. Three kinds of entry:
   ``take_turns`` and ``turn_failed`` (:mod:`.turndispatch`);
 - connection ops that change the connection's state at once, so that the frames read
   after them see it: ``subscribe``, ``unsubscribe`` (:mod:`.subscriptions`), ``auth``
-  (:mod:`.access`), ``summary``, and each ``import`` chunk (checked in the order read).
+  (the connection's protocol state renews its grant: :mod:`protocol.serverconn`),
+  ``summary``, and each ``import`` chunk (checked in the order read).
 
 ``export`` streams ``dump`` frames through the connection's outbox (a slow reader holds
 the export back, as it does any reply) before its reply.
@@ -32,15 +34,15 @@ import msgspec
 
 from protocol import Event, Forbidden, InvalidInput, PresenceEntry, SessionHubError, SessionNotFound
 from protocol import frames as f
+from protocol.serverconn import Refused
 
 from .. import dump
 from ..manager import SessionManager
 from ..session import Session
 from ..store.base import PruneResult, SessionDump, Store, session_stream
 from ..tools import Tool, dispatch
-from .access import allowed, auth
-from .connection import Connection
 from .ports import Sessions
+from .socket_shell import Connection
 from .subscriptions import subscribe, unsubscribe
 from .turndispatch import Turns
 from .wire import error_frame, parent_arg, wire
@@ -65,31 +67,16 @@ Call = Callable[[Any], Awaitable[Any]]
 
 
 def receive(ops: Mapping[str, Op], connection: Connection, data: str) -> None:
-    """One text frame read from the socket: refuse it, or hand it to its op."""
-    parsed = connection.protocol.receive_text(data)
-    hub = connection.hub
-    if hub.closing and not isinstance(parsed, f.ErrorFrame):
-        # Refused when read; requests read before the drain began run to the end.
-        if isinstance(parsed, f.Subscribe):
-            connection.protocol.subscription_ended(parsed.session_id)
-        refusal = f.ErrorFrame(id=parsed.id, code="unavailable", message="the hub is shutting down")
-        connection.spawn(connection.send(refusal))
-        return
-    if isinstance(parsed, f.ErrorFrame):
-        hub.metrics.bad_frames.labels(parsed.code).inc()
+    """One text frame read from the socket: hand it to its op, unless the connection's
+    protocol state refused it (the shell has sent the refusal)."""
+    parsed = connection.read(data)
+    if isinstance(parsed, Refused):
         pending = connection.dump_import
-        if parsed.code == "too_large" and isinstance(pending, _Import) and not pending.writing:
+        if parsed.frame.code == "too_large" and isinstance(pending, _Import) and not pending.writing:
             # A frame too large to read may have been the import's next chunk: the dump
             # cannot go on whole, so the import ends (nothing was written) rather than
             # taking the next import's lines as its continuation.
-            connection.dump_import = None
-        connection.spawn(connection.send(parsed))
-        return
-    if hub.config.auth_secret is not None and not allowed(connection, parsed):
-        if isinstance(parsed, f.Subscribe | f.Unsubscribe):
-            connection.protocol.subscription_ended(parsed.session_id)
-        # One message whatever the reason (no token, bad signature, expired, no scope).
-        connection.spawn(connection.send(f.ErrorFrame(id=parsed.id, code="forbidden", message="forbidden")))
+            connection.end_import()
         return
     ops[str(type(parsed).__struct_config__.tag)](connection, parsed)
 
@@ -140,19 +127,7 @@ def local(call: Callable[[Connection, Any], Awaitable[Any]]) -> Op:
 
 async def hello(connection: Connection, request: f.Hello) -> dict[str, Any]:
     """Who this connection is, and the sessions it is on without subscribing."""
-    presence = connection.hub.presence
-    connection.name, connection.role = request.name, request.role
-    connection.summarizer = request.summarizer
-    before = connection.announced
-    connection.announced = frozenset(request.sessions)
-    for sid in before - connection.announced:
-        if not connection.follows(sid):
-            presence.leave(connection, sid)
-    for sid in presence.present_on(connection):
-        presence.announce(connection, sid)  # name or role may have changed: join again
-    for sid in connection.announced:
-        presence.join(connection, sid)
-    return {"connection_id": connection.connection_id}
+    return connection.hello(request)
 
 
 async def present(connection: Connection, request: f.Presence) -> list[PresenceEntry]:
@@ -252,7 +227,7 @@ def import_chunk(connection: Connection, request: f.Import, manager: SessionMana
     """One chunk, read in the reader so that chunks are checked in the order they came."""
 
     def refuse(frame: f.ErrorFrame) -> None:
-        connection.dump_import = None  # a refusal ends the import: nothing was written
+        connection.end_import()  # a refusal ends the import: nothing was written
         connection.spawn(connection.send(frame))
 
     state = connection.dump_import
@@ -261,7 +236,8 @@ def import_chunk(connection: Connection, request: f.Import, manager: SessionMana
         connection.spawn(connection.send(f.ErrorFrame(id=request.id, code="conflict", message=message)))
         return
     if not isinstance(state, _Import):
-        state = connection.dump_import = _Import()
+        state = _Import()
+        connection.begin_import(state)
     state.bytes += sum(len(line.encode()) for line in request.lines)
     if state.bytes > IMPORT_MAX_BYTES:
         message = (
@@ -308,8 +284,7 @@ async def _write_import(
         log.exception("op import failed")
         frame = f.ErrorFrame(id=request.id, code="internal", message="internal error; the import stopped")
     finally:
-        if connection.dump_import is state:
-            connection.dump_import = None
+        connection.end_import(state)
         connection.hub.metrics.op_seconds.labels("import").observe(time.perf_counter() - started)
     await connection.send(frame)
 
@@ -438,7 +413,7 @@ def operations(hub: Sessions, turns: Turns) -> dict[str, Op]:
     ops |= {
         "subscribe": subscribe,
         "unsubscribe": unsubscribe,
-        "auth": auth,
+        "auth": Connection.renew,
         "summary": summary,
         "hello": local(hello),
         "presence": local(present),

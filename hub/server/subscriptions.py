@@ -25,11 +25,11 @@ from typing import TypeVar
 from protocol import PositionLost, SessionHubError, SessionNotFound, StoreClosed, StoreError
 from protocol import frames as f
 from protocol.codec import encode
-from protocol.connection import StreamKey
+from protocol.serverconn import StreamKey
 
 from ..store.base import REGISTRY, session_stream
-from .connection import Connection
 from .outbox import STR_HEADER, Evicted, frame_cost
+from .socket_shell import Connection
 from .tails import Live, Tail
 from .wire import error_frame, event_frame
 
@@ -46,19 +46,13 @@ def subscribe(connection: Connection, request: f.Subscribe) -> None:
     """Start following ``request.session_id`` (None: the registry). Registered at once,
     in the reader, so that an ``unsubscribe`` read after it finds it."""
     key = request.session_id
-    if request.presence and key is not None:
-        connection.presence_watch = connection.presence_watch | {key}
     connection.unpark(key)  # a stale live registration (resubscribed) goes
     connection.hub.metrics.subscriptions.inc()
     connection.register(key, asyncio.get_running_loop().create_task(follow(connection, request)))
 
 
 def unsubscribe(connection: Connection, request: f.Unsubscribe) -> None:
-    stopped = connection.subscriptions.pop(request.session_id, None)
-    if stopped is not None:
-        stopped.cancel()
-    if connection.unpark(request.session_id):
-        connection.subscription_done(request.session_id)
+    connection.end_subscription(request.session_id)
     connection.spawn(connection.send(f.ReplyFrame(id=request.id, result=None)))
 
 
@@ -85,20 +79,14 @@ async def follow(connection: Connection, request: f.Subscribe) -> None:
         except StoreError as exc:
             await ended(connection, key, exc)
             return
-        asked = request.epoch
-        seq = request.after_seq
-        if (
-            (asked is not None and position.last_seq > 0 and asked != position.epoch)
-            or seq > position.last_seq
-            or seq < position.first_seq - 1
-        ):
-            await reset(connection, key, seq, position.epoch, position.first_seq, position.last_seq)
+        # The reply, or a reset for a position the log cannot serve (protocol.serverconn).
+        answer = connection.protocol.opened(request, position.epoch, position.first_seq, position.last_seq)
+        await connection.send(answer.frame)
+        if isinstance(answer.frame, f.ResetFrame):
             return
+        seq = request.after_seq
         # An empty stream has no epoch yet: its first event brings it.
         epoch: str | None = position.epoch if position.last_seq > 0 else None
-        await connection.send(
-            f.ReplyFrame(id=request.id, result={"epoch": position.epoch, "last_seq": position.last_seq})
-        )
         if key is not None:
             connection.hub.presence.join(connection, key)
         handed_over = True
@@ -113,9 +101,8 @@ async def follow(connection: Connection, request: f.Subscribe) -> None:
 def resume(connection: Connection, key: StreamKey, stream: str, live: Live) -> None:
     """The tail could not deliver to this live subscriber (full queue, new epoch): it
     continues with a task of its own, with backpressure, from what it has."""
-    if connection.parked.get(key) is not live:
+    if not connection.take_parked(key, live):
         return
-    del connection.parked[key]
     if connection.closed:
         connection.hub.tails.release(live.tail)
         connection.hub.metrics.subscriptions.dec()
@@ -156,11 +143,7 @@ async def pump(
                 events = [(e.seq, e.epoch, encode(event_frame(e)).decode()) for e in backlog]
                 del backlog
                 largest = max((len(data) for _, _, data in events), default=largest)
-                held = sum(frame_cost(data) for _, _, data in events)
-                connection.replay += held
-                connection.hub.held.replay += held
-                if connection.hub.held.unsent > connection.hub.config.outbox_bytes_total:
-                    connection.hub.check_total()
+                connection.hold_replay(sum(frame_cost(data) for _, _, data in events))
             if not events:
                 if tail.last_seq <= seq:
                     if not caught_up and key is not None:
@@ -174,8 +157,11 @@ async def pump(
                         continue
                     # Go live and end this task: the tail delivers from now on, and
                     # starts a new task only if this subscriber falls behind.
-                    connection.parked[key] = tail.go_live(
-                        connection, seq, epoch, functools.partial(resume, connection, key, stream)
+                    connection.park(
+                        key,
+                        tail.go_live(
+                            connection, seq, epoch, functools.partial(resume, connection, key, stream)
+                        ),
                     )
                     parked = True
                     return
@@ -187,9 +173,7 @@ async def pump(
                 while batch:
                     event_seq, event_epoch, data = batch.popleft()
                     if replaying:
-                        held = frame_cost(data)
-                        connection.replay -= held
-                        connection.hub.held.replay -= held
+                        connection.release_replay(frame_cost(data))
                     if epoch is None:
                         epoch = event_epoch
                     if event_epoch != epoch:
@@ -204,9 +188,7 @@ async def pump(
             finally:
                 connection.hub.metrics.delivered.inc(sent)  # once per batch: the counter takes a lock
                 if replaying and batch:
-                    held = sum(frame_cost(data) for _, _, data in batch)
-                    connection.replay -= held
-                    connection.hub.held.replay -= held
+                    connection.release_replay(sum(frame_cost(data) for _, _, data in batch))
                 batch.clear()
     except Evicted:
         return
@@ -264,13 +246,4 @@ def batch_size(connection: Connection, tail: Tail, largest: int) -> int:
 
 
 async def reset(connection: Connection, key: StreamKey, seq: int, epoch: str, first: int, last: int) -> None:
-    await connection.send(
-        f.ResetFrame(
-            session_id=key,
-            after_seq=seq,
-            epoch=epoch,
-            first_seq=first,
-            last_seq=last,
-            message="the log cannot serve events after this position; reload and resubscribe",
-        )
-    )
+    await connection.send(connection.protocol.reset(key, seq, epoch, first, last).frame)

@@ -120,20 +120,18 @@ SAME_ROLE = {
 #: Packages that implement one contract side by side: a module of one may have its
 #: counterpart, under the same name, in the others (sql, schema, store, tx, maintenance...).
 PARALLEL = [{"hub/store/sqlite", "hub/store/postgres"}]
-#: Temporary: duplicates that other branches of issue 25 rename (hub/server/turns.py is
-#: split and renamed; hub/server/connection.py renamed). Each path must exist: when one
-#: goes, its line goes, and what is left must pass without it. The lead empties this at merge.
-RENAMING_ELSEWHERE = {
-    "connection": {"hub/server/connection.py", "hub/store/sqlite/connection.py", "protocol/connection.py"},
-}
+#: Deprecation aliases (docs/architecture.md, "Renamed in 0.1.0"): an old name kept for one
+#: release, no module of its own; each must still exist, and go with its release.
+ALIASES = {"protocol/connection.py": "0.1.0: protocol.clientconn and protocol.serverconn"}
 
 
 def _modules_by_name() -> dict[str, set[str]]:
     found: dict[str, set[str]] = defaultdict(set)
     for package in ("hub", "protocol", "clients"):
         for path in (ROOT / package).rglob("*.py"):
-            if "__pycache__" not in path.parts:
-                found[path.stem].add(path.relative_to(ROOT).as_posix())
+            name = path.relative_to(ROOT).as_posix()
+            if "__pycache__" not in path.parts and name not in ALIASES:
+                found[path.stem].add(name)
     return found
 
 
@@ -154,11 +152,8 @@ def clashes(by_name: dict[str, set[str]]) -> dict[str, set[str]]:
 def test_no_two_modules_share_a_name_for_different_things() -> None:
     by_name = _modules_by_name()
     found = clashes(by_name)
-    for name, paths in RENAMING_ELSEWHERE.items():
-        gone = sorted(p for p in paths if not (ROOT / p).is_file())
-        assert not gone, f"RENAMING_ELSEWHERE[{name!r}]: {gone} renamed: drop them from the list"
-        if found.get(name) == paths:
-            del found[name]
+    gone = sorted(p for p in ALIASES if not (ROOT / p).is_file())
+    assert not gone, f"ALIASES: {gone} removed: drop them from the list"
     assert not found, "rename one of each (or say why they are one role, in SAME_ROLE): " + "; ".join(
         f"{name}: {', '.join(sorted(paths))}" for name, paths in found.items()
     )

@@ -55,7 +55,7 @@ _SENDERS = {"request", "streamed", "_call"}
 
 def _python_client_ops() -> set[str]:
     sent: set[str] = set()
-    sources = [*sorted((ROOT / "clients").glob("*.py")), ROOT / "protocol" / "connection.py"]
+    sources = [*sorted((ROOT / "clients").glob("*.py")), ROOT / "protocol" / "clientconn.py"]
     for path in sources:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):

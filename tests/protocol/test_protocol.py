@@ -12,16 +12,16 @@ from typing import Any
 import msgspec
 import pytest
 
-from protocol.codec import FrameError, decode_frame, decode_request, encode
-from protocol.connection import (
+from hub.auth import Grant
+from protocol.clientconn import (
     ClientConnection,
     Delivered,
     Failed,
     Ignored,
     Reset,
     Resolved,
-    ServerConnection,
 )
+from protocol.codec import FrameError, decode_frame, decode_request, encode
 from protocol.frames import (
     ERROR_CODES,
     REQUEST_TYPES,
@@ -33,6 +33,7 @@ from protocol.frames import (
     RunTool,
     Subscribe,
 )
+from protocol.serverconn import Refused, ServerConnection
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -263,72 +264,6 @@ def test_too_large_without_a_readable_id() -> None:
     assert (error.code, error.id) == ("too_large", None)
 
 
-# -- ServerConnection -----------------------------------------------------------------------
-
-
-def sub(rid: int, session_id: str | None, after_seq: int = 0) -> str:
-    return frame(op="subscribe", id=rid, session_id=session_id, after_seq=after_seq)
-
-
-def test_server_connection_passes_requests_and_answers_bad_frames() -> None:
-    conn = ServerConnection()
-    request = conn.receive_text(frame(op="get", id=1, session_id="s"))
-    assert type(request) is REQUEST_TYPES["get"]
-    error = conn.receive_text("nope")
-    assert isinstance(error, ErrorFrame) and error.code == "bad_frame"
-    limited = ServerConnection(max_frame_bytes=20)
-    error = limited.receive_text(frame(op="get", id=2, session_id="s" * 40))
-    assert isinstance(error, ErrorFrame) and (error.code, error.id) == ("too_large", 2)
-
-
-def test_server_connection_limits_subscriptions() -> None:
-    conn = ServerConnection(max_subscriptions=3)
-    for i, key in enumerate(["a", "b", None]):
-        assert isinstance(conn.receive_text(sub(i, key)), Subscribe)
-    assert conn.subscriptions == {"a", "b", None}
-    error = conn.receive_text(sub(9, "c"))
-    assert isinstance(error, ErrorFrame) and (error.code, error.id) == ("too_many", 9)
-    assert "3" in error.message
-    assert conn.subscriptions == {"a", "b", None}
-    # Unsubscribing frees a slot; so does the server ending a subscription.
-    assert not isinstance(conn.receive_text(frame(op="unsubscribe", id=10, session_id="a")), ErrorFrame)
-    assert isinstance(conn.receive_text(sub(11, "c")), Subscribe)
-    conn.subscription_ended("b")
-    assert isinstance(conn.receive_text(sub(12, "d")), Subscribe)
-    assert conn.subscriptions == {"c", "d", None}
-
-
-def test_server_connection_refuses_a_duplicate_subscription() -> None:
-    conn = ServerConnection()
-    assert isinstance(conn.receive_text(sub(1, "a")), Subscribe)
-    error = conn.receive_text(sub(2, "a", after_seq=5))
-    assert isinstance(error, ErrorFrame) and (error.code, error.id) == ("invalid", 2)
-    assert isinstance(conn.receive_text(sub(3, None)), Subscribe)
-    error = conn.receive_text(sub(4, None))
-    assert isinstance(error, ErrorFrame) and (error.code, error.id) == ("invalid", 4)
-    assert conn.subscriptions == {"a", None}
-
-
-def test_server_connection_unsubscribe_of_an_unknown_stream() -> None:
-    conn = ServerConnection()
-    error = conn.receive_text(frame(op="unsubscribe", id=1, session_id="never"))
-    assert isinstance(error, ErrorFrame) and (error.code, error.id) == ("not_found", 1)
-    assert isinstance(conn.receive_text(sub(2, "a")), Subscribe)
-    assert not isinstance(conn.receive_text(frame(op="unsubscribe", id=3, session_id="a")), ErrorFrame)
-    error = conn.receive_text(frame(op="unsubscribe", id=4, session_id="a"))
-    assert isinstance(error, ErrorFrame) and (error.code, error.id) == ("not_found", 4)
-    assert conn.subscriptions == set()
-
-
-def test_server_connection_refuses_a_negative_after_seq() -> None:
-    conn = ServerConnection()
-    error = conn.receive_text(sub(1, "a", after_seq=-1))
-    assert isinstance(error, ErrorFrame) and (error.code, error.id) == ("invalid", 1)
-    assert "after_seq" in error.message
-    assert conn.subscriptions == set()  # the refused subscription takes no slot
-    assert isinstance(conn.receive_text(sub(2, "a", after_seq=0)), Subscribe)
-
-
 # -- ClientConnection -----------------------------------------------------------------------
 
 
@@ -506,8 +441,8 @@ def test_schema_names_every_request_and_frame() -> None:
     ],
 )
 def test_deep_nesting_is_invalid_not_a_recursion_error(data: str) -> None:
-    connection = ServerConnection()
-    answer = connection.receive_text(data)
-    assert isinstance(answer, ErrorFrame) and answer.code == "invalid", answer
+    connection: ServerConnection[Grant] = ServerConnection()
+    answer = connection.receive_text(data, 0.0)
+    assert isinstance(answer, Refused) and answer.frame.code == "invalid", answer
     # The same connection serves the next frame.
-    assert not isinstance(connection.receive_text(frame(op="ping", id=2)), ErrorFrame)
+    assert not isinstance(connection.receive_text(frame(op="ping", id=2), 0.0), Refused)

@@ -1,5 +1,5 @@
 """The shared protocol vectors (``tests/vectors/*.json``) against the Python side:
-``protocol.connection.ClientConnection``, error decoding and delta application.
+``protocol.clientconn.ClientConnection``, error decoding and delta application.
 
 ``web/test/vectors.test.mjs`` runs the same files against ``web/sessionhub.js``, so the two
 clients cannot drift apart without one of them failing."""
@@ -17,7 +17,7 @@ import pytest
 from clients import ConnectionLost, LiveMessages
 from clients.errors import error_from
 from protocol import Event, InvalidInput
-from protocol.connection import (
+from protocol.clientconn import (
     ClientConnection,
     ClientEffect,
     Delivered,

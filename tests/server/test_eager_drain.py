@@ -1,4 +1,4 @@
-"""A connection's drainer starts eagerly (hub/server/connection.py ``start_eagerly``): it
+"""A connection's drainer starts eagerly (hub/server/eager.py ``start_eagerly``): it
 writes in the call that queues a frame, and becomes a task only when it has to wait. These
 pin the two halves: no task when nothing waits, and a waiting drainer that a task carries on
 to the end, or cancels, exactly as if it had been a task from the start."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from hub.server.connection import start_eagerly
+from hub.server.eager import start_eagerly
 
 
 async def test_a_coroutine_that_never_waits_runs_in_the_call_and_leaves_no_task() -> None:

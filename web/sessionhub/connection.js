@@ -1,5 +1,5 @@
 // ClientConnection: the client's protocol state, sans I/O (no socket, no timers), a port of
-// protocol/connection.py's, checked against it by the shared vectors (tests/vectors/).
+// protocol/clientconn.py's, checked against it by the shared vectors (tests/vectors/).
 
 /** The Map key of the registry stream (its session_id is null). */
 export const REGISTRY = "\u0000registry";
@@ -12,7 +12,7 @@ export const idOf = (key) => (key === REGISTRY ? null : key);
  * Sans-I/O client state: request ids, pending requests, each followed stream's position
  * (the epoch taken from the subscribe reply), what each subscribe waits for, the reset
  * and reload rule, and the hello and summary frames. Frames in, effects out; a port of
- * protocol/connection.py's ClientConnection, checked against it by tests/vectors/.
+ * protocol/clientconn.py's ClientConnection, checked against it by tests/vectors/.
  */
 export class ClientConnection {
   constructor() {

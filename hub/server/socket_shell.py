@@ -1,77 +1,68 @@
-"""One client socket: its outgoing queue, the frames it sends and receives, its
-subscriptions and its token."""
+"""The I/O shell of one client socket: it reads frames, hands them to the connection's
+sans-I/O state (:class:`protocol.serverconn.ServerConnection`, which decides) and performs
+what comes back (sends, closes, the expiry timer, presence, subscription tasks). It owns
+the outgoing queue and its drainer, the subscription tasks and live tail registrations,
+the requests in flight and the bytes held for the peer. Other modules change a
+connection only through its methods (tests/project/test_connection_writes.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import time
 import uuid
-from collections.abc import Awaitable, Coroutine
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Awaitable, Iterable
+from typing import Any
 
 from starlette.websockets import WebSocket
 
+from protocol import frames as f
 from protocol.codec import encode
-from protocol.connection import ServerConnection, StreamKey
+from protocol.serverconn import (
+    CLOSE_TOKEN_EXPIRED,
+    ArmExpiry,
+    Close,
+    EndSubscription,
+    Join,
+    Leave,
+    Reannounce,
+    Refused,
+    Resume,
+    Send,
+    ServerConnection,
+    ServerEffect,
+    StreamKey,
+)
 
-from ..auth import Grant
-from ..store.base import Store
+from ..auth import Grant, verify_token
 from .asgiscope import RAW_SEND, TRANSPORT
-from .config import HubConfig
-from .metrics import Metrics
-from .outbox import Evicted, Held, Outbox, frame_cost
-from .presence import Presence
-from .streams import Streams
-from .tails import Live, Tails
-from .turndispatch import Turns
+from .eager import start_eagerly
+from .host import ConnectionHost
+from .outbox import Evicted, Outbox, frame_cost
+from .tails import Live
 
-if TYPE_CHECKING:
-    from .workers import WorkerSummarizer
+__all__ = [
+    "CLOSE_GOING_AWAY",
+    "CLOSE_SLOW_CONSUMER",
+    "CLOSE_TOKEN_EXPIRED",
+    "CLOSE_UNSUPPORTED",
+    "RAW_SEND",
+    "TRANSPORT",
+    "Connection",
+    "ConnectionHost",
+    "start_eagerly",
+]
 
 log = logging.getLogger("sessionhub.server")
 
-
 #: Close code for a subscriber evicted because it does not read fast enough.
 CLOSE_SLOW_CONSUMER = 4008
-#: Close code for a connection whose token reached its ``exp`` without an ``auth`` renewal.
-CLOSE_TOKEN_EXPIRED = 4001
 CLOSE_GOING_AWAY = 1001
 CLOSE_UNSUPPORTED = 1003
 
 
-class ConnectionHost(Protocol):
-    """What a connection (and the ops run on it) needs of its hub: the limits, the byte
-    accounting, the metrics, the tails, presence, streams, turns, the store; :class:`~hub.server.
-    hub.Hub` is the one implementation. A Protocol, so that this module does not import
-    the hub, which imports it."""
-
-    @property
-    def config(self) -> HubConfig: ...
-    @property
-    def held(self) -> Held: ...
-    @property
-    def metrics(self) -> Metrics: ...
-    @property
-    def tails(self) -> Tails: ...
-    @property
-    def presence(self) -> Presence: ...
-    @property
-    def streams(self) -> Streams: ...
-    @property
-    def turns(self) -> Turns: ...
-    @property
-    def store(self) -> Store: ...
-    @property
-    def worker_summarizer(self) -> WorkerSummarizer | None: ...
-    @property
-    def closing(self) -> bool:
-        """Draining: requests read from now on are refused."""
-        ...
-
-    def check_total(self) -> None:
-        """Evict the heaviest connections while the hub holds over ``outbox_bytes_total``."""
-        ...
 
 
 class Connection:
@@ -80,7 +71,6 @@ class Connection:
 
     # Slots: a hub holds thousands of these; an attribute dict would cost ~1 KiB each.
     __slots__ = (
-        "announced",
         "closed",
         "closer",
         "closing_output",
@@ -88,20 +78,15 @@ class Connection:
         "drainer",
         "dump_import",
         "expiry",
-        "grant",
         "hub",
-        "name",
         "parked",
-        "presence_watch",
         "protocol",
         "queue",
         "replay",
         "requests",
-        "role",
         "room",
         "serve_task",
         "subscriptions",
-        "summarizer",
         "waiting",
         "websocket",
     )
@@ -109,8 +94,15 @@ class Connection:
     def __init__(self, hub: ConnectionHost, websocket: WebSocket) -> None:
         self.hub = hub
         self.websocket = websocket
-        self.protocol = ServerConnection(
-            max_frame_bytes=hub.config.max_frame_bytes, max_subscriptions=hub.config.max_subscriptions
+        config = hub.config
+        secret = config.auth_secret
+        #: The protocol state: who the peer is, its grant, its subscriptions, its requests
+        #: in flight. Read freely; changed only by this shell, through its methods.
+        self.protocol: ServerConnection[Grant] = ServerConnection(
+            max_frame_bytes=config.max_frame_bytes,
+            max_subscriptions=config.max_subscriptions,
+            max_in_flight=config.max_in_flight,
+            verify=None if secret is None else functools.partial(verify_token, secret),
         )
         self.queue = Outbox(hub.config.queue_frames, hub.config.outbox_bytes, hub.held)
         # Empty sets cost ~200 bytes each; thousands of idle connections have none of these
@@ -122,14 +114,8 @@ class Connection:
         self.serve_task: asyncio.Task[Any] | None = None
         self.drainer: asyncio.Task[None] | None = None
         self.closing_output = False
-        self.grant: Grant | None = None
-        self.expiry: asyncio.TimerHandle | None = None  # closes the socket at the grant's exp
+        self.expiry: asyncio.TimerHandle | None = None  # ticks the protocol at the grant's exp
         self.connection_id = uuid.uuid4().hex[:12]
-        self.name: str | None = None
-        self.role: str | None = None
-        self.announced: frozenset[str] = frozenset()  # sessions declared with hello
-        self.summarizer = False  # declared with hello: this peer writes summaries
-        self.presence_watch: frozenset[str] = frozenset()  # subscriptions asking for join/leave
         self.waiting = 0  # bytes of replies waiting for room in the outbox
         self.replay = 0  # bytes of backlog batches read for catching-up subscriptions
         #: Set while the reader waits for requests in flight to drop below the bound.
@@ -138,6 +124,35 @@ class Connection:
         self.closer: asyncio.Task[None] | None = None
         #: An ``import`` in progress on this socket (hub/server/ops.py), gone with it.
         self.dump_import: Any = None
+
+    # -- what the protocol state knows, read through (ports.Peer) ---------------------------
+
+    @property
+    def name(self) -> str | None:
+        return self.protocol.name
+
+    @property
+    def role(self) -> str | None:
+        return self.protocol.role
+
+    @property
+    def announced(self) -> frozenset[str]:
+        """Sessions declared with ``hello``."""
+        return self.protocol.announced
+
+    @property
+    def summarizer(self) -> bool:
+        """Declared with ``hello``: this peer writes summaries."""
+        return self.protocol.summarizer
+
+    @property
+    def presence_watch(self) -> frozenset[str]:
+        """Sessions whose joins and leaves a subscription asked for."""
+        return self.protocol.presence_watch
+
+    @property
+    def grant(self) -> Grant | None:
+        return self.protocol.grant
 
     def entry(self) -> dict[str, Any]:
         return {"connection_id": self.connection_id, "name": self.name, "role": self.role}
@@ -335,9 +350,7 @@ class Connection:
     def may_summarize(self, session_id: str | None) -> bool:
         """Whether this connection may be sent summary prompts about ``session_id`` (None:
         a session not named, judged on ``*``) and answer them: ``write`` on it."""
-        if self.hub.config.auth_secret is None:
-            return True
-        return self.grant is not None and self.grant.allows("summarize", session_id)
+        return self.protocol.may_summarize(session_id, time.time())
 
     def spawn(self, coro: Awaitable[object]) -> None:
         async def guarded() -> None:
@@ -349,12 +362,13 @@ class Connection:
             self.requests = set()
         requests = self.requests
         requests.add(task)
+        self.protocol.started()
         task.add_done_callback(self._request_done)
 
     def _request_done(self, task: asyncio.Task[None]) -> None:
         if isinstance(self.requests, set):
             self.requests.discard(task)
-        if self.room is not None and len(self.requests) < self.hub.config.max_in_flight:
+        if self.protocol.finished() is not None and self.room is not None:
             self._make_room()
 
     def unpark(self, key: StreamKey) -> bool:
@@ -391,50 +405,143 @@ class Connection:
             return
         self.hub.metrics.subscriptions.dec()
         if not self.follows(key):
-            self.protocol.subscription_ended(key)
-            if key is not None:
-                self.presence_watch = self.presence_watch - {key}
-            if key is not None and key not in self.announced:
-                self.hub.presence.leave(self, key)
+            leave = self.protocol.ended(key)
+            if leave is not None:
+                self.hub.presence.leave(self, leave.session_id)
 
+    def end_subscription(self, key: StreamKey) -> None:
+        """Stop following ``key`` now: its task (whose done callback does the bookkeeping)
+        or its live registration."""
+        task = self.subscriptions.pop(key, None)
+        if task is not None:
+            task.cancel()
+        if self.unpark(key) and task is None:
+            self.subscription_done(key)
 
-def start_eagerly(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
-    """Run ``coro`` now, up to its first wait; the rest, if it waits at all, in a task
-    (what Python 3.12's eager task factory does, on 3.11). Returns that task, or None
-    when ``coro`` finished without waiting."""
-    try:
-        first = coro.send(None)
-    except StopIteration:
-        return None
-    except BaseException:
-        coro.close()
-        raise
-    return asyncio.get_running_loop().create_task(_carry_on(coro, first))
+    def park(self, key: StreamKey, live: Live) -> None:
+        """``key`` went live: the tail delivers to it from now on, and it keeps no task."""
+        self.parked[key] = live
 
+    def take_parked(self, key: StreamKey, live: Live) -> bool:
+        """Take ``live`` back from the tail (it fell behind, to go on with a task); False
+        when it is no longer this connection's registration for ``key``."""
+        if self.parked.get(key) is not live:
+            return False
+        del self.parked[key]
+        return True
 
-async def _carry_on(coro: Coroutine[Any, Any, None], waiting: Any) -> None:
-    """Drive ``coro`` on from a suspension, as a task would: wait for the future it
-    yielded, then resume it (it takes the result itself), or throw the future's error or
-    this task's cancellation into it."""
-    while True:
-        try:
-            if waiting is None:  # a bare yield (asyncio.sleep(0)): one loop iteration
-                await asyncio.sleep(0)
-            else:
-                # What a task does with a future its coroutine yielded: take it over
-                # (clear the flag the yield set, or awaiting it here would be refused).
-                waiting._asyncio_future_blocking = False
-                await waiting
-        except BaseException as exc:
-            try:
-                waiting = coro.throw(exc)
-            except StopIteration:
-                return
-        else:
-            try:
-                waiting = coro.send(None)
-            except StopIteration:
-                return
+    def hold_replay(self, size: int) -> None:
+        """``size`` bytes of backlog read for a catching-up subscription are held."""
+        self.replay += size
+        self.hub.held.replay += size
+        if self.hub.held.unsent > self.hub.config.outbox_bytes_total:
+            self.hub.check_total()
+
+    def release_replay(self, size: int) -> None:
+        self.replay -= size
+        self.hub.held.replay -= size
+
+    def begin_import(self, state: object) -> None:
+        """An ``import`` in progress on this socket (hub/server/ops.py), gone with it."""
+        self.dump_import = state
+
+    def end_import(self, state: object | None = None) -> None:
+        """The import in progress ends (only if it is still ``state``, when given)."""
+        if state is None or self.dump_import is state:
+            self.dump_import = None
+
+    # -- the protocol's decisions, performed --------------------------------------------------
+
+    def read(self, data: str) -> f.Request | Refused:
+        """One text frame read: the request to run, or its refusal (sent already)."""
+        hub = self.hub
+        parsed = self.protocol.receive_text(data, time.time(), hub.closing)
+        if isinstance(parsed, Refused):
+            if parsed.reason == "bad_frame":
+                hub.metrics.bad_frames.labels(parsed.frame.code).inc()
+            self.spawn(self.send(parsed.frame))
+        return parsed
+
+    def open(self, token: str | None) -> None:
+        """The socket was accepted with ``token`` (verified when the hub has a secret), in
+        the task that serves it (``Hub.serve``, which reads its frames)."""
+        self.serve_task = asyncio.current_task()
+        self.perform(self.protocol.connect(token, time.time()))
+
+    def renew(self, request: f.Auth) -> None:
+        """The ``auth`` op. Run in the reader, not in a task: the requests read after it
+        are judged by the new grant."""
+        self.perform(self.protocol.renew(request, time.time()))
+
+    def hello(self, request: f.Hello) -> dict[str, Any]:
+        """Who this connection is, and the sessions it is on without subscribing."""
+        self.perform(self.protocol.hello(request))
+        return {"connection_id": self.connection_id}
+
+    def perform(self, effects: Iterable[ServerEffect]) -> None:
+        """Do what the protocol state decided, in its order."""
+        presence = self.hub.presence
+        for effect in effects:
+            if isinstance(effect, Send):
+                self.spawn(self.send(effect.frame))
+            elif isinstance(effect, EndSubscription):
+                self.end_subscription(effect.key)
+            elif isinstance(effect, Join):
+                presence.join(self, effect.session_id)
+            elif isinstance(effect, Leave):
+                presence.leave(self, effect.session_id)
+            elif isinstance(effect, Reannounce):
+                for sid in presence.present_on(self):
+                    presence.announce(self, sid)
+            elif isinstance(effect, ArmExpiry):
+                self._arm(effect.at)
+            elif isinstance(effect, Close):
+                self.spawn(self.close(effect.code, effect.reason))
+            elif isinstance(effect, Resume):
+                self._make_room()
+            elif isinstance(effect, Refused):
+                self.spawn(self.send(effect.frame))
+
+    def _arm(self, at: float | None) -> None:
+        if self.expiry is not None:
+            self.expiry.cancel()
+            self.expiry = None
+        if at is not None and not self.closed:
+            delay = max(0.0, at - time.time())
+            self.expiry = asyncio.get_running_loop().call_later(delay, self._tick)
+
+    def _tick(self) -> None:
+        self.expiry = None
+        if not self.closed:
+            self.perform(self.protocol.tick(time.time()))
+
+    # -- the socket's life ----------------------------------------------------------------------
+
+    def end_output(self) -> None:
+        """The hub drains: what is queued goes out, nothing after it."""
+        with contextlib.suppress(asyncio.QueueFull):
+            self.queue.put_nowait(None)
+            self.kick()
+
+    async def finish(self) -> None:
+        """The socket is done: stop everything that runs for it (the hub then takes it
+        off turns, streams and presence)."""
+        if self.closer is not None:
+            # Returning from the app would close the transport before the close frame.
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(self.closer)
+        self.closed = True
+        if self.expiry is not None:  # no expiry timer outlives the connection
+            self.expiry.cancel()
+            self.expiry = None
+        for task in self.subscriptions.values():
+            task.cancel()
+        self.unpark_all()
+        drainer = self.drainer
+        if drainer is not None and not drainer.done():
+            drainer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await drainer
 
 
 def _abort_if_stuck(transport: asyncio.WriteTransport) -> None:
