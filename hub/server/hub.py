@@ -23,7 +23,6 @@ from .outbox import Held
 from .presence import Presence
 from .pruner import Retention
 from .relay import Relay
-from .pruner import Retention
 from .socket_shell import CLOSE_GOING_AWAY, CLOSE_UNSUPPORTED, Connection
 from .streams import Streams
 from .tails import Tails

@@ -63,8 +63,6 @@ CLOSE_GOING_AWAY = 1001
 CLOSE_UNSUPPORTED = 1003
 
 
-
-
 class Connection:
     """One client socket: a bounded outgoing queue, drained by a task that runs only while
     frames wait (an idle connection keeps no writer task)."""
