@@ -78,6 +78,8 @@ class Room:
 
 
 _ROOMS: dict[str, Room] = {}
+#: The transcript sends in flight (see :meth:`Relay.done`).
+_PENDING: set[asyncio.Task[None]] = set()
 
 
 class Relay:
@@ -150,7 +152,10 @@ class Relay:
         turn = self.chunks.turn
         if self.room.relays.get(id(turn)) is self:
             del self.room.relays[id(turn)]
-        asyncio.get_running_loop().create_task(self._transcript())
+        # Held until done: the loop keeps only a weak reference to a task.
+        task = asyncio.get_running_loop().create_task(self._transcript())
+        _PENDING.add(task)
+        task.add_done_callback(_PENDING.discard)
 
     async def _transcript(self) -> None:
         """The stored transcript to every socket once the reply is whole."""

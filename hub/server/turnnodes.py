@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from abc import ABC, abstractmethod
 from typing import Literal
 
 from protocol import Conflict
@@ -26,21 +27,24 @@ from .turnframes import TurnOffer, TurnStatus
 __all__ = ["TurnNodes"]
 
 
-class TurnNodes(TurnBook):
+class TurnNodes(TurnBook, ABC):
     """The several-nodes part of the turns; :class:`~hub.server.turndispatch.Turns` adds a
     turn's life on this node (and ends the turns the relay stops or fails)."""
 
+    # What a turn's life on this node does, which this part calls: implemented by
+    # :class:`~hub.server.turndispatch.Turns`, the one concrete class.
+
+    @abstractmethod
     def fail(self, turn: LiveTurn, error: str) -> None:
         """End ``turn`` ``failed`` (:class:`~hub.server.turndispatch.Turns` logs it)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _forget(self, turn: LiveTurn) -> None:
         """Drop a turn from the book (:class:`~hub.server.turndispatch.Turns`)."""
-        raise NotImplementedError
 
+    @abstractmethod
     async def _stop(self, turn: LiveTurn, reason: str, by: str | None) -> None:
         """Stop a turn this node holds (:class:`~hub.server.turndispatch.Turns`)."""
-        raise NotImplementedError
 
     async def _race(self, turn: LiveTurn, seq: int) -> None:
         """Two nodes that started a turn in one session at once both logged ``turn.started``:
