@@ -43,13 +43,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from protocol import Forbidden, InvalidInput, SessionHubError, SessionNotFound, coerce_message
+from protocol import Forbidden, InvalidInput, SessionHubError, coerce_message
 from protocol.records import ContextBlock
 
 from .aguievents import AguiEncoder, Event, to_agui_messages, to_ui_messages
 from .body import BodyError, parse_body, read_body
 from .caller import Caller, caller, cors_headers
-from .chats import ChatBody, ensure_session, error_code, json_error, refused
+from .chats import ChatBody, ensure_session, error_code, in_flight, json_error, refused
 from .port import Adapter, ChatHost, ChatTurn, host_of
 from .replychunks import TurnChunks, turn_chunks
 from .sse import SseFeed
@@ -316,18 +316,9 @@ async def _stream(request: Request) -> Response | SseFeed:
     if cors is None:
         return json_error("forbidden", "origin not allowed")
     thread = request.path_params["thread_id"]
-    try:
-        caller(request.headers, hub.config).check("get_history", thread)
-    except Forbidden:
-        return refused(request.headers, cors)
-    try:
-        turn = await hub.turns.find(thread)
-    except SessionNotFound:
-        turn = None
-    except SessionHubError as exc:
-        return json_error(error_code(exc), str(exc), cors)
-    if turn is None:
-        return Response(status_code=204, headers=cors)
+    turn = await in_flight(request, hub, cors, thread)
+    if isinstance(turn, Response):
+        return turn
     try:
         state = await blocks_state(hub, thread)
     except SessionHubError as exc:

@@ -40,7 +40,7 @@ from protocol import frames as f
 from ..server.turnframes import TurnOutcome
 from .body import BodyError, parse_body, read_body
 from .caller import caller, cors_headers
-from .chats import ChatBody, ensure_session, error_code, json_error, refused
+from .chats import ChatBody, ensure_session, error_code, in_flight, json_error, refused
 from .port import Adapter, ChatHost, ChatTurn, host_of
 from .sse import SseFeed
 from .uistream import UIMessageEncoder, render, sse_text
@@ -181,17 +181,9 @@ async def _resume(request: Request) -> Response | SseFeed:
     cors = _cors(request, hub)
     if cors is None:
         return json_error("forbidden", "origin not allowed")
-    session_id = request.path_params["session_id"]
-    try:
-        caller(request.headers, hub.config).check("get_history", session_id)
-    except Forbidden:
-        return refused(request.headers, cors)
-    try:
-        turn = await hub.turns.find(session_id)
-    except SessionHubError as exc:
-        return json_error(error_code(exc), str(exc), cors)
-    if turn is None:
-        return Response(status_code=204, headers=cors)
+    turn = await in_flight(request, hub, cors, request.path_params["session_id"])
+    if isinstance(turn, Response):
+        return turn
     return reply_stream(hub, turn, cors)
 
 

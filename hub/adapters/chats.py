@@ -14,7 +14,8 @@ from typing import Any, Literal
 
 import msgspec
 from starlette.datastructures import Headers
-from starlette.responses import JSONResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from protocol import (
     Conflict,
@@ -26,10 +27,10 @@ from protocol import (
     SummarizerError,
 )
 
-from .caller import Caller
-from .port import ChatHost
+from .caller import Caller, caller
+from .port import ChatHost, ChatTurn
 
-__all__ = ["ChatBody", "ensure_session", "error_code", "json_error", "refused"]
+__all__ = ["ChatBody", "ensure_session", "error_code", "in_flight", "json_error", "refused"]
 
 
 class ChatBody(msgspec.Struct, kw_only=True):
@@ -105,3 +106,22 @@ def refused(headers: Headers, cors: dict[str, str]) -> JSONResponse:
     if headers.get("authorization") is None:
         return json_error("unauthorized", "this hub needs a token: send Authorization: Bearer <token>", cors)
     return json_error("forbidden", "forbidden", cors)
+
+
+async def in_flight(
+    request: Request, hub: ChatHost, cors: dict[str, str], session_id: str
+) -> ChatTurn | Response:
+    """The turn a reader may re-attach to, or what to answer instead: 401/403 without a
+    ``read`` token on the session, a typed error, or 204 when nothing is in flight on any
+    node (a chat that does not exist yet included: a new chat's page resumes on load)."""
+    try:
+        caller(request.headers, hub.config).check("get_history", session_id)
+    except Forbidden:
+        return refused(request.headers, cors)
+    try:
+        turn = await hub.turns.find(session_id)
+    except SessionNotFound:
+        turn = None
+    except SessionHubError as exc:
+        return json_error(error_code(exc), str(exc), cors)
+    return Response(status_code=204, headers=cors) if turn is None else turn

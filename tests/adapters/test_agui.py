@@ -7,7 +7,6 @@ by ``@ag-ui/core``'s schemas and the client's own order verifier, on Node 22
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from pathlib import Path
@@ -19,9 +18,10 @@ import pytest
 from hub import ReadonlyText, SessionManager, SqliteStore
 from hub.auth import issue_token
 from hub.server import HubConfig
-from tests.adapters.test_aisdk_ws import JS7, NODE22, SECRET, _npm_ci
+from tests.adapters.test_aisdk_ws import SECRET
 from tests.support.chatkit import responder
 from tests.support.hubtest import served
+from tests.support.nodetests import JS7, node22, run_node_tests
 
 
 def _run(thread: str, *texts: str) -> dict[str, Any]:
@@ -35,32 +35,16 @@ def _run(thread: str, *texts: str) -> dict[str, Any]:
 
 
 async def test_the_ag_ui_client_against_the_hub(tmp_path: Path) -> None:
-    _npm_ci()
     async with (
         served(db=tmp_path / "hub.db") as h,
         responder(h.ws_url, lambda: len(h.hub.turns.responders) == 1),
     ):
-        proc = await asyncio.create_subprocess_exec(
-            str(NODE22),
-            "--test",
-            "--test-reporter=spec",
-            str(JS7 / "agui.test.mjs"),
-            cwd=JS7,
-            env={
-                "PATH": "/usr/bin:/bin",
-                "SESSIONHUB_URL": h.url,
-                "SESSIONHUB_WS_URL": h.ws_url,
-                "NO_COLOR": "1",
-            },
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
+        await run_node_tests(
+            node22(),
+            JS7 / "agui.test.mjs",
+            {"SESSIONHUB_URL": h.url, "SESSIONHUB_WS_URL": h.ws_url},
+            passes=4,
         )
-        out, _ = await asyncio.wait_for(proc.communicate(), 120)
-    report = out.decode()
-    assert proc.returncode == 0, report
-    assert "fail 0" in report, report
-    assert "skipped 0" in report, report
-    assert "pass 4" in report, report
 
 
 @pytest.mark.parametrize(

@@ -20,18 +20,8 @@ from hub.server import HubConfig
 from hub.store.base import Store
 from tests.support.chatkit import responder, sse_chunks
 from tests.support.hubtest import served
+from tests.support.nodetests import JS, node20, run_node_tests
 from tests.support.rawhttp import open_unread, read_to_end, request_head
-from tests.support.services import node
-
-ROOT = Path(__file__).resolve().parents[2]
-JS = ROOT / "tests" / "js"
-
-
-def _npm_ci() -> None:
-    """Install tests/js (the exact `ai` version of its lock file) when it is missing."""
-    if (JS / "node_modules" / "ai" / "package.json").exists():
-        return
-    subprocess.run(["npm", "ci", "--prefix", str(JS), "--no-audit", "--no-fund"], check=True, timeout=300)
 
 
 def _websocket_flags(node_path: str) -> list[str]:
@@ -42,35 +32,15 @@ def _websocket_flags(node_path: str) -> list[str]:
 
 
 async def test_the_ai_sdk_against_the_hub(tmp_path: Path) -> None:
-    node_path = node()
-    _npm_ci()
+    node_path = node20()
     # Keep-alive comments every 20 ms: the real SDK's parser meets them between chunks.
     async with (
         served(db=tmp_path / "hub.db", config=HubConfig(chat_keepalive=0.02)) as h,
         responder(h.ws_url, lambda: len(h.hub.turns.responders) == 1),
     ):
-        proc = await asyncio.create_subprocess_exec(
-            node_path,
-            *_websocket_flags(node_path),
-            "--test",
-            "--test-reporter=spec",
-            str(JS / "chat.test.mjs"),
-            cwd=JS,
-            env={
-                "PATH": "/usr/bin:/bin",
-                "SESSIONHUB_URL": h.url,
-                "SESSIONHUB_WS_URL": h.ws_url,
-                "NO_COLOR": "1",
-            },
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        out, _ = await asyncio.wait_for(proc.communicate(), 90)
-    report = out.decode()
-    assert proc.returncode == 0, report
-    assert "fail 0" in report, report
-    assert "skipped 0" in report, report
-    assert "pass 8" in report, report
+        env = {"SESSIONHUB_URL": h.url, "SESSIONHUB_WS_URL": h.ws_url}
+        flags = tuple(_websocket_flags(node_path))
+        await run_node_tests(node_path, JS / "chat.test.mjs", env, passes=8, flags=flags, timeout=90)
 
 
 async def test_no_responder_ends_with_an_error_chunk(tmp_path: Path) -> None:

