@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import uuid
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
@@ -502,6 +503,42 @@ class RemoteSession:
         if reason is not None:
             fields["reason"] = reason
         return dict(await self._call("stop_turn", **fields))
+
+    async def answer_tool(
+        self,
+        *,
+        approval_id: str | None = None,
+        approved: bool | None = None,
+        reason: str | None = None,
+        tool_call_id: str | None = None,
+        output: Any = None,
+        error_text: str | None = None,
+    ) -> dict[str, Any]:
+        """Answer a tool of the reply in flight: an approval (``approval_id``,
+        ``approved``, ``reason``) or a client tool's result (``tool_call_id`` with
+        ``output`` or ``error_text``). The hub checks it is pending and unanswered
+        (:class:`~protocol.errors.NotFound`, :class:`~protocol.errors.Conflict`), writes it
+        into the reply and tells the responder. Returns ``{turn_id, reply_id, tool_call_id}``."""
+        fields: dict[str, Any] = {
+            "approval_id": approval_id,
+            "approved": approved,
+            "reason": reason,
+            "tool_call_id": tool_call_id,
+            "output": output,
+            "error_text": error_text,
+        }
+        return dict(await self._call("answer_tool", **{k: v for k, v in fields.items() if v is not None}))
+
+    async def steer_turn(
+        self, message: Message | Mapping[str, Any] | str, turn_id: str | None = None
+    ) -> dict[str, Any]:
+        """Send a user message to the turn in flight (not a new turn): stored in the reply
+        as a ``steering-message`` part and given to its responder (``turn.steering()``).
+        A string is a user message of one text part. Returns ``{turn_id, reply_id}``."""
+        if isinstance(message, str):
+            message = {"id": uuid.uuid4().hex, "role": "user", "parts": [{"type": "text", "text": message}]}
+        data = message.to_dict() if isinstance(message, Message) else dict(message)
+        return dict(await self._call("steer_turn", message=data, turn_id=turn_id))
 
     async def freeze_system_prompt(self) -> str:
         return str(await self._call("freeze_system_prompt"))

@@ -37,7 +37,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from protocol import Event, InvalidInput, SessionHubError
-from protocol.connection import (
+from protocol.clientconn import (
     ClientConnection,
     ClientEffect,
     Delivered,
@@ -48,15 +48,16 @@ from protocol.connection import (
     Reset,
     Resolved,
     Streamed,
-    StreamKey,
     Subscribed,
     SubscribeFailed,
     SummaryWanted,
     TurnGiven,
+    TurnNews,
     TurnStopped,
     Unsubscribed,
 )
 from protocol.frames import EventFrame, PresenceFrame, StreamFrame, SummarizeFrame
+from protocol.serverconn import StreamKey
 
 from .errors import CLOSE_TOKEN_EXPIRED, ConnectionLost, HubError, TokenExpired, error_from, position_lost
 from .turns import TurnQueue
@@ -437,6 +438,9 @@ class HubLink:
         elif isinstance(effect, TurnStopped):
             if self._turns is not None:
                 self._turns.stopped(effect.frame)
+        elif isinstance(effect, TurnNews):
+            if self._turns is not None:
+                self._turns.news(effect.frame)
         elif isinstance(effect, Subscribed):
             pass  # the epoch is in the position already; the events follow
         elif isinstance(effect, Ignored):

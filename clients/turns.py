@@ -7,6 +7,14 @@ reply id and parent; a block that raises tells the hub why, then aborts the repl
 decline with :meth:`Turn.fail`. The hub hands a turn this client never starts to another
 responder if this one disconnects.
 
+Human in the loop: a reply asks for a tool approval with the AI SDK's own tool part
+(``await st.tool_part({..., "state": "approval-requested", "approval": {"id": ...}})``), then
+``answer = await st.approval(approval_id)`` waits for the user (the chat's request ends there
+and the turn stays open; the user's answer comes back through ``answer_tool``, checked by the
+hub, already written into the reply). ``await st.tool_output(tool_call_id)`` waits the same
+way for a client-side tool's result. A user message sent to the turn while it runs
+(``steer_turn``) arrives in ``async for message in turn.steering()``.
+
 A turn can be stopped (op ``stop_turn``, from a chat's Stop): the hub ends the reply as it
 stands and sends a ``turn_stopped`` frame. The task inside ``turn.reply()`` is then
 cancelled where it waits (a model request in flight is closed with it) and the block is
@@ -18,21 +26,45 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from protocol import Message, SessionHubError
-from protocol.frames import TurnFrame, TurnStoppedFrame
+from protocol.frames import SteeringFrame, ToolAnswerFrame, TurnFrame, TurnStoppedFrame
 
 from .api import RemoteSession, RemoteSessions
-from .streaming import MessageStream
+from .streaming import MessageStream, SessionCalls
 
-__all__ = ["Turn", "TurnClient", "TurnQueue", "TurnStoppedError", "iterate_turns"]
+__all__ = [
+    "Approval",
+    "ClientToolError",
+    "ReplyStream",
+    "Turn",
+    "TurnClient",
+    "TurnQueue",
+    "TurnStoppedError",
+    "iterate_turns",
+]
 
 
 class TurnStoppedError(SessionHubError):
     """:meth:`Turn.reply` on a turn stopped before it was answered."""
 
     code = "conflict"
+
+
+class ClientToolError(SessionHubError):
+    """:meth:`ReplyStream.tool_output`: the client-side tool failed (``error_text``)."""
+
+    code = "invalid"
+
+
+@dataclass(frozen=True)
+class Approval:
+    """The user's answer to a tool approval: ``approved``, and why (``reason``), if said."""
+
+    approved: bool
+    reason: str | None = None
 
 
 class _End:
@@ -58,6 +90,11 @@ class TurnQueue:
             self.early[frame.turn_id] = frame.reason
         else:
             turn._stop(frame.reason)
+
+    def news(self, frame: ToolAnswerFrame | SteeringFrame) -> None:
+        turn = self.open.get(frame.turn_id)
+        if turn is not None:
+            turn._news(frame)
 
     def end(self) -> None:
         self.queue.put_nowait(_End())
@@ -101,6 +138,48 @@ class Turn:
         self._replying: asyncio.Task[Any] | None = None
         #: Called once the turn is answered or declined (the queue forgets it).
         self._done: Callable[[], object] = lambda: None
+        #: Answers to this reply's tools, by ``approval:<id>`` / ``call:<id>``, as they come.
+        self._answers: dict[str, asyncio.Future[ToolAnswerFrame]] = {}
+        self._steering: asyncio.Queue[Message] = asyncio.Queue()
+
+    def _answer(self, key: str) -> asyncio.Future[ToolAnswerFrame]:
+        future = self._answers.get(key)
+        if future is None:
+            future = self._answers[key] = asyncio.get_running_loop().create_future()
+        return future
+
+    def _news(self, frame: ToolAnswerFrame | SteeringFrame) -> None:
+        if isinstance(frame, SteeringFrame):
+            self._steering.put_nowait(Message.from_dict(frame.message))
+            return
+        key = (
+            f"approval:{frame.approval_id}" if frame.approval_id is not None else f"call:{frame.tool_call_id}"
+        )
+        future = self._answer(key)
+        if not future.done():
+            future.set_result(frame)
+
+    async def steering(self) -> AsyncIterator[Message]:
+        """The user messages sent to this turn while it runs (``steer_turn``), in order;
+        ends when the turn is stopped. Each is stored in the reply as a
+        ``steering-message`` part already."""
+        while not self.stopped.is_set():
+            getting = asyncio.ensure_future(self._steering.get())
+            stopping = asyncio.ensure_future(self.stopped.wait())
+            done, _ = await asyncio.wait({getting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
+            if getting in done:
+                yield getting.result()
+            else:
+                getting.cancel()
+                return
+
+    def steered(self) -> list[Message]:
+        """The steering messages that came and were not iterated yet (without waiting)."""
+        taken: list[Message] = []
+        while not self._steering.empty():
+            taken.append(self._steering.get_nowait())
+        return taken
 
     def _stop(self, reason: str) -> None:
         if self.stopped.is_set():
@@ -115,7 +194,7 @@ class Turn:
         return self.client.session(self.session_id)
 
     @contextlib.asynccontextmanager
-    async def reply(self, metadata: Any = None) -> AsyncIterator[MessageStream]:
+    async def reply(self, metadata: Any = None) -> AsyncIterator[ReplyStream]:
         """Stream the reply; leaving the block finishes it, an exception aborts it."""
         session = self.session
         if self.stopped.is_set():
@@ -128,7 +207,7 @@ class Turn:
             metadata=metadata,
             turn_id=self.turn_id,
         )
-        stream = MessageStream(session, self.reply_id)
+        stream = ReplyStream(session, self.reply_id, self)
         self._replying = asyncio.current_task()
         try:
             yield stream
@@ -165,6 +244,38 @@ class Turn:
 
     def __repr__(self) -> str:
         return f"Turn({self.session_id!r}, message_id={self.message_id!r}, trigger={self.trigger!r})"
+
+
+class ReplyStream(MessageStream):
+    """A turn's reply: a :class:`~clients.streaming.MessageStream` that can also wait for
+    the user's answer to one of its tools."""
+
+    def __init__(self, session: SessionCalls, message_id: str, turn: Turn) -> None:
+        super().__init__(session, message_id)
+        self.turn = turn
+
+    async def _wait(self, key: str) -> ToolAnswerFrame:
+        future = self.turn._answer(key)
+        if not future.done():
+            # Tells every reader the reply now waits for the user: a chat request ends here
+            # (its UI shows the approval), the turn does not.
+            await self._delta(kind="await")
+        return await future
+
+    async def approval(self, approval_id: str) -> Approval:
+        """Wait for the user's answer to the approval ``approval_id`` (asked by a tool part
+        in state ``approval-requested`` with ``approval: {"id": approval_id}``). The hub has
+        written the answered part into the reply by the time this returns."""
+        frame = await self._wait(f"approval:{approval_id}")
+        return Approval(bool(frame.approved), frame.reason)
+
+    async def tool_output(self, tool_call_id: str) -> Any:
+        """Wait for the output of a client-side tool (a tool part of ``tool_call_id`` in
+        state ``input-available``); its failure raises :class:`ClientToolError`."""
+        frame = await self._wait(f"call:{tool_call_id}")
+        if frame.error_text is not None:
+            raise ClientToolError(frame.error_text)
+        return frame.output
 
 
 async def iterate_turns(client: TurnClient) -> AsyncGenerator[Turn, None]:

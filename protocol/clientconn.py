@@ -25,8 +25,10 @@ from .frames import (
     PresenceFrame,
     ReplyFrame,
     ResetFrame,
+    SteeringFrame,
     StreamFrame,
     SummarizeFrame,
+    ToolAnswerFrame,
     TurnFrame,
     TurnStoppedFrame,
     UnsubscribedFrame,
@@ -49,6 +51,7 @@ __all__ = [
     "Subscribed",
     "SummaryWanted",
     "TurnGiven",
+    "TurnNews",
     "TurnStopped",
     "Unsubscribed",
 ]
@@ -159,6 +162,13 @@ class TurnStopped:
     frame: TurnStoppedFrame
 
 
+@dataclass(frozen=True)
+class TurnNews:
+    """The user's word for a turn this client answers: a tool's answer or a steering message."""
+
+    frame: ToolAnswerFrame | SteeringFrame
+
+
 ClientEffect = (
     Resolved
     | Failed
@@ -172,6 +182,7 @@ ClientEffect = (
     | Streamed
     | TurnGiven
     | TurnStopped
+    | TurnNews
     | Dumped
     | Ignored
 )
@@ -322,6 +333,8 @@ class ClientConnection:
             return TurnGiven(frame)
         if isinstance(frame, TurnStoppedFrame):
             return TurnStopped(frame)
+        if isinstance(frame, ToolAnswerFrame | SteeringFrame):
+            return TurnNews(frame)
         if isinstance(frame, DumpFrame):
             if frame.id not in self.pending:
                 return Ignored("dump lines for an unknown request")

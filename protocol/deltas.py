@@ -23,7 +23,7 @@ class GrowingParts:
     ``toolCallId`` through an index, not a scan. :attr:`bytes` is the size (UTF-8 text,
     encoded tool parts) of what the deltas brought, for a limit."""
 
-    __slots__ = ("_by_call", "_chunks", "_parts", "_tools", "bytes")
+    __slots__ = ("_by_call", "_chunks", "_parts", "_tools", "awaiting", "bytes")
 
     def __init__(self, parts: list[dict[str, Any]] | None = None) -> None:
         self._parts: list[dict[str, Any]] = parts if parts is not None else []
@@ -31,16 +31,21 @@ class GrowingParts:
         self._by_call: dict[Any, int] = {}
         self._tools: dict[int, int] = {}  # part position -> its encoded size
         self.bytes = 0
+        #: The last delta applied was ``await``: the writer waits for the user.
+        self.awaiting = False
         for i, existing in enumerate(self._parts):
             if existing.get("toolCallId") is not None:
                 self._by_call.setdefault(existing["toolCallId"], i)
 
     def size_after(self, kind: Any, text: Any, part: Any) -> int:
-        """:attr:`bytes` once this delta is applied (a malformed delta: as now)."""
+        """:attr:`bytes` once this delta is applied (a malformed delta: as now; a ``reset``
+        is counted as nothing, so a stream cannot regain its budget by resetting)."""
         if kind in ("text", "reasoning"):
             return self.bytes + _utf8(text) if isinstance(text, str) else self.bytes
-        if not isinstance(part, dict):
+        if not isinstance(part, dict) or kind in ("reset", "await"):
             return self.bytes
+        if kind == "part":
+            return self.bytes + _tool_size(part)
         replaced = self._by_call.get(part.get("toolCallId")) if part.get("toolCallId") is not None else None
         old = 0 if replaced is None else self._tools.get(replaced, 0)
         return self.bytes - old + _tool_size(part)
@@ -49,8 +54,32 @@ class GrowingParts:
         """Grow the parts by one delta: text and reasoning extend the last part of their
         kind; a tool part replaces the part with its ``toolCallId`` (or is added). A delta
         that is none of these raises :class:`~protocol.errors.InvalidInput` and changes
-        nothing."""
+        nothing.
+
+        Three more kinds carry what the AI SDK 7 stream has beyond text and tools: ``part``
+        appends any other part (``step-start``, ``file``, ``source-*``, ``custom``,
+        ``reasoning-file``, ``steering-message``; a ``data-*`` part with an ``id`` replaces
+        the one of that type and id, as the SDK reconciles them); ``reset`` drops the parts
+        of the current step (those after the last ``step-start``: the SDK's ``reset-step``);
+        ``await`` changes nothing: the writer waits for the user (a tool approval or a
+        client tool's output), so a chat request ends there while the turn goes on."""
         parts = self._parts
+        if kind == "await":
+            self.awaiting = True
+            return
+        self.awaiting = False
+        if kind == "reset":
+            self._join()
+            start = len(parts) - 1
+            while start >= 0 and parts[start].get("type") != "step-start":
+                start -= 1
+            del parts[start + 1 :]
+            self._by_call = {c: i for c, i in self._by_call.items() if i <= start}
+            self._tools = {i: n for i, n in self._tools.items() if i <= start}
+            return
+        if kind == "part":
+            self._other(part)
+            return
         if kind in ("text", "reasoning"):
             if not isinstance(text, str):
                 raise InvalidInput(f"a {kind} delta needs `text`")
@@ -81,6 +110,29 @@ class GrowingParts:
             parts[at] = dict(part)
         self.bytes += size - self._tools.get(at, 0)
         self._tools[at] = size
+
+    def _other(self, part: Any) -> None:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if (
+            not isinstance(part, dict)
+            or not isinstance(kind, str)
+            or kind in ("text", "reasoning", "dynamic-tool")
+            or kind.startswith("tool-")
+        ):
+            raise InvalidInput(
+                "a part delta needs a `part` whose type is not text, reasoning or a tool"
+                " (those have their own kinds)"
+            )
+        self._join()
+        parts = self._parts
+        if kind.startswith("data-") and part.get("id") is not None:
+            for i, existing in enumerate(parts):
+                if existing.get("type") == kind and existing.get("id") == part["id"]:
+                    parts[i] = dict(part)
+                    self.bytes += _tool_size(part)
+                    return
+        parts.append(dict(part))
+        self.bytes += _tool_size(part)
 
     def peek(self) -> list[dict[str, Any]]:
         """The parts without joining: the last part's ``text`` may lag behind the deltas

@@ -116,6 +116,8 @@ DECLARED: dict[type[f.Request], Op] = {
     f.GetTurn: Op("read"),
     f.TurnFailed: Op("read", session=None, check="own"),
     f.StopTurn: Op("write"),
+    f.AnswerTool: Op("write"),
+    f.SteerTurn: Op("write"),
     # -- export and import: every session (or those named), judged on "*" ----------------
     f.Export: Op("admin", session=None),
     f.Import: Op("admin", session=None),

@@ -306,12 +306,15 @@ class StreamStart(_Req, tag="stream_start"):
 
 class StreamDelta(_Req, tag="stream_delta"):
     """One piece of a streamed message: ``kind`` ``text`` or ``reasoning`` with ``text``
-    (appended to the last part of that kind), or ``tool`` with a whole tool ``part``
-    (replacing the part with the same ``toolCallId``). Answered with its ``index``."""
+    (appended to the last part of that kind), ``tool`` with a whole tool ``part``
+    (replacing the part with the same ``toolCallId``), ``part`` with any other part
+    (appended), ``reset`` (the current step's parts dropped) or ``await`` (no change: the
+    writer waits for the user's answer to a tool; :mod:`protocol.deltas`). Answered with
+    its ``index``."""
 
     session_id: str
     message_id: str
-    kind: Literal["text", "reasoning", "tool"]
+    kind: Literal["text", "reasoning", "tool", "part", "reset", "await"]
     text: str | None = None
     part: dict[str, Any] | None = None
 
@@ -373,6 +376,36 @@ class StopTurn(_Req, tag="stop_turn"):
     session_id: str
     turn_id: str | None = None
     reason: str = "stopped by request"
+
+
+class AnswerTool(_Req, tag="answer_tool"):
+    """The user's answer to a tool of the reply the session's turn is streaming: an
+    approval (``approval_id`` of a tool part in state ``approval-requested``, with
+    ``approved`` and ``reason``) or a client-side tool's result (``tool_call_id`` of a part
+    in state ``input-available``, with ``output`` or ``error_text``). The hub checks that it
+    is pending and unanswered, writes the answered part into the reply, and sends the
+    turn's responder a ``tool_answer`` frame. Answered with ``{"turn_id", "reply_id",
+    "tool_call_id"}``; ``not_found`` when nothing of that id is pending, ``conflict`` when it
+    was answered already."""
+
+    session_id: str
+    approval_id: str | None = None
+    approved: bool | None = None
+    reason: str | None = None
+    tool_call_id: str | None = None
+    output: Any = None
+    error_text: str | None = None
+
+
+class SteerTurn(_Req, tag="steer_turn"):
+    """A user ``message`` (a ``UIMessage`` of role ``user``) for the turn in flight, not a
+    new turn: it is stored in the reply as a ``steering-message`` part (the AI SDK's own)
+    and sent to the turn's responder as a ``steering`` frame. Answered with ``{"turn_id",
+    "reply_id"}``; ``not_found`` when no turn is streaming in the session."""
+
+    session_id: str
+    message: Msg
+    turn_id: str | None = None
 
 
 # -- export and import (admin on ``*``; docs/protocol.md) -----------------------------------
@@ -449,6 +482,8 @@ Request = (
     | GetTurn
     | TurnFailed
     | StopTurn
+    | AnswerTool
+    | SteerTurn
     | Export
     | Import
 )

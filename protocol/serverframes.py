@@ -166,6 +166,32 @@ class TurnStoppedFrame(_Frame, tag="turn_stopped"):
     reason: str
 
 
+class ToolAnswerFrame(_Frame, tag="tool_answer"):
+    """The user answered a tool of this responder's reply (``answer_tool``): an approval
+    (``approval_id``, ``approved``, ``reason``) or a client tool's ``output`` /
+    ``error_text``. The hub has written the answered part into the reply already."""
+
+    turn_id: str
+    session_id: str
+    reply_id: str
+    tool_call_id: str
+    approval_id: str | None = None
+    approved: bool | None = None
+    reason: str | None = None
+    output: Any = None
+    error_text: str | None = None
+
+
+class SteeringFrame(_Frame, tag="steering"):
+    """A user message for this responder's turn in flight (``steer_turn``), already stored
+    in the reply as a ``steering-message`` part."""
+
+    turn_id: str
+    session_id: str
+    reply_id: str
+    message: dict[str, Any]
+
+
 class DumpFrame(_Frame, tag="dump"):
     """Lines of the dump an ``export`` request (``id``) asked for, in order, before its
     reply; a batch is bounded in bytes, well under the frame limit."""
@@ -185,5 +211,7 @@ ServerFrame = (
     | StreamFrame
     | TurnFrame
     | TurnStoppedFrame
+    | ToolAnswerFrame
+    | SteeringFrame
     | DumpFrame
 )

@@ -25,6 +25,7 @@ The adapter sees the running hub as a :class:`~hub.adapters.port.ChatHost`
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -38,6 +39,7 @@ from protocol import (
 from protocol import frames as f
 
 from ..server.turnframes import TurnOutcome
+from .answers import answer_all, continued_turn
 from .body import BodyError, parse_body, read_body
 from .caller import caller, cors_headers
 from .chats import ChatBody, ensure_session, error_code, in_flight, json_error, refused
@@ -45,7 +47,7 @@ from .port import Adapter, ChatHost, ChatTurn, host_of
 from .sse import SseFeed
 from .uistream import UIMessageEncoder, render, sse_text
 
-__all__ = ["PATHS", "adapter", "reply_stream", "sse_headers"]
+__all__ = ["PATHS", "V7_HEADER", "adapter", "continued_stream", "reply_stream", "sse_headers", "wants_v7"]
 
 log = logging.getLogger("sessionhub.chat")
 
@@ -66,9 +68,9 @@ class _Readers:
     the bytes, not a copy of the reply per reader). A reader that joins gets ``start`` and
     the message as rendered so far, from a fresh encoder, then the shared chunks."""
 
-    def __init__(self, hub: ChatHost, turn: ChatTurn, key: int) -> None:
-        self.hub, self.turn, self.key = hub, turn, key
-        self.encoder = UIMessageEncoder(turn.reply_id)
+    def __init__(self, hub: ChatHost, turn: ChatTurn, key: tuple[int, bool], v7: bool) -> None:
+        self.hub, self.turn, self.key, self.v7 = hub, turn, key, v7
+        self.encoder = UIMessageEncoder(turn.reply_id, v7)
         current = hub.streams.current(turn.session_id, turn.reply_id)
         if current is not None:
             self.encoder.message(*current)
@@ -76,18 +78,14 @@ class _Readers:
         self.unwatch = turn.watch(self.on_item)
 
     def join(self, headers: dict[str, str]) -> SseFeed:
-        config = self.hub.config
-        feed = SseFeed(
-            headers={**sse_headers, **headers},
-            max_bytes=config.outbox_bytes,
-            send_timeout=config.send_timeout,
-            keepalive=config.chat_keepalive,
-            held=self.hub.sse_held,
-            on_drop=self.dropped,
-            on_close=lambda: self.leave(feed),
-        )
-        fresh = UIMessageEncoder(self.turn.reply_id)
+        feed: SseFeed = _feed(self.hub, headers, self.dropped, lambda: self.leave(feed))
+        fresh = UIMessageEncoder(self.turn.reply_id, self.v7)
         chunks = fresh.start() + fresh.message(self.encoder.snapshot(), self.encoder.index)
+        if self.hub.streams.awaiting(self.turn.session_id, self.turn.reply_id):
+            # The reply waits for the user: the page gets it up to the question, and ends.
+            chunks += [*fresh.close(), {"type": "finish", "finishReason": "tool-calls"}]
+            feed.push(sse_text(chunks) + "data: [DONE]\n\n", last=True)
+            return feed
         feed.push(sse_text(chunks))
         self.feeds.append(feed)
         return feed
@@ -115,23 +113,90 @@ class _Readers:
             log.exception("a chunk of the reply %s could not be rendered", self.turn.reply_id)
             chunks = [{"type": "error", "errorText": "the hub could not render the reply; resume it"}]
             last = True
+        if last and _READERS.get(self.key) is self:
+            del _READERS[self.key]  # a reader joining from now on starts a new rendering
         if chunks or last:
             text = sse_text(chunks) + ("data: [DONE]\n\n" if last else "")
             for feed in list(self.feeds):
                 feed.push(text, last=last)
 
 
-#: id(turn) -> its readers on this node (the entry holds the turn, so the id is not reused).
-_READERS: dict[int, _Readers] = {}
+def _feed(
+    hub: ChatHost, headers: dict[str, str], on_drop: Callable[[str], None], on_close: Callable[[], None]
+) -> SseFeed:
+    config = hub.config
+    return SseFeed(
+        headers={**sse_headers, **headers},
+        max_bytes=config.outbox_bytes,
+        send_timeout=config.send_timeout,
+        keepalive=config.chat_keepalive,
+        held=hub.sse_held,
+        on_drop=on_drop,
+        on_close=on_close,
+    )
 
 
-def reply_stream(hub: ChatHost, turn: ChatTurn, headers: dict[str, str]) -> SseFeed:
+#: (id(turn), v7) -> its readers on this node (the entry holds the turn, so the id is not reused).
+_READERS: dict[tuple[int, bool], _Readers] = {}
+
+#: The request header by which an AI SDK 7 page asks for the chunks only 7 knows
+#: (``reset-step``, ``custom``, ``reasoning-file``, ``steering-message``,
+#: ``tool-approval-response``): an AI SDK 6 page's schema refuses them, so they are opt-in
+#: on this door (``new DefaultChatTransport({ headers: { "x-sessionhub-ai-sdk": "7" } })``).
+V7_HEADER = "x-sessionhub-ai-sdk"
+
+
+def wants_v7(request: Request) -> bool:
+    return request.headers.get(V7_HEADER, "").strip() == "7"
+
+
+def reply_stream(hub: ChatHost, turn: ChatTurn, headers: dict[str, str], v7: bool = False) -> SseFeed:
     """The turn's reply as SSE to one more reader: from its ``start``, everything so far,
     then live, bounded per reader (:mod:`.sse`): a reader that falls behind is dropped."""
-    readers = _READERS.get(id(turn))
+    key = (id(turn), v7)
+    readers = _READERS.get(key)
     if readers is None or readers.turn is not turn:
-        readers = _READERS[id(turn)] = _Readers(hub, turn, id(turn))
+        readers = _READERS[key] = _Readers(hub, turn, key, v7)
     return readers.join(headers)
+
+
+def continued_stream(
+    hub: ChatHost, turn: ChatTurn, headers: dict[str, str], v7: bool = False
+) -> tuple[SseFeed, Callable[[], None]]:
+    """The reply from here on, for a page that holds it up to now (it answered a tool): its
+    own encoder, primed with the reply as it stands, renders only what comes after. Also
+    the call that lets go of the turn, for a request refused before it streams."""
+    encoder = UIMessageEncoder(turn.reply_id, v7)
+    current = hub.streams.current(turn.session_id, turn.reply_id)
+    if current is not None:
+        encoder.prime(*current)
+
+    def on_item(item: f.StreamFrame | TurnOutcome) -> None:
+        try:
+            chunks, last = render(encoder, item)
+        except Exception:
+            log.exception("a chunk of the reply %s could not be rendered", turn.reply_id)
+            chunks, last = (
+                [{"type": "error", "errorText": "the hub could not render the reply; resume it"}],
+                True,
+            )
+        if chunks or last:
+            feed.push(sse_text(chunks) + ("data: [DONE]\n\n" if last else ""), last=last)
+
+    def dropped(reason: str) -> None:
+        hub.metrics.sse_dropped.labels(reason).inc()
+
+    watching: list[Callable[[], None]] = []
+
+    def release() -> None:
+        for stop in watching:
+            stop()
+
+    feed = _feed(hub, headers, dropped, release)
+    unwatch = turn.watch(on_item)
+    watching.append(unwatch)
+    feed.push(sse_text(encoder.start()))
+    return feed, unwatch
 
 
 # -- HTTP ----------------------------------------------------------------------------------
@@ -161,6 +226,23 @@ async def _post(request: Request) -> Response | SseFeed:
         return json_error(exc.code, str(exc), cors, exc.status)
     if not body.messages:
         return json_error("invalid", "`messages` is empty: nothing to answer", cors)
+    v7 = wants_v7(request)
+    try:
+        turn = await continued_turn(hub, body.id, body.messages[-1])
+        if turn is not None:
+            # The page answers a tool of the reply in flight: the reply goes on (answers.py).
+            who.check("answer_tool", body.id)
+            feed, release = continued_stream(hub, turn, cors, v7)
+            try:
+                await answer_all(hub, who, turn, body.messages[-1])
+            except BaseException:
+                release()
+                raise
+            return feed
+    except Forbidden:
+        return refused(request.headers, cors)
+    except SessionHubError as exc:
+        return json_error(error_code(exc), str(exc), cors)
     try:
         who.check("append_all", body.id)
         # Every message checked (depth, numbers, parts) before anything is written: a bad
@@ -173,7 +255,7 @@ async def _post(request: Request) -> Response | SseFeed:
         return refused(request.headers, cors)
     except SessionHubError as exc:
         return json_error(error_code(exc), str(exc), cors)
-    return reply_stream(hub, turn, cors)
+    return reply_stream(hub, turn, cors, v7)
 
 
 async def _resume(request: Request) -> Response | SseFeed:
@@ -184,7 +266,7 @@ async def _resume(request: Request) -> Response | SseFeed:
     turn = await in_flight(request, hub, cors, request.path_params["session_id"])
     if isinstance(turn, Response):
         return turn
-    return reply_stream(hub, turn, cors)
+    return reply_stream(hub, turn, cors, wants_v7(request))
 
 
 async def _stop(request: Request) -> Response:

@@ -47,6 +47,7 @@ from protocol import Forbidden, SessionHubError, SessionNotFound, coerce_message
 from ..auth import Grant, verify_token
 from ..server.handshake import origin_allowed, token_of
 from ..server.outbox import Outbox
+from .answers import answer_all, continued_turn
 from .caller import Caller
 from .chats import ChatBody, ensure_session, error_code
 from .port import Adapter, ChatHost, ChatTurn, host_of
@@ -273,6 +274,30 @@ class Socket:
             return
         if not request.messages:
             self.push(_frame("error", request.requestId, errorText="invalid: `messages` is empty"))
+            return
+        try:
+            turn = await continued_turn(hub, request.id, request.messages[-1])
+            if turn is not None:
+                # The page answers a tool of the reply in flight: the reply goes on (answers.py),
+                # and this request streams what comes after what the page holds.
+                if not self._allowed("answer_tool", request.id):
+                    self._refuse(request.requestId)
+                    return
+                stream = self.streams[request.requestId] = _Stream(
+                    self, request.requestId, turn_chunks(hub, turn, primed=True)
+                )
+                stream.begin(-1)  # every chunk of the new rendering, from its start
+                try:
+                    await answer_all(hub, self.caller(), turn, request.messages[-1])
+                except BaseException:
+                    stream.leave()
+                    raise
+                return
+        except Forbidden:
+            self._refuse(request.requestId)
+            return
+        except SessionHubError as exc:
+            self.push(_frame("error", request.requestId, errorText=f"{error_code(exc)}: {exc}"))
             return
         if not self._allowed("append_all", request.id):
             self._refuse(request.requestId)

@@ -30,6 +30,8 @@ from typing import Any, Protocol
 from starlette.requests import HTTPConnection
 from starlette.routing import BaseRoute
 
+from protocol import frames as f
+
 from ..server.config import HubConfig
 from ..server.metrics import Metrics
 from ..server.outbox import Held
@@ -89,12 +91,24 @@ class TurnDesk(Protocol):
         """The turn in flight in the session on any node (this one's first)."""
         ...
 
+    async def answer_tool(self, request: f.AnswerTool) -> dict[str, Any]:
+        """The user's answer to a tool of the reply in flight, checked and passed on."""
+        ...
+
+    async def steer(self, request: f.SteerTurn) -> dict[str, Any]:
+        """A user message for the turn in flight (stored in its reply)."""
+        ...
+
 
 class ChatStreams(Protocol):
     """A streamed message as it stands now, for a reader that joins mid-reply."""
 
     def current(self, session_id: str, message_id: str) -> tuple[dict[str, Any], int] | None:
         """The message so far and its index, on this node or mirrored; None: not streaming."""
+        ...
+
+    def awaiting(self, session_id: str, message_id: str) -> bool:
+        """Whether the reply waits for the user (its last delta was ``await``)."""
         ...
 
 

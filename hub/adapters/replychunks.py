@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from protocol import frames as f
@@ -37,23 +38,34 @@ class TurnChunks:
     request can continue after any of them. ``whole`` says whether they begin at the turn's
     start (the node saw it begin) and are all still held."""
 
-    def __init__(self, hub: ChatHost, turn: ChatTurn) -> None:
+    def __init__(self, hub: ChatHost, turn: ChatTurn, primed: bool = False) -> None:
         self.hub, self.turn = hub, turn
-        self.encoder = UIMessageEncoder(turn.reply_id)
+        # AI SDK 7's chunks: /api/chat/ws speaks 7, and AG-UI skips the chunks it has no event for.
+        self.encoder = UIMessageEncoder(turn.reply_id, v7=True)
         chunks = self.encoder.start()
         current = hub.streams.current(turn.session_id, turn.reply_id)
+        #: A continuation (the page answered a tool and holds the reply up to now): its
+        #: chunks begin here, so a replay renders the whole message afresh.
+        self.primed = primed and current is not None
         # Seen from its start only if nothing of it had streamed when the node began to watch.
-        self.whole = current is None
-        if current is not None:
+        self.whole = current is None or self.primed
+        paused = False
+        if current is not None and self.primed:
+            self.encoder.prime(*current)
+        elif current is not None:
             chunks += self.encoder.message(*current)
+            paused = hub.streams.awaiting(turn.session_id, turn.reply_id)
+        if paused:
+            # The reply waits for the user: a reader gets it up to the question, and its end.
+            chunks += [*self.encoder.close(), {"type": "finish", "finishReason": "tool-calls"}]
         self.texts: list[str] = []  # each chunk's JSON
         self.items: list[dict[str, Any]] = []  # and the chunk itself, for other renderings
         self.bytes = 0
         self.limit = hub.config.max_stream_bytes * 2
-        self.done = False
+        self.done = paused
         self.listeners: list[Listener] = []
         self._keep(chunks)
-        self.unwatch = turn.watch(self.on_item)
+        self.unwatch: Callable[[], None] = _nothing if paused else turn.watch(self.on_item)
 
     def _keep(self, chunks: list[dict[str, Any]]) -> None:
         for chunk in chunks:
@@ -86,27 +98,38 @@ class TurnChunks:
 
     def replay_items(self) -> tuple[list[dict[str, Any]], int]:
         """As :meth:`replay`, the chunks themselves."""
-        if self.whole or not self.items:
+        if (self.whole and not self.primed) or not self.items:
             return list(self.items), len(self.items)
-        fresh = UIMessageEncoder(self.turn.reply_id)
+        fresh = UIMessageEncoder(self.turn.reply_id, v7=True)
         return fresh.start() + fresh.message(self.encoder.snapshot(), self.encoder.index), len(self.items)
 
     def replay(self) -> tuple[list[str], int]:
         """Chunks that take a new reader to where the reply is now, and the index of the next
         kept chunk it must be given after them."""
-        if self.whole or not self.texts:
+        if (self.whole and not self.primed) or not self.texts:
             return list(self.texts), len(self.texts)
-        fresh = UIMessageEncoder(self.turn.reply_id)
+        fresh = UIMessageEncoder(self.turn.reply_id, v7=True)
         chunks = fresh.start() + fresh.message(self.encoder.snapshot(), self.encoder.index)
         return [json.dumps(c, separators=(",", ":")) for c in chunks], len(self.texts)
+
+
+def _nothing() -> None:
+    pass
 
 
 #: id(turn) -> its chunks on this node (the entry holds the turn, so the id is not reused).
 _TURNS: dict[int, TurnChunks] = {}
 
 
-def turn_chunks(hub: ChatHost, turn: ChatTurn) -> TurnChunks:
+def turn_chunks(hub: ChatHost, turn: ChatTurn, primed: bool = False) -> TurnChunks:
+    """The turn's chunks on this node; ``primed``: a new rendering that starts from the
+    reply as it stands (the page answered a tool of it), for this and later readers."""
     chunks = _TURNS.get(id(turn))
-    if chunks is None or chunks.turn is not turn:
-        chunks = _TURNS[id(turn)] = TurnChunks(hub, turn)
+    if primed or chunks is None or chunks.turn is not turn or chunks.done:
+        if chunks is not None and chunks.turn is turn and not chunks.done:
+            chunks.unwatch()
+            chunks.done = True
+        chunks = _TURNS[id(turn)] = TurnChunks(hub, turn, primed)
+        if chunks.done:
+            del _TURNS[id(turn)]  # paused: the next reader renders afresh
     return chunks

@@ -29,7 +29,20 @@ __all__ = ["Chunk", "UIMessageEncoder", "render", "sse_text"]
 #: One chunk of the UI message stream, as JSON.
 Chunk = dict[str, Any]
 
-_TOOL_STAGE = {"input-streaming": 0, "input-available": 1, "output-available": 2, "output-error": 2}
+#: How far a tool part has come, by its state: input, approval asked, approval answered, output.
+_TOOL_STAGE = {
+    "input-streaming": 0,
+    "input-available": 1,
+    "approval-requested": 2,
+    "approval-responded": 3,
+    "output-available": 4,
+    "output-error": 4,
+    "output-denied": 4,
+}
+_OUTPUT = 4
+
+#: Parts only AI SDK 7 readers get as chunks (an AI SDK 6 reader's schema refuses them).
+_V7_PARTS = ("custom", "reasoning-file", "steering-message")
 
 
 def _is_tool(part: dict[str, Any]) -> bool:
@@ -45,8 +58,12 @@ class UIMessageEncoder:
     grow by their new suffix; a tool part goes through input start, input available and
     output; step-start parts become ``start-step`` (and ``finish-step`` before the next)."""
 
-    def __init__(self, message_id: str) -> None:
+    def __init__(self, message_id: str, v7: bool = False) -> None:
         self.message_id = message_id
+        #: Render AI SDK 7's chunks too (``reset-step``, ``custom``, ``reasoning-file``,
+        #: ``steering-message``, ``tool-approval-response``); an AI SDK 6 reader gets the
+        #: chunks its schema knows, and the stored message has the rest.
+        self.v7 = v7
         self._grown = GrowingParts()
         self.index = -1
         self._sent: list[dict[str, Any]] = []  # per part: what the reader has
@@ -60,6 +77,25 @@ class UIMessageEncoder:
 
     def start(self) -> list[Chunk]:
         return [{"type": "start", "messageId": self.message_id}]
+
+    @property
+    def awaiting(self) -> bool:
+        """The last delta was ``await``: the reply waits for the user."""
+        return self._grown.awaiting
+
+    def prime(self, message: dict[str, Any], index: int, awaiting: bool = False) -> None:
+        """Take ``message`` as what the reader has already (a chat continuing the reply
+        after the user answered a tool: its page holds the message up to here), so that
+        only what comes after it is rendered. Its parts count as sent and closed."""
+        self.message(message, index)
+        for sent in self._sent:
+            sent["open"] = False
+            if sent.get("kind") == "tool":
+                sent["stage"] = _OUTPUT
+        for i, part in enumerate(self._grown.parts()):
+            if _is_tool(part) and i < len(self._sent):
+                self._sent[i]["stage"] = _TOOL_STAGE.get(str(part.get("state")), 0)
+        self._grown.awaiting = awaiting
 
     def message(self, message: dict[str, Any], index: int) -> list[Chunk]:
         """A whole message (``start``, ``state``, ``end``): the reader catches up to it."""
@@ -82,8 +118,16 @@ class UIMessageEncoder:
         for delta in deltas:
             if int(delta.get("index", -1)) != self.index + 1:
                 continue
+            if self._grown.awaiting:
+                break  # this reader's request ended at the await; the rest is the next one's
             self.index += 1
             kind, text = delta.get("kind"), delta.get("text")
+            if kind == "reset":
+                chunks += self._reset()
+                continue
+            if kind == "await":
+                self._grown.apply(kind, text, None)
+                continue
             extends = self._extends_sent(kind, text)
             with contextlib.suppress(InvalidInput):  # the hub checked it; a bad one is skipped
                 self._grown.apply(kind, text, delta.get("part"))
@@ -95,6 +139,15 @@ class UIMessageEncoder:
                 chunks.append({"type": f"{kind}-delta", "id": extends["id"], "delta": text})
             else:
                 chunks += self._diff()
+        return chunks
+
+    def _reset(self) -> list[Chunk]:
+        """The SDK's ``reset-step``: the current step's parts go, here and in the reader."""
+        chunks = self._close_open(len(self._sent))
+        self._grown.apply("reset", None, None)
+        del self._sent[len(self._grown.peek()) :]
+        if self.v7:
+            chunks.append({"type": "reset-step"})
         return chunks
 
     def _extends_sent(self, kind: Any, text: Any) -> dict[str, Any] | None:
@@ -157,7 +210,9 @@ class UIMessageEncoder:
             return [{"type": "file", "url": part.get("url", ""), "mediaType": part.get("mediaType", "")}]
         if kind in ("source-url", "source-document") or (isinstance(kind, str) and kind.startswith("data-")):
             return [dict(part)]
-        return []  # a part the stream protocol cannot carry: it is in the stored message
+        if kind in _V7_PARTS and self.v7:
+            return [_v7_chunk(part)]
+        return []  # a part the reader's stream protocol cannot carry: it is in the stored message
 
     def _grow(self, i: int, part: dict[str, Any]) -> list[Chunk]:
         sent = self._sent[i]
@@ -171,8 +226,7 @@ class UIMessageEncoder:
             return []
         return self._tool(sent, part)
 
-    @staticmethod
-    def _tool(sent: dict[str, Any], part: dict[str, Any]) -> list[Chunk]:
+    def _tool(self, sent: dict[str, Any], part: dict[str, Any]) -> list[Chunk]:
         kind = str(part.get("type"))
         dynamic = kind == "dynamic-tool"
         name = str(part.get("toolName", "")) if dynamic else kind[len("tool-") :]
@@ -191,8 +245,26 @@ class UIMessageEncoder:
         if stage >= 1 and sent["stage"] < 1:
             chunks.append({"type": "tool-input-available", **common, "input": part.get("input")})
             sent["stage"] = 1
-        if stage >= 2 and sent["stage"] < 2:
-            if part.get("state") == "output-error":
+        found = part.get("approval")
+        approval: dict[str, Any] = found if isinstance(found, dict) else {}
+        if stage >= 2 and sent["stage"] < 2 and approval.get("id") is not None:
+            chunks.append(
+                {"type": "tool-approval-request", "approvalId": str(approval["id"]), "toolCallId": call}
+            )
+        if stage >= 3 and sent["stage"] < 3 and self.v7 and "approved" in approval:
+            response: Chunk = {
+                "type": "tool-approval-response",
+                "approvalId": str(approval.get("id", "")),
+                "approved": bool(approval.get("approved")),
+            }
+            if approval.get("reason") is not None:
+                response["reason"] = str(approval["reason"])
+            chunks.append(response)
+        sent["stage"] = max(sent["stage"], min(stage, 3))
+        if stage >= _OUTPUT and sent["stage"] < _OUTPUT:
+            if part.get("state") == "output-denied":
+                chunks.append({"type": "tool-output-denied", "toolCallId": call})
+            elif part.get("state") == "output-error":
                 chunks.append(
                     {
                         "type": "tool-output-error",
@@ -204,8 +276,22 @@ class UIMessageEncoder:
                 chunks.append(
                     {"type": "tool-output-available", "toolCallId": call, "output": part.get("output")}
                 )
-            sent["stage"] = 2
+            sent["stage"] = _OUTPUT
         return chunks
+
+
+def _v7_chunk(part: dict[str, Any]) -> Chunk:
+    """An AI SDK 7 part as its chunk (the chunk's fields are the part's)."""
+    kind = part.get("type")
+    if kind == "steering-message":
+        return {
+            "type": "steering-message",
+            "id": str(part.get("id", "")),
+            "parts": list(part.get("parts") or []),
+        }
+    if kind == "custom":
+        return {k: v for k, v in part.items() if k in ("type", "kind", "providerMetadata")}
+    return dict(part)  # reasoning-file: {type, mediaType, url/data, providerMetadata}
 
 
 def sse_text(chunks: list[Chunk]) -> str:
@@ -228,7 +314,13 @@ def render(encoder: UIMessageEncoder, item: f.StreamFrame | TurnOutcome) -> tupl
             chunks.append({"type": "error", "errorText": item.error or "the turn failed"})
         return chunks, True
     if item.action == "delta":
-        return encoder.deltas(item.deltas or []), False
+        chunks = encoder.deltas(item.deltas or [])
+        if encoder.awaiting:
+            # The writer waits for the user (a tool approval, a client tool's result): this
+            # request ends as the SDK's own does at such a step; the turn goes on, and the
+            # chat's next request (the answer) continues the same message.
+            return [*chunks, *encoder.close(), {"type": "finish", "finishReason": "tool-calls"}], True
+        return chunks, False
     if item.message is not None:
         return encoder.message(item.message, item.index), False
     return [], False

@@ -359,6 +359,14 @@ def operations(hub: Sessions, turns: Turns) -> dict[str, Op]:
         await hub.session(r.session_id)
         return await turns.stop(r.session_id, r.turn_id, r.reason)
 
+    async def answer_tool(r: f.AnswerTool) -> dict[str, Any]:
+        await hub.session(r.session_id)
+        return await turns.answer_tool(r)
+
+    async def steer_turn(r: f.SteerTurn) -> dict[str, Any]:
+        await hub.session(r.session_id)
+        return await turns.steer(r)
+
     calls: dict[str, Call] = {
         "create": lambda r: m.create(r.name, r.parent_session_id, r.model, r.source),
         "get": lambda r: m.get(r.session_id),
@@ -388,6 +396,8 @@ def operations(hub: Sessions, turns: Turns) -> dict[str, Op]:
         "start_turn": start_turn,
         "get_turn": get_turn,
         "stop_turn": stop_turn,
+        "answer_tool": answer_tool,
+        "steer_turn": steer_turn,
     }
 
     def on_session(name: str, call: Callable[[Session, Any], Awaitable[Any]]) -> None:

@@ -168,6 +168,14 @@ class TurnStreams(Protocol):
         """End the stream as it stands (``stopped``) if it runs on this node."""
         ...
 
+    def current(self, session_id: str, message_id: str) -> tuple[dict[str, Any], int] | None:
+        """The message so far and its index, on this node or mirrored; None: not streaming."""
+        ...
+
+    async def write(self, session_id: str, message_id: str, delta: dict[str, Any]) -> bool:
+        """One delta into a stream running on this node, written by the hub (False: none)."""
+        ...
+
 
 class TurnHost(Sessions, Protocol):
     """What turns need of the hub: the auth secret and the node ttl, the store (a turn's

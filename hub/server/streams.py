@@ -368,6 +368,27 @@ class Streams:
             return mirror.current(), mirror.index
         return None
 
+    async def write(self, session_id: str, message_id: str, delta: dict[str, Any]) -> bool:
+        """One delta written by the hub itself (a user's answer to a tool, a steering
+        message), checked and numbered like the writer's own; False when the stream does
+        not run on this node."""
+        stream = self.active.get((session_id, message_id))
+        if stream is None:
+            return False
+        await self.delta(
+            stream.owner, f.StreamDelta(id=0, session_id=session_id, message_id=message_id, **delta)
+        )
+        return True
+
+    def awaiting(self, session_id: str, message_id: str) -> bool:
+        """Whether the stream's last delta was ``await`` (its writer waits for the user)."""
+        key = (session_id, message_id)
+        live = self.active.get(key)
+        if live is not None:
+            return live.parts.awaiting
+        mirror = self.mirrors.get(key)
+        return mirror is not None and mirror.parts.awaiting
+
     def states(self, session_id: str) -> list[str]:
         """``state`` frames of the session's running streams, this node's and mirrored ones."""
         running = [

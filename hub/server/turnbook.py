@@ -50,6 +50,8 @@ class LiveTurn:
     #: Set by ``stop_turn``: the reason its ``turn.ended`` gives.
     stopped: str | None = None
     outcome: TurnOutcome | None = None
+    #: The tools of its reply the user answered (``a:<approval id>``, ``c:<call id>``): once each.
+    answered: set[str] = field(default_factory=set)
     watchers: list[Watcher] = field(default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     created: float = field(default_factory=time.monotonic)

@@ -35,9 +35,9 @@ from protocol import frames as f
 from .outbox import Evicted
 from .ports import ReplyWriter, Responder
 from .remoteturns import RemoteTurn
+from .turnanswers import TurnAnswers
 from .turnbook import TOO_LARGE, LiveTurn, in_flight_error, log, responder_label, wait_for
 from .turnframes import TurnOffer, TurnOutcome, TurnStatus, Watcher
-from .turnnodes import TurnNodes
 
 __all__ = ["LiveTurn", "TurnOffer", "TurnOutcome", "TurnStatus", "Turns", "Watcher"]
 
@@ -45,9 +45,10 @@ __all__ = ["LiveTurn", "TurnOffer", "TurnOutcome", "TurnStatus", "Turns", "Watch
 _ENDING_GRACE = 5.0
 
 
-class Turns(TurnNodes):
+class Turns(TurnAnswers):
     """The hub's turns and responders: a turn's life on this node (the state is a
-    :class:`~hub.server.turnbook.TurnBook`, other nodes the :class:`~hub.server.turnnodes.TurnNodes`)."""
+    :class:`~hub.server.turnbook.TurnBook`, other nodes the :class:`~hub.server.turnnodes.TurnNodes`,
+    the user's word to a running turn the :class:`~hub.server.turnanswers.TurnAnswers`)."""
 
     # -- starting ------------------------------------------------------------------------
     async def start(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -44,11 +44,15 @@ class TurnStatus(msgspec.Struct, tag="turn_status", tag_field="frame", kw_only=T
     """The answering node's word on an offered turn: ``taken`` (given to a responder),
     ``declined`` (none could take it), ``started``, or ``failed`` with ``error``; or any
     node's ``stop`` of a turn (``error``: the reason) to the node holding it. Also a
-    node's count of responders (``turn_id`` empty), so others know where to offer turns."""
+    node's count of responders (``turn_id`` empty), so others know where to offer turns;
+    or the user's ``word`` to a running turn (``answer``, ``steer``)."""
 
     origin: str
     to: str
     turn_id: str
-    status: Literal["taken", "declined", "started", "failed", "responders", "stop"]
+    status: Literal["taken", "declined", "started", "failed", "responders", "stop", "answer", "steer"]
     error: str | None = None
     responders: int = 0
+    #: ``answer`` (a tool's answer) and ``steer`` (a user message): the user's word, passed
+    #: on toward the node whose responder answers the turn (:mod:`.turnanswers`).
+    word: dict[str, Any] | None = None

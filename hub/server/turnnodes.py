@@ -46,6 +46,10 @@ class TurnNodes(TurnBook, ABC):
     async def _stop(self, turn: LiveTurn, reason: str, by: str | None) -> None:
         """Stop a turn this node holds (:class:`~hub.server.turndispatch.Turns`)."""
 
+    @abstractmethod
+    def _relayed_word(self, node: str, message: TurnStatus) -> None:
+        """The user's word (``answer``, ``steer``) to a turn (:mod:`.turnanswers`)."""
+
     async def _race(self, turn: LiveTurn, seq: int) -> None:
         """Two nodes that started a turn in one session at once both logged ``turn.started``:
         the log's order (one counter per stream, taken under its row lock, so every lower
@@ -141,6 +145,9 @@ class TurnNodes(TurnBook, ABC):
             return
         if isinstance(message, TurnOffer):
             self._spawn(self._answer_offer(message))
+            return
+        if message.status in ("answer", "steer"):
+            self._relayed_word(node, message)
             return
         if message.status == "stop":
             held = self.foreign.get(message.turn_id)

@@ -29,6 +29,47 @@ async def answer(turn: Turn) -> None:
             await st.tool_part({**call, "state": "input-available"})
             await st.tool_part({**call, "state": "output-available", "output": {"found": 3}})
             await st.text("Found 3.")
+        elif asked.startswith("approve"):
+            # Human in the loop: ask, wait for the user's answer, act on it.
+            call = {"type": "tool-deploy", "toolCallId": f"call-{turn.turn_id[:8]}", "input": {"what": asked}}
+            approval = f"ap-{turn.turn_id[:8]}"
+            await st.text("Deploy needs your approval.")
+            await st.tool_part({**call, "state": "input-available"})
+            await st.tool_part({**call, "state": "approval-requested", "approval": {"id": approval}})
+            answer = await st.approval(approval)
+            if answer.approved:
+                await st.tool_part(
+                    {
+                        **call,
+                        "state": "output-available",
+                        "output": {"deployed": True},
+                        "approval": {"id": approval, "approved": True},
+                    }
+                )
+                await st.text("Deployed.")
+            else:
+                await st.tool_part(
+                    {
+                        **call,
+                        "state": "output-denied",
+                        "approval": {"id": approval, "approved": False, "reason": answer.reason},
+                    }
+                )
+                await st.text(f"Not deployed: {answer.reason or 'denied'}.")
+        elif asked.startswith("client"):
+            # A client-side tool: the page runs it and sends its output back.
+            call = {"type": "tool-locate", "toolCallId": f"loc-{turn.turn_id[:8]}", "input": {}}
+            await st.tool_part({**call, "state": "input-available"})
+            where = await st.tool_output(call["toolCallId"])
+            await st.text(f"You are in {where}.")
+        elif asked.startswith("steer"):
+            # Works until the user steers it (steer_turn), then says what it was told.
+            await st.text("Working")
+            async with asyncio.timeout(10):
+                async for message in turn.steering():
+                    await st.text(f" -> told: {message.text()}")
+                    break
+            await st.text(" Done.")
         elif asked.startswith("slow"):
             for i in range(40):
                 await st.text(f"w{i} ")

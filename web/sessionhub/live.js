@@ -73,10 +73,35 @@ export class LiveMessages {
 
 /**
  * Grow `parts` by one delta, the rule of protocol/deltas.py: text and reasoning extend the
- * last part of their kind; a tool part replaces the part with its toolCallId (or is added).
+ * last part of their kind; a tool part replaces the part with its toolCallId (or is added);
+ * `part` appends any other part (a data part with an id replaces its namesake), `reset`
+ * drops the current step's parts, `await` changes nothing.
  * A delta that is none of these throws HubError("invalid") and changes nothing.
  */
 export function applyDelta(parts, kind, text, part) {
+  if (kind === "await") return; // the writer waits for the user: nothing changes
+  if (kind === "reset") {
+    // The SDK's reset-step: the parts after the last step-start go.
+    let start = parts.length - 1;
+    while (start >= 0 && parts[start].type !== "step-start") start--;
+    parts.splice(start + 1);
+    return;
+  }
+  if (kind === "part") {
+    const type = part !== null && typeof part === "object" && !Array.isArray(part) ? part.type : undefined;
+    if (typeof type !== "string" || type === "text" || type === "reasoning" || type === "dynamic-tool" || type.startsWith("tool-")) {
+      throw new HubError("invalid", "a part delta needs a `part` whose type is not text, reasoning or a tool (those have their own kinds)");
+    }
+    if (type.startsWith("data-") && part.id != null) {
+      const at = parts.findIndex((p) => p.type === type && p.id === part.id);
+      if (at >= 0) {
+        parts[at] = { ...part };
+        return;
+      }
+    }
+    parts.push({ ...part });
+    return;
+  }
   if (kind === "text" || kind === "reasoning") {
     if (typeof text !== "string") throw new HubError("invalid", `a ${kind} delta needs \`text\``);
     const last = parts[parts.length - 1];
