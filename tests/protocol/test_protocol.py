@@ -92,6 +92,8 @@ VALID: dict[str, dict[str, Any]] = {
     "start_turn": {"session_id": "s1", "message_id": "m1", "trigger": "regenerate-message"},
     "get_turn": {"session_id": "s1"},
     "stop_turn": {"session_id": "s1", "turn_id": "t1"},
+    "answer_tool": {"session_id": "s1", "approval_id": "a1", "approved": True},
+    "steer_turn": {"session_id": "s1", "message": {"id": "m1", "role": "user", "parts": []}},
     "turn_failed": {"turn_id": "t1", "error": "no model"},
     "export": {"session_ids": ["s1"]},
     "import": {"lines": ['{"sessionhub_dump": 1, "sessions": 0}'], "final": True, "replace": False},
@@ -421,6 +423,8 @@ def test_schema_names_every_request_and_frame() -> None:
         "stream",
         "turn",
         "turn_stopped",
+        "tool_answer",
+        "steering",
         "dump",
     }
     assert set(schema["$defs"]["ErrorFrame"]["properties"]["code"]["enum"]) == set(ERROR_CODES)
