@@ -25,8 +25,11 @@ The adapter sees the running hub as a :class:`~hub.adapters.port.ChatHost`
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable
+from typing import Any
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -288,6 +291,47 @@ async def _stop(request: Request) -> Response:
     return JSONResponse(stopped, headers=cors)
 
 
+class SteerBody(msgspec.Struct, kw_only=True):
+    """``POST /api/chat/{id}/steer``: a user ``message`` (a ``UIMessage``), or its ``text``."""
+
+    message: dict[str, Any] | None = None
+    text: str | None = None
+    turn_id: str | None = None
+
+
+async def _steer(request: Request) -> Response:
+    """``POST /api/chat/{id}/steer``: a user message for the turn in flight, not a new turn
+    (the AI SDK 7 steering message; its page has no call of its own to send one)."""
+    hub = host_of(request)
+    cors = _cors(request, hub)
+    if cors is None:
+        return json_error("forbidden", "origin not allowed")
+    session_id = request.path_params["session_id"]
+    try:
+        who = caller(request.headers, hub.config)
+        who.check("steer_turn", session_id)
+    except Forbidden:
+        return refused(request.headers, cors)
+    try:
+        data = await read_body(request.receive, request.headers, hub.config.max_body_bytes)
+        body: SteerBody = parse_body(data, SteerBody)
+    except BodyError as exc:
+        return json_error(exc.code, str(exc), cors, exc.status)
+    message = body.message
+    if message is None and body.text is not None:
+        message = {"id": uuid.uuid4().hex, "role": "user", "parts": [{"type": "text", "text": body.text}]}
+    if message is None:
+        return json_error("invalid", "send `message` (a user UIMessage) or `text`", cors)
+    try:
+        await hub.session(session_id)
+        steered = await hub.turns.steer(
+            f.SteerTurn(id=0, session_id=session_id, message=message, turn_id=body.turn_id)
+        )
+    except SessionHubError as exc:
+        return json_error(error_code(exc), str(exc), cors)
+    return JSONResponse(steered, status_code=202, headers=cors)
+
+
 async def _preflight(request: Request) -> Response:
     cors = _cors(request, host_of(request))
     if cors is None:
@@ -296,16 +340,22 @@ async def _preflight(request: Request) -> Response:
 
 
 #: The adapter's paths (a typed 405 answers any other method on them).
-PATHS = ["/api/chat", "/api/chat/{session_id}/stream", "/api/chat/{session_id}/stop"]
+PATHS = [
+    "/api/chat",
+    "/api/chat/{session_id}/stream",
+    "/api/chat/{session_id}/stop",
+    "/api/chat/{session_id}/steer",
+]
 
 
 def adapter() -> Adapter:
     """The AI SDK chat over HTTP, as ``create_app`` mounts it."""
-    chat, stream, stop = PATHS
+    chat, stream, stop, steer = PATHS
     routes: list[BaseRoute] = [
         Route(chat, _post, methods=["POST"]),
         Route(stream, _resume, methods=["GET"]),
         Route(stop, _stop, methods=["POST"]),
+        Route(steer, _steer, methods=["POST"]),
     ]
     routes += [Route(path, _preflight, methods=["OPTIONS"]) for path in PATHS]
     return Adapter("aisdk_chat", routes, PATHS)

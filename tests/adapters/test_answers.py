@@ -199,6 +199,47 @@ async def test_a_steering_message_reaches_the_running_turn(tmp_path: Path) -> No
         assert [p["type"] for p in stored.parts].count("steering-message") == 1
         # Not a new turn: the session holds the question and the one reply.
         assert len(await h.hub.manager.get_session("c4").get_history()) == 2
-        # An AI SDK 6 page (no header) is not sent the chunk its schema would refuse.
         with pytest.raises(NotFound):
             await client.session("c4").steer_turn("too late")
+
+
+async def test_steer_over_http_and_an_ai_sdk_6_page_is_not_sent_v7_chunks(tmp_path: Path) -> None:
+    config = HubConfig(auth_secret=SECRET)
+    writer = issue_token(SECRET, {"c5": "write"})
+    reader = issue_token(SECRET, {"c5": "read"})
+    admin = issue_token(SECRET, {"*": "admin"})
+    async with (
+        served(db=tmp_path / "hub.db", config=config) as h,
+        responder(h.ws_url, lambda: len(h.hub.turns.responders) == 1, token=admin),
+        httpx2.AsyncClient(timeout=30) as http,
+    ):
+        await h.hub.store.create_session("c5", session_id="c5")
+        steer = f"{h.url}/api/chat/c5/steer"
+        r = await http.post(steer, json={"text": "x"}, headers={"authorization": f"Bearer {writer}"})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"  # nothing in flight
+
+        async def steer_soon() -> httpx2.Response:
+            while h.hub.turns.in_flight("c5") is None or not h.hub.turns.in_flight("c5").started:  # type: ignore[union-attr]
+                await asyncio.sleep(0.01)
+            refused = await http.post(
+                steer, json={"text": "no"}, headers={"authorization": f"Bearer {reader}"}
+            )
+            assert refused.status_code == 403
+            bad = await http.post(steer, content=b"{", headers={"authorization": f"Bearer {writer}"})
+            assert bad.status_code == 400
+            return await http.post(
+                steer, json={"text": "go left"}, headers={"authorization": f"Bearer {writer}"}
+            )
+
+        steering = asyncio.create_task(steer_soon())
+        chunks = await _post(
+            http, h, {"id": "c5", "messages": [_user("steer me")]}, authorization=f"Bearer {writer}"
+        )
+        accepted = await steering
+        assert accepted.status_code == 202
+        text = "".join(c["delta"] for c in chunks if isinstance(c, dict) and c["type"] == "text-delta")
+        assert text == "Working -> told: go left Done."
+        # No x-sessionhub-ai-sdk: 7 header: an AI SDK 6 page, whose schema refuses the chunk.
+        assert "steering-message" not in [c["type"] for c in chunks if isinstance(c, dict)]
+        stored = await h.hub.manager.get_session("c5").get_message(accepted.json()["reply_id"])
+        assert stored is not None and any(p["type"] == "steering-message" for p in stored.parts)
