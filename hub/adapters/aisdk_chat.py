@@ -42,7 +42,7 @@ from protocol import (
 from protocol import frames as f
 
 from ..server.turnframes import TurnOutcome
-from .answers import answer_all, continued_turn
+from .answers import answer_all, continued_turn, pending_answers
 from .body import BodyError, parse_body, read_body
 from .caller import caller, cors_headers
 from .chats import ChatBody, ensure_session, error_code, in_flight, json_error, refused
@@ -234,10 +234,10 @@ async def _post(request: Request) -> Response | SseFeed:
         turn = await continued_turn(hub, body.id, body.messages[-1])
         if turn is not None:
             # The page answers a tool of the reply in flight: the reply goes on (answers.py).
-            who.check("answer_tool", body.id)
+            answers = pending_answers(hub, who, turn, body.messages[-1])
             feed, release = continued_stream(hub, turn, cors, v7)
             try:
-                await answer_all(hub, who, turn, body.messages[-1])
+                await answer_all(hub, answers)
             except BaseException:
                 release()
                 raise

@@ -47,7 +47,7 @@ from protocol import Forbidden, SessionHubError, SessionNotFound, coerce_message
 from ..auth import Grant, verify_token
 from ..server.handshake import origin_allowed, token_of
 from ..server.outbox import Outbox
-from .answers import answer_all, continued_turn
+from .answers import answer_all, continued_turn, pending_answers
 from .caller import Caller
 from .chats import ChatBody, ensure_session, error_code
 from .port import Adapter, ChatHost, ChatTurn, host_of
@@ -283,12 +283,13 @@ class Socket:
                 if not self._allowed("answer_tool", request.id):
                     self._refuse(request.requestId)
                     return
+                answers = pending_answers(hub, self.caller(), turn, request.messages[-1])
                 stream = self.streams[request.requestId] = _Stream(
                     self, request.requestId, turn_chunks(hub, turn, primed=True)
                 )
                 stream.begin(-1)  # every chunk of the new rendering, from its start
                 try:
-                    await answer_all(hub, self.caller(), turn, request.messages[-1])
+                    await answer_all(hub, answers)
                 except BaseException:
                     stream.leave()
                     raise

@@ -6,6 +6,7 @@ result) and its request ends there; the user answers in the page
 the last one being that very reply with the answered tool parts. :func:`answers_of` finds
 what the message answers against the reply as the hub holds it (only a part the hub has
 pending: an approval asked and not answered, a client tool without a result), and
+:func:`pending_answers` checks them before the request streams anything, and
 :func:`answer_all` passes each to the turn (``answer_tool``: checked again where the turn
 runs, once each). The reply then goes on as the same message, and the request streams
 what comes after what the page has. Every chat door (``/api/chat``, ``/api/chat/ws``, the
@@ -22,7 +23,7 @@ from protocol import frames as f
 from .caller import Caller
 from .port import ChatHost, ChatTurn
 
-__all__ = ["answer_all", "answers_of", "continued_turn"]
+__all__ = ["answer_all", "answers_of", "continued_turn", "pending_answers"]
 
 
 async def continued_turn(hub: ChatHost, session_id: str, message: dict[str, Any]) -> ChatTurn | None:
@@ -92,9 +93,11 @@ def answers_of(hub: ChatHost, turn: ChatTurn, message: dict[str, Any]) -> list[f
     return found
 
 
-async def answer_all(hub: ChatHost, who: Caller, turn: ChatTurn, message: dict[str, Any]) -> int:
-    """Pass every answer in ``message`` to the turn (``write`` on the session needed);
-    ``conflict`` when it answers nothing the reply has pending. Returns how many."""
+def pending_answers(
+    hub: ChatHost, who: Caller, turn: ChatTurn, message: dict[str, Any]
+) -> list[f.AnswerTool]:
+    """The answers in ``message`` (``write`` on the session needed), checked before the
+    request streams anything: ``conflict`` when it answers nothing the reply has pending."""
     who.check("answer_tool", turn.session_id)
     answers = answers_of(hub, turn, message)
     if not answers:
@@ -102,6 +105,10 @@ async def answer_all(hub: ChatHost, who: Caller, turn: ChatTurn, message: dict[s
             f"a reply is in flight in session {turn.session_id!r} and this message answers none of its tools"
             " (no approval asked, or every one answered already)"
         )
+    return answers
+
+
+async def answer_all(hub: ChatHost, answers: list[f.AnswerTool]) -> None:
+    """Pass each answer to the turn (checked again where it runs, once each)."""
     for answer in answers:
         await hub.turns.answer_tool(answer)
-    return len(answers)

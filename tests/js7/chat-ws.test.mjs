@@ -175,3 +175,129 @@ test("a chat with no turn in flight: reconnectToStream gives null (no-active)", 
     transport.close();
   }
 });
+
+/** What addToolApprovalResponse leaves in the page's copy of the reply. */
+function answered(message, approved, reason, approvalId) {
+  const page = JSON.parse(JSON.stringify(message));
+  for (const part of page.parts) {
+    if (part.state === "approval-requested") {
+      part.state = "approval-responded";
+      part.approval = { ...part.approval, id: approvalId ?? part.approval.id, approved, ...(reason ? { reason } : {}) };
+    }
+  }
+  return page;
+}
+
+/** The continuation as the SDK reads it: from the page's copy of the reply on. */
+async function readOn(stream, message) {
+  const chunks = [];
+  const errors = [];
+  const tee = stream.pipeThrough(
+    new TransformStream({
+      transform(chunk, controller) {
+        chunks.push(chunk);
+        controller.enqueue(chunk);
+      },
+    }),
+  );
+  let last = message;
+  for await (const m of readUIMessageStream({ message, stream: tee, onError: (e) => errors.push(e) })) last = m;
+  return { last, chunks, errors };
+}
+
+for (const approved of [true, false]) {
+  test(`a tool approval round trip (${approved ? "approved" : "denied"}): the reply asks, ends its request, and goes on as the same message`, { skip }, async () => {
+    const transport = new WebSocketChatTransport({ url });
+    try {
+      const chatId = randomUUID();
+      const ask = user("approve the deploy");
+      const first = await read(await transport.sendMessages({ chatId, messages: [ask], trigger: "submit-message" }));
+      assert.deepEqual(first.errors, []);
+      const tool = first.last.parts.find((p) => p.type === "tool-deploy");
+      assert.equal(tool.state, "approval-requested");
+      assert.ok(tool.approval.id);
+      assert.equal(first.chunks.at(-1).type, "finish");
+      // The turn is still open on the hub, waiting.
+      assert.notEqual(await hubRequest("get_turn", { session_id: chatId }), null);
+
+      const page = answered(first.last, approved, approved ? undefined : "not on a Friday");
+      const second = await readOn(
+        await transport.sendMessages({ chatId, messages: [ask, page], trigger: "submit-message" }),
+        page,
+      );
+      assert.deepEqual(second.errors, []);
+      const done = second.last.parts.find((p) => p.type === "tool-deploy");
+      assert.equal(done.state, approved ? "output-available" : "output-denied");
+      assert.equal(second.last.id, first.last.id); // the same message, continued
+      assert.equal(textOf(second.last), approved ? "Deploy needs your approval.Deployed." : "Deploy needs your approval.Not deployed: not on a Friday.");
+      const stored = await until(async () => {
+        const turn = await hubRequest("get_turn", { session_id: chatId });
+        return turn === null ? hubRequest("get_message", { session_id: chatId, message_id: first.last.id }) : null;
+      }, "the turn to end");
+      assert.deepEqual(asJson(second.last), stored);
+      assert.equal(stored.parts.find((p) => p.type === "tool-deploy").approval.approved, approved);
+    } finally {
+      transport.close();
+    }
+  });
+}
+
+test("a forged approval (an id the reply never asked) is refused, and the real one still works once", { skip }, async () => {
+  const transport = new WebSocketChatTransport({ url });
+  try {
+    const chatId = randomUUID();
+    const ask = user("approve this one");
+    const first = await read(await transport.sendMessages({ chatId, messages: [ask], trigger: "submit-message" }));
+    const forged = answered(first.last, true, undefined, "ap-forged");
+    const refused = await readOn(
+      await transport.sendMessages({ chatId, messages: [ask, forged], trigger: "submit-message" }),
+      forged,
+    ).catch((error) => ({ errors: [error] }));
+    assert.ok(refused.errors.length > 0 && String(refused.errors[0]?.message ?? refused.errors[0]).includes("conflict"), String(refused.errors[0]));
+    const still = await hubRequest("get_turn", { session_id: chatId });
+    assert.notEqual(still, null);
+
+    const page = answered(first.last, true);
+    const second = await readOn(await transport.sendMessages({ chatId, messages: [ask, page], trigger: "submit-message" }), page);
+    assert.deepEqual(second.errors, []);
+    assert.equal(second.last.parts.find((p) => p.type === "tool-deploy").state, "output-available");
+    // The same answer again (a fresh copy: readUIMessageStream grew `page` in place): nothing
+    // is pending any more.
+    const repeat = answered(first.last, true);
+    const again = await readOn(
+      await transport.sendMessages({ chatId, messages: [ask, repeat], trigger: "submit-message" }),
+      repeat,
+    ).catch((error) => ({ errors: [error] }));
+    assert.ok(again.errors.length > 0, "a repeated approval is refused");
+  } finally {
+    transport.close();
+  }
+});
+
+test("a steering message reaches the running turn and shows in the reply as the SDK's steering-message part", { skip }, async () => {
+  const transport = new WebSocketChatTransport({ url });
+  try {
+    const chatId = randomUUID();
+    const stream = await transport.sendMessages({ chatId, messages: [user("steer me")], trigger: "submit-message" });
+    const reading = read(stream);
+    await until(async () => (await hubRequest("get_turn", { session_id: chatId }))?.started, "the turn to start");
+    const steered = await fetch(`${base}/api/chat/${chatId}/steer`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ text: "use Paris, Texas" }),
+    });
+    assert.equal(steered.status, 202);
+    const { last, errors } = await reading;
+    assert.deepEqual(errors, []);
+    const steering = last.parts.find((p) => p.type === "steering-message");
+    assert.deepEqual(steering.parts, [{ type: "text", text: "use Paris, Texas" }]);
+    assert.equal(textOf(last), "Working -> told: use Paris, Texas Done.");
+    const stored = await until(async () => {
+      const turn = await hubRequest("get_turn", { session_id: chatId });
+      return turn === null ? hubRequest("get_message", { session_id: chatId, message_id: last.id }) : null;
+    }, "the turn to end");
+    assert.deepEqual(asJson(last), stored);
+  } finally {
+    transport.close();
+  }
+});
