@@ -21,7 +21,11 @@ the first chat request, with ``admin``), and the hub answers as ``AIChatAgent`` 
 - ``cf_agent_chat_request_cancel {id}`` stops the turn; ``cf_agent_chat_clear`` empties the
   session and tells the other sockets; ``cf_agent_chat_messages`` from a client appends what
   is new and tells the others; ``cf_agent_tool_result`` sets a tool part's output in the
-  stored message and sends ``cf_agent_message_updated`` to every socket.
+  stored message and sends ``cf_agent_message_updated`` to every socket; for a reply in
+  flight that waits on it (a client-side tool), and ``cf_agent_tool_approval
+  {toolCallId, approved}`` for one that asks an approval, the answer goes to the turn's
+  responder (:mod:`.answers`) and the reply goes on to every socket as a stream of the same
+  message (``id``: the reply's).
 
 ``GET /agents/{agent}/{name}/get-messages`` is the history as JSON (what ``useAgentChat``
 loads first). Tokens: ``?token=``, ``Authorization: Bearer`` or the ``bearer.<token>``
@@ -45,7 +49,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from protocol import Forbidden, SessionHubError, SessionNotFound, coerce_message
+from protocol import Conflict, Forbidden, SessionHubError, SessionNotFound, coerce_message
+from protocol import frames as f
 
 from ..server.handshake import origin_allowed, token_of
 from .aisdk_ws import CLOSE_GOING_AWAY, Socket
@@ -260,7 +265,11 @@ class CfSocket(Socket):
                 case "cf_agent_chat_messages":
                     await self._messages(frame)
                 case "cf_agent_tool_result":
-                    await self._tool_result(frame)
+                    if not await self._answer(frame, approval=False):
+                        await self._tool_result(frame)
+                case "cf_agent_tool_approval":
+                    if not await self._answer(frame, approval=True):
+                        raise Conflict(f"no approval of tool call {frame.get('toolCallId')!r} is pending")
                 case _:
                     return  # RPC, state and other Agent frames the hub has no use for
         except Forbidden:
@@ -373,6 +382,47 @@ class CfSocket(Socket):
         )
         await self.hub.manager.append_all(self.session_id, coerced, None)
         self._others(_frame("cf_agent_chat_messages", messages=await self.history()))
+
+    async def _answer(self, frame: dict[str, Any], *, approval: bool) -> bool:
+        """A tool result or approval for the reply in flight (answers.py): the responder
+        waiting on it gets it, and the reply goes on to every socket as a new stream of
+        the same message. False when no turn in flight has that tool call pending."""
+        call = frame.get("toolCallId")
+        turn = await self.hub.turns.find(self.session_id)
+        current = None if turn is None else self.hub.streams.current(self.session_id, turn.reply_id)
+        if turn is None or current is None or not isinstance(call, str):
+            return False
+        part = next((p for p in current[0].get("parts") or [] if p.get("toolCallId") == call), None)
+        if part is None:
+            return False
+        self._need("answer_tool")
+        if approval:
+            asked = part.get("approval")
+            if part.get("state") != "approval-requested" or not isinstance(asked, dict):
+                return False
+            answer = f.AnswerTool(
+                id=0,
+                session_id=self.session_id,
+                approval_id=str(asked.get("id")),
+                approved=bool(frame.get("approved")),
+            )
+        elif part.get("state") == "input-available":
+            failed = frame.get("state") == "output-error"
+            answer = f.AnswerTool(
+                id=0,
+                session_id=self.session_id,
+                tool_call_id=call,
+                output=None if failed else frame.get("output"),
+                error_text=str(frame.get("errorText") or "the tool failed") if failed else None,
+            )
+        else:
+            return False
+        relay = self.room.relays[id(turn)] = Relay(
+            self.room, turn_chunks(self.hub, turn, primed=True), turn.reply_id, []
+        )
+        await self.hub.turns.answer_tool(answer)
+        relay.deliver(0, False)
+        return True
 
     async def _tool_result(self, frame: dict[str, Any]) -> None:
         self._need("update_message")

@@ -106,3 +106,82 @@ async def test_bad_chat_requests_are_answered_with_an_error_and_nothing_is_writt
             answer = await _until(ws, "cf_agent_use_chat_response")
             assert answer["id"] == json.loads(frame)["id"] and answer["error"] and answer["done"]
         assert await h.hub.manager.get(session_of("chat-agent", "bad")) is None
+
+
+async def _response_chunks(ws: ClientConnection, request_id: str) -> list[dict[str, Any]]:
+    """The chunks of one ``cf_agent_use_chat_response`` stream, until its ``done``."""
+    chunks: list[dict[str, Any]] = []
+    async with asyncio.timeout(10):
+        while True:
+            frame = json.loads(await ws.recv())
+            if frame["type"] != "cf_agent_use_chat_response" or frame["id"] != request_id:
+                continue
+            if frame["done"]:
+                assert not frame.get("error"), frame
+                return chunks
+            chunks.append(json.loads(frame["body"]))
+
+
+@pytest.mark.parametrize("approved", [True, False])
+async def test_a_tool_approval_and_a_client_tool_result_reach_the_responder(
+    tmp_path: Path, approved: bool
+) -> None:
+    async with (
+        served(db=tmp_path / "hub.db") as h,
+        responder(h.ws_url, lambda: len(h.hub.turns.responders) == 1),
+    ):
+        name = uuid.uuid4().hex
+        sid = session_of("chat-agent", name)
+        async with connect(f"ws://127.0.0.1:{h.port}/agents/chat-agent/{name}") as ws:
+            await _until(ws, "cf_agent_chat_messages")
+            await ws.send(_request("q1", "approve the deploy"))
+            first = await _response_chunks(ws, "q1")
+            asked = next(c for c in first if c["type"] == "tool-approval-request")
+            reply_id = first[0]["messageId"]
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "cf_agent_tool_approval",
+                        "toolCallId": asked["toolCallId"],
+                        "approved": approved,
+                        "autoContinue": True,
+                    }
+                )
+            )
+            rest = await _response_chunks(ws, reply_id)
+            assert rest[0] == {"type": "start", "messageId": reply_id}
+            text = "".join(c.get("delta", "") for c in rest if c["type"] == "text-delta")
+            assert text == ("Deployed." if approved else "Not deployed: denied.")
+            # Approving again: nothing is pending, the socket says so and nothing changes.
+            await ws.send(
+                json.dumps(
+                    {"type": "cf_agent_tool_approval", "toolCallId": asked["toolCallId"], "approved": True}
+                )
+            )
+            await asyncio.sleep(0.2)
+            stored = await h.hub.manager.get_session(sid).get_message(reply_id)
+            assert stored is not None
+            tool = next(p for p in stored.parts if p["type"] == "tool-deploy")
+            assert tool["state"] == ("output-available" if approved else "output-denied")
+
+            await ws.send(_request("q2", "client tool please"))
+            asked_call = next(
+                c for c in await _response_chunks(ws, "q2") if c["type"] == "tool-input-available"
+            )
+            second_reply = h.hub.turns.in_flight(sid)
+            assert second_reply is not None
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "cf_agent_tool_result",
+                        "toolCallId": asked_call["toolCallId"],
+                        "toolName": "locate",
+                        "output": "Lisbon",
+                        "autoContinue": True,
+                    }
+                )
+            )
+            rest = await _response_chunks(ws, second_reply.reply_id)
+            assert (
+                "".join(c.get("delta", "") for c in rest if c["type"] == "text-delta") == "You are in Lisbon."
+            )
