@@ -37,6 +37,10 @@ BACKENDS = ("sqlite", "postgres")
 
 #: Every table of the Postgres schema, emptied before each test.
 PG_TABLES = (
+    "file_refs",
+    "file_uploads",
+    "file_chunks",
+    "files",
     "sessions",
     "messages",
     "compactions",

@@ -16,7 +16,7 @@ import abc
 import time
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, BinaryIO, Generic, Literal, TypeVar
 
 import msgspec
 
@@ -31,6 +31,7 @@ from protocol import (
 from protocol.markers import LATEST, Parent, ParentArg
 
 from ..bus import Bus
+from .attachments import StoredFile
 from .policy import (
     COST_MAX,
     END_REASON,
@@ -59,6 +60,7 @@ __all__ = [
     "PruneResult",
     "SessionDump",
     "Store",
+    "StoredFile",
     "StreamPosition",
     "WriteTx",
     "check_limit",
@@ -417,6 +419,39 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def count_events(self) -> int:
         """Events held in every log (from the streams' first and last seqs: no scan)."""
+
+    # -- files (hub/store/attachments.py, docs/files.md) ------------------------------------
+    @abc.abstractmethod
+    async def put_file(
+        self, sha256: str, media_type: str, data: bytes | BinaryIO, *, subject: str | None = None
+    ) -> StoredFile:
+        """Store a file under its SHA-256 (checked against the bytes: InvalidInput if they
+        differ), once: the same bytes again only touch it. ``subject`` (a token's) is
+        recorded as an uploader, who may reference and read it."""
+
+    @abc.abstractmethod
+    async def file_info(self, sha256: str) -> StoredFile | None: ...
+
+    @abc.abstractmethod
+    async def read_file_chunk(self, sha256: str, n: int) -> bytes | None:
+        """Chunk ``n`` (:data:`~.attachments.CHUNK` bytes each) of a stored file."""
+
+    @abc.abstractmethod
+    async def file_sessions(self, sha256: str) -> list[str]:
+        """The sessions whose messages reference the file."""
+
+    @abc.abstractmethod
+    async def file_uploaded_by(self, sha256: str, subject: str) -> bool: ...
+
+    @abc.abstractmethod
+    async def session_files(self, session_id: str) -> list[str]:
+        """The files the session's messages reference, by hash."""
+
+    @abc.abstractmethod
+    async def collect_files(self, older_than: datetime) -> list[str]:
+        """Delete the files that no message and no event references, stored (or sent again)
+        before ``older_than``; their hashes. One transaction, so a file referenced
+        meanwhile either stays or fails that write."""
 
     # -- export and import (hub/dump.py) ---------------------------------------------------
     @abc.abstractmethod

@@ -139,4 +139,30 @@ CREATE TABLE settings (
     updated_at timestamptz NOT NULL DEFAULT now()
 );
 
-INSERT INTO schema_migrations (version) VALUES (1), (2), (3), (4) ON CONFLICT (version) DO NOTHING;
+-- Files in messages (docs/files.md; migration 5).
+CREATE TABLE IF NOT EXISTS files (
+    sha256 text PRIMARY KEY,
+    size bigint NOT NULL,
+    touched_at timestamptz NOT NULL,
+    media_type text NOT NULL
+);
+CREATE TABLE IF NOT EXISTS file_chunks (
+    sha256 text NOT NULL REFERENCES files (sha256) ON DELETE CASCADE,
+    n integer NOT NULL,
+    data bytea NOT NULL,
+    PRIMARY KEY (sha256, n)
+);
+CREATE TABLE IF NOT EXISTS file_uploads (
+    sha256 text NOT NULL REFERENCES files (sha256) ON DELETE CASCADE,
+    subject text NOT NULL,
+    PRIMARY KEY (sha256, subject)
+);
+CREATE TABLE IF NOT EXISTS file_refs (
+    pk bigint NOT NULL REFERENCES messages (pk) ON DELETE CASCADE,
+    session_key integer NOT NULL,
+    sha256 text NOT NULL REFERENCES files (sha256),
+    PRIMARY KEY (pk, sha256)
+);
+CREATE INDEX IF NOT EXISTS file_refs_sha ON file_refs (sha256, session_key);
+
+INSERT INTO schema_migrations (version) VALUES (1), (2), (3), (4), (5) ON CONFLICT (version) DO NOTHING;

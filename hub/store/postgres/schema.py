@@ -96,12 +96,44 @@ END
 $migration$;
 """
 
+#: Migration 5, files in messages (docs/files.md): stored once by SHA-256, in 1 MiB
+#: chunks (a range reads only its chunks; no value over TOAST's comfort), their uploaders,
+#: and which message (pk) of which session references which file, written with the
+#: message and gone with it (ON DELETE CASCADE). Idempotent, as the file has it too.
+MIGRATION_5 = """
+CREATE TABLE IF NOT EXISTS files (
+    sha256 text PRIMARY KEY,
+    size bigint NOT NULL,
+    touched_at timestamptz NOT NULL,
+    media_type text NOT NULL
+);
+CREATE TABLE IF NOT EXISTS file_chunks (
+    sha256 text NOT NULL REFERENCES files (sha256) ON DELETE CASCADE,
+    n integer NOT NULL,
+    data bytea NOT NULL,
+    PRIMARY KEY (sha256, n)
+);
+CREATE TABLE IF NOT EXISTS file_uploads (
+    sha256 text NOT NULL REFERENCES files (sha256) ON DELETE CASCADE,
+    subject text NOT NULL,
+    PRIMARY KEY (sha256, subject)
+);
+CREATE TABLE IF NOT EXISTS file_refs (
+    pk bigint NOT NULL REFERENCES messages (pk) ON DELETE CASCADE,
+    session_key integer NOT NULL,
+    sha256 text NOT NULL REFERENCES files (sha256),
+    PRIMARY KEY (pk, sha256)
+);
+CREATE INDEX IF NOT EXISTS file_refs_sha ON file_refs (sha256, session_key);
+"""
+
 MIGRATIONS: list[str] = [
     SCHEMA_SQL,
     "CREATE TABLE IF NOT EXISTS settings ("
     "key text PRIMARY KEY, value text NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())",
     MIGRATION_3,
     MIGRATION_4,
+    MIGRATION_5,
 ]
 
 

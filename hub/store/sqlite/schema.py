@@ -207,6 +207,37 @@ MIGRATIONS: list[str] = [
     # rewritten: rows stay as they are until they change. The version is there so that an
     # older sessionhub, which would take a BLOB for text, refuses the file instead.
     "",
+    # Files in messages (docs/files.md), stored once by SHA-256 in 1 MiB chunks (a range
+    # reads only its chunks; a rowid table, as SQLite keeps big values out of a WITHOUT
+    # ROWID table's b-tree pages badly). file_refs: which message (pk) of which session
+    # (sk) references which file, written with the message; a deleted message's go with it.
+    """
+    CREATE TABLE files (
+        sha256 TEXT PRIMARY KEY,
+        size INTEGER NOT NULL,
+        media_type TEXT NOT NULL,
+        touched_at REAL NOT NULL
+    ) WITHOUT ROWID;
+    CREATE TABLE file_chunks (
+        sha256 TEXT NOT NULL,
+        n INTEGER NOT NULL,
+        data BLOB NOT NULL
+    );
+    CREATE UNIQUE INDEX file_chunks_key ON file_chunks(sha256, n);
+    CREATE TABLE file_uploads (
+        sha256 TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        PRIMARY KEY (sha256, subject)
+    ) WITHOUT ROWID;
+    CREATE TABLE file_refs (
+        pk INTEGER NOT NULL,
+        sha256 TEXT NOT NULL,
+        sk INTEGER NOT NULL,
+        PRIMARY KEY (pk, sha256)
+    ) WITHOUT ROWID;
+    CREATE INDEX file_refs_sha ON file_refs(sha256, sk);
+    CREATE TRIGGER file_refs_gone AFTER DELETE ON messages BEGIN DELETE FROM file_refs WHERE pk = old.pk; END
+    """,
 ]
 
 #: The migrations up to this version rewrite tables (announced: they take a while).
