@@ -98,6 +98,7 @@ def add_options(serve: argparse.ArgumentParser) -> None:
         ("--tail-bytes-total", "256M", "events all streams keep in memory"),
         ("--replay-bytes", "8M", "backlog one connection's catching-up subscriptions hold"),
         ("--max-body-bytes", "4M", "largest HTTP request body (POST /api/chat, /mcp); past it: 413"),
+        ("--max-file-bytes", "25M", "largest file POST /files stores (docs/files.md); past it: 413"),
     ):
         serve.add_argument(flag, type=size, default=size(default), help=f"{what} (default: {default})")
     serve.add_argument(
@@ -240,6 +241,7 @@ def run(args: argparse.Namespace) -> int:
             tail_bytes_total=args.tail_bytes_total,
             replay_bytes=args.replay_bytes,
             max_body_bytes=args.max_body_bytes,
+            max_file_bytes=args.max_file_bytes,
             max_in_flight=args.max_in_flight,
             send_timeout=args.send_timeout,
             turn_timeout=args.turn_timeout,

@@ -24,6 +24,9 @@ class HubConfig:
     #: declared ``Content-Length`` over it is answered 413 before a byte is read, a
     #: chunked body is cut at it. The MCP SDK's own default, so ``/mcp`` keeps its bound.
     max_body_bytes: int = 4 << 20
+    #: The largest file ``POST /files`` stores (docs/files.md): a declared length over it
+    #: is answered 413 unread, a body is cut at it as it streams in, and nothing is stored.
+    max_file_bytes: int = 25 << 20
     #: The largest message one stream may grow to (its text, UTF-8, and its tool parts,
     #: encoded): past it the stream ends ``too_large``, keeping what it had.
     max_stream_bytes: int = 16 << 20
@@ -84,6 +87,7 @@ class HubConfig:
         for name in (
             "max_frame_bytes",
             "max_body_bytes",
+            "max_file_bytes",
             "max_stream_bytes",
             "max_subscriptions",
             "queue_frames",

@@ -39,6 +39,7 @@ from protocol.serverconn import Refused
 from .. import dump
 from ..manager import SessionManager
 from ..session import Session
+from ..store.attachments import WRITER, FileWriter
 from ..store.base import PruneResult, SessionDump, Store, session_stream
 from ..tools import Tool, dispatch
 from .ports import Sessions
@@ -92,6 +93,8 @@ def engine(op: str, call: Call) -> Op:
 
 async def _run(connection: Connection, op: str, call: Call, request: Any) -> None:
     started = time.perf_counter()
+    # The op's task is the writer whose file references the engine checks (its own context).
+    WRITER.set(FileWriter(connection.hub.config.auth_secret is not None, connection.grant))
     try:
         result = await call(request)
         frame: Any = f.ReplyFrame(id=request.id, result=wire(result))

@@ -76,9 +76,11 @@ class StoredFile(msgspec.Struct, kw_only=True, frozen=True):
 
 @dataclass(frozen=True)
 class FileWriter:
-    """Who is writing, for the files its messages may reference: ``grant`` None is a hub
-    without an auth secret (anyone may reference any stored file)."""
+    """Who is writing, for the files its messages may reference: ``auth`` False is a hub
+    without an auth secret (anyone may reference any stored file); with it, ``grant`` is
+    the writer's verified token (None: none, so no stored file)."""
 
+    auth: bool
     grant: Grant | None
 
     @property
@@ -218,16 +220,16 @@ async def check_reference(store: FileStore, sha: str, writer: FileWriter | None)
     """Refuse a reference to a file that is not stored, or that ``writer`` may not read."""
     if await store.file_info(sha) is None:
         raise InvalidInput(f"file {sha} is not stored: upload it first (POST /files)")
-    if writer is None or await may_read(store, sha, writer.grant):
+    if writer is None or not writer.auth or await may_read(store, sha, writer.grant):
         return
     raise Forbidden(f"file {sha} is not yours to reference: upload it, or read a session that has it")
 
 
 async def may_read(store: FileStore, sha: str, grant: Grant | None) -> bool:
-    """Whether ``grant`` may read the stored file ``sha``: no auth, its uploader (the token's
-    subject), or ``read`` on a session that references it."""
+    """Whether ``grant`` may read the stored file ``sha``: its uploader (the token's subject),
+    or ``read`` on a session that references it (None: no token, so no)."""
     if grant is None:
-        return True
+        return False
     if await store.file_uploaded_by(sha, grant.subject):
         return True
     return any(grant.level(session_id) >= 0 for session_id in await store.file_sessions(sha))

@@ -20,6 +20,10 @@ from protocol import Forbidden, InvalidInput, Message
 LATER = datetime.now(UTC) + timedelta(days=1)
 
 
+def writer(subject: str, **scopes: str) -> FileWriter:
+    return FileWriter(True, Grant(subject=subject, scopes=scopes, expires_at=LATER.timestamp()))  # type: ignore[arg-type]
+
+
 def data_url(data: bytes, media: str = "image/png") -> str:
     return f"data:{media};base64," + base64.b64encode(data).decode()
 
@@ -42,7 +46,12 @@ async def test_a_data_url_is_stored_once_and_the_message_keeps_a_reference(store
     await store.append_messages("s1", [file_message("m1", data_url(image))])
     await store.append_messages("s2", [file_message("m2", data_url(image), filename="b.png")])
     (m1,) = await store.get_history("s1")
-    assert m1.parts[1] == {"type": "file", "mediaType": "image/png", "url": f"/files/{sha}", "filename": "a.png"}
+    assert m1.parts[1] == {
+        "type": "file",
+        "mediaType": "image/png",
+        "url": f"/files/{sha}",
+        "filename": "a.png",
+    }
     (m2,) = await store.get_history("s2")
     assert m2.parts[1]["url"] == f"/files/{sha}" and m2.parts[1]["filename"] == "b.png"
     info = await store.file_info(sha)
@@ -94,7 +103,9 @@ async def test_a_writer_may_reference_only_what_it_may_read(store: Store) -> Non
     sha = hashlib.sha256(image).hexdigest()
     await store.append_messages("secret", [file_message("m1", data_url(image))])
     ref = file_message("m2", f"/files/{sha}")
-    stranger = FileWriter(Grant(subject="mallory", scopes={"mine": "write"}, expires_at=LATER.timestamp()))
+    stranger = FileWriter(
+        True, Grant(subject="mallory", scopes={"mine": "write"}, expires_at=LATER.timestamp())
+    )
     token = WRITER.set(stranger)
     try:
         with pytest.raises(Forbidden):
@@ -103,14 +114,16 @@ async def test_a_writer_may_reference_only_what_it_may_read(store: Store) -> Non
     finally:
         WRITER.reset(token)
     reader = FileWriter(
-        Grant(subject="ann", scopes={"mine": "write", "secret": "read"}, expires_at=LATER.timestamp())
+        True, Grant(subject="ann", scopes={"mine": "write", "secret": "read"}, expires_at=LATER.timestamp())
     )
     token = WRITER.set(reader)
     try:
         await store.append_messages("mine", [ref])
     finally:
         WRITER.reset(token)
-    uploader = FileWriter(Grant(subject="mallory", scopes={"other": "write"}, expires_at=LATER.timestamp()))
+    uploader = FileWriter(
+        True, Grant(subject="mallory", scopes={"other": "write"}, expires_at=LATER.timestamp())
+    )
     other = os.urandom(400)
     other_sha = hashlib.sha256(other).hexdigest()
     await store.put_file(other_sha, "image/png", other, subject="mallory")
@@ -124,8 +137,13 @@ async def test_a_writer_may_reference_only_what_it_may_read(store: Store) -> Non
 
 async def test_gc_collects_exactly_the_unreferenced(store: Store) -> None:
     kept, dropped, loose, fresh = (os.urandom(200 + i) for i in range(4))
-    sha = {name: hashlib.sha256(b).hexdigest() for name, b in zip("kdlf", (kept, dropped, loose, fresh), strict=True)}
-    await store.append_messages("s1", [file_message("m1", data_url(kept)), file_message("m2", data_url(dropped))])
+    sha = {
+        name: hashlib.sha256(b).hexdigest()
+        for name, b in zip("kdlf", (kept, dropped, loose, fresh), strict=True)
+    }
+    await store.append_messages(
+        "s1", [file_message("m1", data_url(kept)), file_message("m2", data_url(dropped))]
+    )
     await store.put_file(sha["l"], "image/png", loose)
     await store.delete_messages("s1", ["m2"])
     # A deleted message's event still holds its body (and so the reference) until pruned.
