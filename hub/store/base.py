@@ -53,6 +53,7 @@ __all__ = [
     "PROMPT_LABEL",
     "REGISTRY",
     "AppendResult",
+    "DumpedFile",
     "DumpedMessage",
     "LogEntry",
     "Parent",
@@ -106,6 +107,15 @@ class DumpedMessage(msgspec.Struct, kw_only=True):
     created_at: datetime
 
 
+class DumpedFile(msgspec.Struct, kw_only=True):
+    """A stored file a dump carries (hub/store/attachments.py): once per dump, with the
+    first session that references it."""
+
+    sha256: str
+    media_type: str
+    data: bytes
+
+
 class SessionDump(msgspec.Struct, kw_only=True):
     """Everything a session holds except its event log: the registry row, every message of
     every branch in storage order (a parent always comes before its children), the
@@ -117,6 +127,8 @@ class SessionDump(msgspec.Struct, kw_only=True):
     compactions: list[Compaction]
     context: dict[str, str]
     system_prompt: str | None = None
+    #: The files its messages reference that the dump carries with it (hub/dump.py).
+    files: list[DumpedFile] = msgspec.field(default_factory=list)
 
 
 #: The context row key of a session's frozen prompt (also ``SessionManager.delete``'s).

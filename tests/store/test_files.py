@@ -7,8 +7,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import json
 import os
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -169,3 +171,40 @@ async def test_an_update_replaces_the_references(store: Store) -> None:
     assert await store.session_files("s1") == [sha_b]
     await store.update_message("s1", Message(id="m1", role="user", parts=[{"type": "text", "text": "none"}]))
     assert await store.session_files("s1") == []
+
+
+async def test_export_import_export_carries_the_files_identically(store: Store, tmp_path: Path) -> None:
+    from hub import SqliteStore
+    from hub.dump import DumpError, export_lines, import_lines
+
+    image, pdf = os.urandom(4000), os.urandom(300_000)  # the pdf spans several data lines
+    await store.create_session("one", session_id="d1")
+    await store.create_session("two", session_id="d2")
+    await store.append_messages("d1", [file_message("m1", data_url(image))], managed=True)
+    await store.append_messages(
+        "d2",
+        [
+            file_message("m2", data_url(image)),
+            file_message("m3", data_url(pdf, "application/pdf"), media="application/pdf"),
+        ],
+        managed=True,
+    )
+    first = [line async for line in export_lines(store)]
+    kinds = [json.loads(line)["type"] for line in first[1:]]
+    assert kinds.count("file") == 2  # the shared image once
+    assert sum(len(line) for line in first) < 1.4 * (len(image) + len(pdf)) + 10_000
+    async with await SqliteStore.open(tmp_path / "copy.db") as copy:
+        await import_lines(copy, first)
+        assert [line async for line in export_lines(copy)] == first
+        for blob in (image, pdf):
+            assert await read_all(copy, hashlib.sha256(blob).hexdigest()) == blob
+    # A data line that does not hold the file's bytes: refused with its file line's number.
+    broken = list(first)
+    at = next(i for i, line in enumerate(broken) if json.loads(line).get("type") == "file_data")
+    line = json.loads(broken[at])
+    line["data"] = base64.b64encode(b"other bytes").decode()
+    broken[at] = json.dumps(line)
+    async with await SqliteStore.open(tmp_path / "bad.db") as bad:
+        with pytest.raises(DumpError, match="data lines"):
+            await import_lines(bad, broken)
+        assert await bad.list_sessions() == []
