@@ -1,5 +1,5 @@
 """The ``sessionhub`` command: ``serve`` the hub (:mod:`hub.apps.serve`); ``respond`` with
-a model; ``token``; ``prune``, ``export`` and ``import`` on the store; ``tail`` and
+a model; ``token``; ``prune``, ``gc``, ``export`` and ``import`` on the store; ``tail`` and
 ``sessions`` for operators. ``python -m hub.apps.cli`` runs it from a checkout.
 
 Every operator mistake is one line on stderr and an exit code (:data:`EXIT_CODES`), never
@@ -19,7 +19,7 @@ from typing import NoReturn
 from clients.operator import add_url_option
 
 from . import serve
-from .options import TOKEN, add_db_option, age, positive, secret_problem, whole
+from .options import TOKEN, add_db_option, age, age_or_zero, positive, secret_problem, whole
 
 __all__ = ["EXIT_CODES", "main"]
 
@@ -76,6 +76,16 @@ def _parser() -> argparse.ArgumentParser:
         "--keep-per-session", type=whole, default=None, help="all but the newest N events of each log"
     )
     prune.add_argument("--batch", type=positive, default=1000, help="events per transaction (default: 1000)")
+
+    gc = command("gc", "delete the stored files no message or event references (docs/files.md)")
+    add_db_option(gc)
+    gc.add_argument(
+        "--grace",
+        type=age_or_zero,
+        default=3600,
+        help="keep a file stored or sent this recently, referenced or not: an upload waits "
+        "for its message (default: 1h)",
+    )
 
     export = command("export", "write sessions as JSON lines to stdout (docs/operations.md)")
     export.add_argument(
@@ -211,13 +221,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _respond(args)
     if args.command == "token":
         return _token(args)
-    if args.command in ("prune", "export", "import"):
+    if args.command in ("prune", "gc", "export", "import"):
         return _data(args)
     return _operate(args)
 
 
 def _data(args: argparse.Namespace) -> int:
-    """``prune``, ``export`` and ``import``, on the store itself (no hub needed)."""
+    """``prune``, ``gc``, ``export`` and ``import``, on the store itself (no hub needed)."""
     from protocol.errors import Conflict, InvalidInput, SessionHubError, SessionNotFound
 
     from ..extras import MissingExtra
@@ -268,6 +278,10 @@ async def _run_data(args: argparse.Namespace) -> int:
                 older_than=cutoff, keep_per_session=args.keep_per_session, batch=args.batch
             )
             print(f"pruned {result.events} events from {result.streams} logs")
+            return 0
+        if args.command == "gc":
+            gone = await store.collect_files(datetime.now(UTC) - timedelta(seconds=args.grace))
+            print(f"collected {len(gone)} unreferenced files")
             return 0
         if args.command == "export":
             out = sys.stdout
