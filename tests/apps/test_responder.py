@@ -353,3 +353,43 @@ async def test_stopping_the_chat_stops_the_model_request(tmp_path: Path) -> None
         assert ended[-1]["status"] == "stopped" and ended[-1]["reason"] == "stopped by the user"
         stream_ended = [e.data for e in await session.read_events() if e.type == "stream.ended"]
         assert stream_ended[-1]["status"] == "stopped"
+
+
+async def test_an_image_reaches_the_model_as_an_image_url_part(tmp_path: Path) -> None:
+    import base64
+    import hashlib
+    import os
+
+    image = os.urandom(3000)
+    inline = "data:image/png;base64," + base64.b64encode(image).decode()
+    async with model_server(_text("A cat.")) as model:
+        responder = ChatCompletionsResponder(model.base_url, "vision", max_retries=0)
+        async with chat_backend(tmp_path, responder) as (h, manager):
+            body = {
+                "id": "s-img",
+                "messages": [
+                    {
+                        "id": "u1",
+                        "role": "user",
+                        "parts": [
+                            {"type": "text", "text": "what is this?"},
+                            {"type": "file", "mediaType": "image/png", "url": inline, "filename": "c.png"},
+                        ],
+                    }
+                ],
+            }
+            async with (
+                httpx2.AsyncClient(timeout=30) as http,
+                http.stream("POST", f"{h.url}/api/chat", json=body) as r,
+            ):
+                assert r.status_code == 200
+                _ = [c async for c in sse_chunks(r)]
+            stored = (await manager.get_session("s-img").get_history())[0]
+            assert stored.parts[1]["url"] == f"/files/{hashlib.sha256(image).hexdigest()}"
+            assert model.requests[0]["messages"][-1] == {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "what is this?"},
+                    {"type": "image_url", "image_url": {"url": inline}},
+                ],
+            }
