@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,10 @@ import httpx2
 
 from hub.auth import issue_token
 from hub.server import HubConfig
+from tests.adapters.test_aisdk_chat import _websocket_flags
+from tests.support.chatkit import responder
 from tests.support.hubtest import served
+from tests.support.nodetests import JS, node20, run_node_tests
 
 SECRET = "f" * 32
 
@@ -174,3 +178,27 @@ async def test_inline_data_urls_are_stored_once_on_every_door(tmp_path: Path) ->
         assert await h.hub.store.file_sessions(sha) in (["s1", "s2"], ["s2", "s1"])
         assert await _stored_bytes(h) == len(image)
         assert (await http.get(f"{h.url}/files/{sha}")).content == image
+
+
+async def test_the_ai_sdk_sends_a_file_part_stored_once(tmp_path: Path) -> None:
+    """tests/js/files.test.mjs: two chats of the real AI SDK send the same image."""
+    node_path = node20()
+    image = os.urandom(40_000)
+    (tmp_path / "pixel.png").write_bytes(image)
+    sha = hashlib.sha256(image).hexdigest()
+    async with (
+        served(db=tmp_path / "hub.db") as h,
+        responder(h.ws_url, lambda: len(h.hub.turns.responders) == 1),
+    ):
+        env = {
+            "SESSIONHUB_URL": h.url,
+            "SESSIONHUB_WS_URL": h.ws_url,
+            "SESSIONHUB_IMAGE": str(tmp_path / "pixel.png"),
+        }
+        flags = tuple(_websocket_flags(node_path))
+        await run_node_tests(node_path, JS / "files.test.mjs", env, passes=2, flags=flags, timeout=90)
+        assert len(await h.hub.store.file_sessions(sha)) == 2
+    # One copy on disk for the two chats: the chunks hold the image's bytes once.
+    with sqlite3.connect(tmp_path / "hub.db") as db:
+        assert db.execute("SELECT COUNT(*), SUM(size) FROM files").fetchone() == (1, len(image))
+        assert db.execute("SELECT SUM(length(data)) FROM file_chunks").fetchone() == (len(image),)
