@@ -478,6 +478,8 @@ HTTP_ROUTES = [
     ("POST", "/agui"),
     ("GET", "/agui/s-fuzz/stream"),
     ("GET", "/agents/chat-agent/s-fuzz/get-messages"),
+    ("POST", "/files"),
+    ("GET", "/files/" + "0" * 64),
     ("GET", "/healthz"),
     ("GET", "/readyz"),
     ("GET", "/metrics"),
