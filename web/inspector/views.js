@@ -1,6 +1,7 @@
 // The views: sessions list, session header, branches, messages, presence, context, prompt.
 import { renderActions } from "./actions.js";
 import { renderLog } from "./events.js";
+import { filePartEl } from "./files.js";
 import { activeLeaf, hooks, state } from "./model.js";
 import { $, fmtCost, fmtInt, h, json, plural, short, textOf, timeEl } from "./util.js";
 
@@ -328,18 +329,7 @@ function partEl(part) {
       part.errorText ? [h("div", { text: "Error" }), h("pre", { text: part.errorText })] : null,
     );
   }
-  if (type === "file") {
-    const url = typeof part.url === "string" ? part.url : "";
-    const safe = /^(https?:|data:)/i.test(url);
-    const label = `${part.filename ?? "file"} (${part.mediaType ?? "unknown type"})`;
-    return h(
-      "div",
-      { class: "part file" },
-      `File: ${label} `,
-      safe && /^data:image\//i.test(url) && !/svg/i.test(url) ? h("img", { src: url, alt: part.filename ?? "attached image" }) : null,
-      safe ? h("a", { href: url, target: "_blank", rel: "noopener noreferrer", text: "open" }) : null,
-    );
-  }
+  if (type === "file") return filePartEl(part);
   if (type === "step-start") return h("hr", { class: "part step", "aria-label": "step" });
   return h("details", { class: "part other" }, h("summary", { text: type || "part" }), h("pre", { text: json(part) }));
 }
