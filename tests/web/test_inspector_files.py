@@ -58,4 +58,4 @@ async def test_an_image_shows_inline_and_a_pdf_downloads(
         assert download.suggested_filename == "doc.pdf"
         saved = tmp_path / "downloaded.pdf"
         await download.save_as(saved)
-        assert saved.read_bytes() == PDF  # noqa: ASYNC240 - a small local file
+        assert saved.read_bytes() == PDF
