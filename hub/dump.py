@@ -28,8 +28,9 @@ import msgspec
 from protocol import Compaction, InvalidInput, SessionInfo, SessionNotFound, coerce_message
 
 from .dumpcheck import check_dumps, nul_problem, time_problem, usage_problem
-from .store.attachments import CHUNK, WRITER, attach_files, check_sha256, has_files
+from .store.attachments import CHUNK, attach_files, check_sha256, has_files
 from .store.base import DumpedFile, DumpedMessage, SessionDump, Store
+from .store.clientwrites import WRITER
 
 __all__ = [
     "DUMP_VERSION",

@@ -212,7 +212,7 @@ class Socket:
 
     def caller(self) -> Caller:
         """This socket's token as the HTTP doors' :class:`~hub.adapters.caller.Caller`."""
-        return writing(Caller(self.hub.config.auth_secret is not None, self.grant))
+        return writing(Caller(self.hub.config.auth_secret is not None, self.grant), self.hub.config)
 
     def _allowed(self, op: str, session_id: str) -> bool:
         secret = self.hub.config.auth_secret

@@ -102,6 +102,14 @@ def add_options(serve: argparse.ArgumentParser) -> None:
     ):
         serve.add_argument(flag, type=size, default=size(default), help=f"{what} (default: {default})")
     serve.add_argument(
+        "--reserved-metadata-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="a message metadata key clients may not set (stripped from every door's writes; "
+        "repeat for more; docs/engine.md)",
+    )
+    serve.add_argument(
         "--max-in-flight",
         type=positive,
         default=64,
@@ -242,6 +250,7 @@ def run(args: argparse.Namespace) -> int:
             replay_bytes=args.replay_bytes,
             max_body_bytes=args.max_body_bytes,
             max_file_bytes=args.max_file_bytes,
+            reserved_metadata_keys=tuple(args.reserved_metadata_key),
             max_in_flight=args.max_in_flight,
             send_timeout=args.send_timeout,
             turn_timeout=args.turn_timeout,

@@ -27,6 +27,10 @@ class HubConfig:
     #: The largest file ``POST /files`` stores (docs/files.md): a declared length over it
     #: is answered 413 unread, a body is cut at it as it streams in, and nothing is stored.
     max_file_bytes: int = 25 << 20
+    #: Metadata keys a client's write may not set (docs/engine.md, "Client writes"): every
+    #: door strips them from the messages it writes, as agents 0.32 strips its
+    #: ``reservedMetadataKeys`` from client writes. The engine's own writes keep them.
+    reserved_metadata_keys: tuple[str, ...] = ()
     #: The largest message one stream may grow to (its text, UTF-8, and its tool parts,
     #: encoded): past it the stream ends ``too_large``, keeping what it had.
     max_stream_bytes: int = 16 << 20

@@ -39,8 +39,8 @@ from protocol.serverconn import Refused
 from .. import dump
 from ..manager import SessionManager
 from ..session import Session
-from ..store.attachments import WRITER, FileWriter
 from ..store.base import PruneResult, SessionDump, Store, session_stream
+from ..store.clientwrites import WRITER, Writer
 from ..tools import Tool, dispatch
 from .ports import Sessions
 from .socket_shell import Connection
@@ -93,8 +93,10 @@ def engine(op: str, call: Call) -> Op:
 
 async def _run(connection: Connection, op: str, call: Call, request: Any) -> None:
     started = time.perf_counter()
-    # The op's task is the writer whose file references the engine checks (its own context).
-    WRITER.set(FileWriter(connection.hub.config.auth_secret is not None, connection.grant))
+    # The op's task is the writer the engine checks its messages for (clientwrites.py).
+    config = connection.hub.config
+    reserved = frozenset(config.reserved_metadata_keys)
+    WRITER.set(Writer(config.auth_secret is not None, connection.grant, reserved))
     try:
         result = await call(request)
         frame: Any = f.ReplyFrame(id=request.id, result=wire(result))

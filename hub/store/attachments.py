@@ -22,8 +22,6 @@ import binascii
 import hashlib
 import re
 from collections.abc import Iterator, Sequence
-from contextvars import ContextVar
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, BinaryIO, Protocol
 from urllib.parse import unquote_to_bytes
@@ -33,13 +31,12 @@ import msgspec
 from protocol import Forbidden, InvalidInput, Message
 
 from ..auth import Grant
+from .clientwrites import WRITER, Writer, client_messages
 
 __all__ = [
     "CHUNK",
     "FILE_PATH",
-    "WRITER",
     "FileStore",
-    "FileWriter",
     "StoredFile",
     "attach_files",
     "check_sha256",
@@ -74,20 +71,6 @@ class StoredFile(msgspec.Struct, kw_only=True, frozen=True):
     touched_at: datetime
 
 
-@dataclass(frozen=True)
-class FileWriter:
-    """Who is writing, for the files its messages may reference: ``auth`` False is a hub
-    without an auth secret (anyone may reference any stored file); with it, ``grant`` is
-    the writer's verified token (None: none, so no stored file)."""
-
-    auth: bool
-    grant: Grant | None
-
-    @property
-    def subject(self) -> str | None:
-        return None if self.grant is None else self.grant.subject
-
-
 class FileStore(Protocol):
     """What :func:`attach_files` needs of a store (:class:`~.base.Store` has it all)."""
 
@@ -100,10 +83,6 @@ class FileStore(Protocol):
     async def file_uploaded_by(self, sha256: str, subject: str) -> bool: ...
 
     async def file_sessions(self, sha256: str) -> list[str]: ...
-
-
-#: The writer of the request being served (each door sets it); None: trusted engine code.
-WRITER: ContextVar[FileWriter | None] = ContextVar("sessionhub_file_writer", default=None)
 
 
 def file_url(sha256: str) -> str:
@@ -187,10 +166,12 @@ def refs_in(text: str) -> set[str]:
 
 
 async def attach_files(store: FileStore, messages: Sequence[Message]) -> Sequence[Message]:
-    """``messages`` with inline ``data:`` file parts stored and replaced by references, and
-    every reference checked: the file is stored and the writer (:data:`WRITER`) may read it,
-    else :class:`~protocol.InvalidInput` (unknown file) or
-    :class:`~protocol.Forbidden`, and nothing is written."""
+    """``messages`` as :func:`.clientwrites.client_messages` leaves them, with inline
+    ``data:`` file parts stored and replaced by references, and every reference checked:
+    the file is stored and the writer (:data:`~.clientwrites.WRITER`) may read it, else
+    :class:`~protocol.InvalidInput` (unknown file) or :class:`~protocol.Forbidden`, and
+    nothing is written."""
+    messages = client_messages(messages)
     if not has_files(messages):
         return messages
     writer = WRITER.get()
@@ -216,7 +197,7 @@ async def attach_files(store: FileStore, messages: Sequence[Message]) -> Sequenc
     return out
 
 
-async def check_reference(store: FileStore, sha: str, writer: FileWriter | None) -> None:
+async def check_reference(store: FileStore, sha: str, writer: Writer | None) -> None:
     """Refuse a reference to a file that is not stored, or that ``writer`` may not read."""
     if await store.file_info(sha) is None:
         raise InvalidInput(f"file {sha} is not stored: upload it first (POST /files)")

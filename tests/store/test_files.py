@@ -15,15 +15,16 @@ from pathlib import Path
 import pytest
 
 from hub.auth import Grant
-from hub.store.attachments import CHUNK, WRITER, FileWriter
+from hub.store.attachments import CHUNK
 from hub.store.base import Store
+from hub.store.clientwrites import WRITER, Writer
 from protocol import Forbidden, InvalidInput, Message
 
 LATER = datetime.now(UTC) + timedelta(days=1)
 
 
-def writer(subject: str, **scopes: str) -> FileWriter:
-    return FileWriter(True, Grant(subject=subject, scopes=scopes, expires_at=LATER.timestamp()))  # type: ignore[arg-type]
+def writer(subject: str, **scopes: str) -> Writer:
+    return Writer(True, Grant(subject=subject, scopes=scopes, expires_at=LATER.timestamp()))  # type: ignore[arg-type]
 
 
 def data_url(data: bytes, media: str = "image/png") -> str:
@@ -105,9 +106,7 @@ async def test_a_writer_may_reference_only_what_it_may_read(store: Store) -> Non
     sha = hashlib.sha256(image).hexdigest()
     await store.append_messages("secret", [file_message("m1", data_url(image))])
     ref = file_message("m2", f"/files/{sha}")
-    stranger = FileWriter(
-        True, Grant(subject="mallory", scopes={"mine": "write"}, expires_at=LATER.timestamp())
-    )
+    stranger = Writer(True, Grant(subject="mallory", scopes={"mine": "write"}, expires_at=LATER.timestamp()))
     token = WRITER.set(stranger)
     try:
         with pytest.raises(Forbidden):
@@ -115,7 +114,7 @@ async def test_a_writer_may_reference_only_what_it_may_read(store: Store) -> Non
         assert await store.get_history("mine") == []
     finally:
         WRITER.reset(token)
-    reader = FileWriter(
+    reader = Writer(
         True, Grant(subject="ann", scopes={"mine": "write", "secret": "read"}, expires_at=LATER.timestamp())
     )
     token = WRITER.set(reader)
@@ -123,9 +122,7 @@ async def test_a_writer_may_reference_only_what_it_may_read(store: Store) -> Non
         await store.append_messages("mine", [ref])
     finally:
         WRITER.reset(token)
-    uploader = FileWriter(
-        True, Grant(subject="mallory", scopes={"other": "write"}, expires_at=LATER.timestamp())
-    )
+    uploader = Writer(True, Grant(subject="mallory", scopes={"other": "write"}, expires_at=LATER.timestamp()))
     other = os.urandom(400)
     other_sha = hashlib.sha256(other).hexdigest()
     await store.put_file(other_sha, "image/png", other, subject="mallory")

@@ -89,7 +89,10 @@ class PostgresStore(PostgresPool, Store):
         emit: bool = True,
         also: Sequence[LogEntry] = (),
     ) -> bool:
-        (message,) = await attach_files(self, [message])
+        prepared = await attach_files(self, [message])
+        if not prepared:  # an overlay's id (clientwrites.py): nothing is written
+            return False
+        (message,) = prepared
 
         async def fn(tx: PostgresTx) -> bool:
             if managed:
@@ -109,7 +112,10 @@ class PostgresStore(PostgresPool, Store):
         *,
         managed: bool = False,
     ) -> bool:
-        (message,) = await attach_files(self, [message])
+        prepared = await attach_files(self, [message])
+        if not prepared:  # an overlay's id (clientwrites.py): nothing is written
+            return False
+        (message,) = prepared
 
         async def fn(tx: PostgresTx) -> bool:
             if managed:

@@ -100,7 +100,10 @@ class SqliteStore(SqliteDatabase, Store):
         emit: bool = True,
         also: Sequence[LogEntry] = (),
     ) -> bool:
-        (message,) = await attach_files(self, [message])
+        prepared = await attach_files(self, [message])
+        if not prepared:  # an overlay's id (clientwrites.py): nothing is written
+            return False
+        (message,) = prepared
 
         def fn(tx: SqliteTx) -> bool:
             if managed:
@@ -120,7 +123,10 @@ class SqliteStore(SqliteDatabase, Store):
         *,
         managed: bool = False,
     ) -> bool:
-        (message,) = await attach_files(self, [message])
+        prepared = await attach_files(self, [message])
+        if not prepared:  # an overlay's id (clientwrites.py): nothing is written
+            return False
+        (message,) = prepared
 
         def fn(tx: SqliteTx) -> bool:
             if managed:
