@@ -19,6 +19,8 @@ from tests.web.test_inspector import browser, open_session, page_of
 
 __all__ = ["browser"]
 
+pytestmark = [pytest.mark.asyncio(loop_scope="module")]
+
 SECRET = "i" * 32
 PIXEL = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
