@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import pytest
 
 from hub.auth import issue_token
 from hub.server import HubConfig
 from tests.adapters.test_aisdk_chat import _websocket_flags
 from tests.support.chatkit import responder
 from tests.support.hubtest import served
-from tests.support.nodetests import JS, node20, run_node_tests
+from tests.support.nodetests import JS, JS7, node20, node22, run_node_tests
 
 SECRET = "f" * 32
 
@@ -180,9 +181,12 @@ async def test_inline_data_urls_are_stored_once_on_every_door(tmp_path: Path) ->
         assert (await http.get(f"{h.url}/files/{sha}")).content == image
 
 
-async def test_the_ai_sdk_sends_a_file_part_stored_once(tmp_path: Path) -> None:
-    """tests/js/files.test.mjs: two chats of the real AI SDK send the same image."""
-    node_path = node20()
+@pytest.mark.parametrize("sdk", ["ai6-http", "ai7-ws"])
+async def test_the_ai_sdk_sends_a_file_part_stored_once(tmp_path: Path, sdk: str) -> None:
+    """tests/js/files.test.mjs (AI SDK 6, /api/chat) and tests/js7/files-ws.test.mjs (AI SDK
+    7's WebSocketChatTransport, /api/chat/ws): two chats of the real SDK send one image."""
+    node_path = node20() if sdk == "ai6-http" else node22()
+    script = JS / "files.test.mjs" if sdk == "ai6-http" else JS7 / "files-ws.test.mjs"
     image = os.urandom(40_000)
     (tmp_path / "pixel.png").write_bytes(image)
     sha = hashlib.sha256(image).hexdigest()
@@ -195,8 +199,8 @@ async def test_the_ai_sdk_sends_a_file_part_stored_once(tmp_path: Path) -> None:
             "SESSIONHUB_WS_URL": h.ws_url,
             "SESSIONHUB_IMAGE": str(tmp_path / "pixel.png"),
         }
-        flags = tuple(_websocket_flags(node_path))
-        await run_node_tests(node_path, JS / "files.test.mjs", env, passes=2, flags=flags, timeout=90)
+        flags = tuple(_websocket_flags(node_path)) if sdk == "ai6-http" else ()
+        await run_node_tests(node_path, script, env, passes=2, flags=flags, timeout=90)
         assert len(await h.hub.store.file_sessions(sha)) == 2
     # One copy on disk for the two chats: the chunks hold the image's bytes once.
     with sqlite3.connect(tmp_path / "hub.db") as db:
