@@ -649,9 +649,10 @@ async def test_footprint_per_message_is_bounded(tmp_path: Path) -> None:
     with raw(path) as conn:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     ratio = path.stat().st_size / json_bytes
-    # 2.68 here (1,000 messages: the fixed pages of the empty tables weigh more); 4.25 before
-    # migration 6, 6.2 before migration 5.
-    assert ratio < 2.8, ratio
+    # 2.68 here (1,000 messages: the fixed pages of the empty tables weigh more), 2.81 since
+    # migration 8 (the file tables' six empty pages: 24 KiB once, nothing per message);
+    # 4.25 before migration 6, 6.2 before migration 5.
+    assert ratio < 2.95, ratio
 
 
 @pytest.mark.sqlite_only
