@@ -37,7 +37,7 @@ from .ports import ReplyWriter, Responder
 from .remoteturns import RemoteTurn
 from .turnanswers import TurnAnswers
 from .turnbook import TOO_LARGE, LiveTurn, in_flight_error, log, responder_label, wait_for
-from .turnframes import TurnOffer, TurnOutcome, TurnStatus, Watcher
+from .turnframes import TurnOffer, TurnOutcome, TurnStatus, Watcher, settled
 
 __all__ = ["LiveTurn", "TurnOffer", "TurnOutcome", "TurnStatus", "Turns", "Watcher"]
 
@@ -97,7 +97,12 @@ class Turns(TurnAnswers):
         self._follow(session_id)
         try:
             # ``node``: another node resuming the chat follows the turn while this one is heard.
-            started = {"message_id": turn.message_id, "trigger": trigger, "node": self._node_id()}
+            started = {
+                "message_id": turn.message_id,
+                "trigger": trigger,
+                "node": self._node_id(),
+                "state": "queued",
+            }
             seq = await self._log(turn, "turn.started", started)
         except BaseException:
             self._forget(turn)
@@ -410,7 +415,7 @@ class Turns(TurnAnswers):
         turn.changed.set()
         self._release(turn)
         self._forget(turn)
-        data: dict[str, Any] = {"status": outcome.status}
+        data: dict[str, Any] = {"status": outcome.status, **settled(outcome.status)}
         if outcome.error is not None:
             data["error"] = outcome.error
         if outcome.reason is not None:
