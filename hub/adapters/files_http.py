@@ -64,6 +64,18 @@ def _may_upload(who: Caller) -> bool:
     )
 
 
+async def _limit(hub: ChatHost, who: Caller) -> int:
+    """The most this upload may hold: the file bound, and what is left of the token's."""
+    limit = hub.config.max_file_bytes
+    quota = hub.config.max_upload_bytes_per_token
+    if quota is None or who.grant is None:
+        return limit
+    left = quota - await hub.store.uploaded_bytes(who.grant.subject)
+    if left <= 0:
+        raise BodyError(413, "too_large", f"this token has uploaded its {quota} bytes of files")
+    return min(limit, left)
+
+
 class _Spool:
     """A body on its way to the store: hashed and counted as it arrives, kept in memory up to
     one chunk and on disk past it."""
@@ -141,7 +153,12 @@ async def _upload(request: Request) -> Response:
         return refused(request.headers, cors)
     if not _may_upload(who):
         return refused(request.headers, cors)
-    limit = hub.config.max_file_bytes
+    try:
+        limit = await _limit(hub, who)
+    except BodyError as exc:
+        return json_error(exc.code, str(exc), cors, exc.status)
+    except SessionHubError as exc:
+        return json_error(error_code(exc), str(exc), cors)
     kind = request.headers.get("content-type", "")
     spool: _Spool | None = None
     try:

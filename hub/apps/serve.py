@@ -102,6 +102,14 @@ def add_options(serve: argparse.ArgumentParser) -> None:
     ):
         serve.add_argument(flag, type=size, default=size(default), help=f"{what} (default: {default})")
     serve.add_argument(
+        "--max-upload-bytes-per-token",
+        type=size,
+        default=None,
+        metavar="SIZE",
+        help="bytes of stored files one token's subject may have uploaded (POST /files; "
+        "default: no bound but --max-file-bytes)",
+    )
+    serve.add_argument(
         "--reserved-metadata-key",
         action="append",
         default=[],
@@ -251,6 +259,7 @@ def run(args: argparse.Namespace) -> int:
             max_body_bytes=args.max_body_bytes,
             max_file_bytes=args.max_file_bytes,
             reserved_metadata_keys=tuple(args.reserved_metadata_key),
+            max_upload_bytes_per_token=args.max_upload_bytes_per_token,
             max_in_flight=args.max_in_flight,
             send_timeout=args.send_timeout,
             turn_timeout=args.turn_timeout,

@@ -31,6 +31,9 @@ class HubConfig:
     #: door strips them from the messages it writes, as agents 0.32 strips its
     #: ``reservedMetadataKeys`` from client writes. The engine's own writes keep them.
     reserved_metadata_keys: tuple[str, ...] = ()
+    #: The bytes of stored files one token's subject may have uploaded (docs/files.md):
+    #: an upload past it is 413 ``too_large``, nothing stored. None: no bound but the file's.
+    max_upload_bytes_per_token: int | None = None
     #: The largest message one stream may grow to (its text, UTF-8, and its tool parts,
     #: encoded): past it the stream ends ``too_large``, keeping what it had.
     max_stream_bytes: int = 16 << 20

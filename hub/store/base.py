@@ -456,6 +456,10 @@ class Store(abc.ABC):
     async def file_uploaded_by(self, sha256: str, subject: str) -> bool: ...
 
     @abc.abstractmethod
+    async def uploaded_bytes(self, subject: str) -> int:
+        """The bytes of the stored files ``subject`` uploaded (each file once)."""
+
+    @abc.abstractmethod
     async def session_files(self, session_id: str) -> list[str]:
         """The files the session's messages reference, by hash."""
 

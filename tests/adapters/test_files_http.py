@@ -206,3 +206,18 @@ async def test_the_ai_sdk_sends_a_file_part_stored_once(tmp_path: Path, sdk: str
     with sqlite3.connect(tmp_path / "hub.db") as db:
         assert db.execute("SELECT COUNT(*), SUM(size) FROM files").fetchone() == (1, len(image))
         assert db.execute("SELECT SUM(length(data)) FROM file_chunks").fetchone() == (len(image),)
+
+
+async def test_a_token_uploads_at_most_its_bytes(tmp_path: Path) -> None:
+    config = HubConfig(auth_secret=SECRET, max_upload_bytes_per_token=3000)
+    dana, erin = _bearer({"*": "write"}, subject="dana"), _bearer({"*": "write"}, subject="erin")
+    async with served(db=tmp_path / "hub.db", config=config) as h, httpx2.AsyncClient() as http:
+        first, second, third = os.urandom(2000), os.urandom(2000), os.urandom(900)
+        assert (await http.post(f"{h.url}/files", content=first, headers=dana)).status_code == 201
+        r = await http.post(f"{h.url}/files", content=second, headers=dana)
+        assert r.status_code == 413 and r.json()["error"]["code"] == "too_large"
+        assert await h.hub.store.file_info(hashlib.sha256(second).hexdigest()) is None
+        assert (await http.post(f"{h.url}/files", content=second, headers=erin)).status_code == 201
+        assert (await http.post(f"{h.url}/files", content=third, headers=dana)).status_code == 201
+        r = await http.post(f"{h.url}/files", content=b"x" * 200, headers=dana)
+        assert r.status_code == 413  # 2,900 of 3,000 used: 100 left

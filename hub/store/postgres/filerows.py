@@ -31,6 +31,7 @@ __all__ = [
     "replace_refs",
     "session_files",
     "uploaded_by",
+    "uploaded_bytes",
 ]
 
 
@@ -111,6 +112,15 @@ async def uploaded_by(conn: Conn, sha256: str, subject: str) -> bool:
         "SELECT 1 FROM file_uploads WHERE sha256 = $1 AND subject = $2", sha256, subject
     )
     return found is not None
+
+
+async def uploaded_bytes(conn: Conn, subject: str) -> int:
+    total = await conn.fetchval(
+        "SELECT COALESCE(SUM(f.size), 0) FROM file_uploads u JOIN files f ON f.sha256 = u.sha256 "
+        "WHERE u.subject = $1",
+        subject,
+    )
+    return int(total)
 
 
 async def add_refs(tx: PostgresTx, pk: int, shas: Sequence[str]) -> None:

@@ -492,6 +492,9 @@ class PostgresStore(PostgresPool, Store):
     async def file_uploaded_by(self, sha256: str, subject: str) -> bool:
         return await self._read(filerows.uploaded_by, sha256, subject)
 
+    async def uploaded_bytes(self, subject: str) -> int:
+        return await self._read(filerows.uploaded_bytes, subject)
+
     async def session_files(self, session_id: str) -> list[str]:
         return await self._read(filerows.session_files, session_stream(session_id))
 

@@ -27,6 +27,7 @@ __all__ = [
     "replace_refs",
     "session_files",
     "uploaded_by",
+    "uploaded_bytes",
 ]
 
 
@@ -106,6 +107,15 @@ def uploaded_by(conn: Conn, sha256: str, subject: str) -> bool:
         ).fetchone()
         is not None
     )
+
+
+def uploaded_bytes(conn: Conn, subject: str) -> int:
+    (total,) = conn.execute(
+        "SELECT COALESCE(SUM(f.size), 0) FROM file_uploads u JOIN files f ON f.sha256 = u.sha256 "
+        "WHERE u.subject = ?",
+        (subject,),
+    ).fetchone()
+    return int(total)
 
 
 def add_refs(conn: Conn, sk: int, pk: int, shas: Sequence[str]) -> None:
