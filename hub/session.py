@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -115,7 +116,7 @@ class Session(SessionBuilder):
                 configs = [
                     c
                     if c.provider is not None
-                    else ContextConfig(c.label, c.description, c.max_tokens, self._store_provider(c.label))
+                    else dataclasses.replace(c, provider=self._store_provider(c.label))
                     for c in self._config.contexts
                 ]
                 blocks = ContextBlocks(
@@ -433,6 +434,12 @@ class Session(SessionBuilder):
     async def refresh_system_prompt(self) -> str:
         """Reload every block, re-render and persist the frozen prompt."""
         return await (await self._blocks()).refresh_system_prompt()
+
+    async def reminder(self) -> str | None:
+        """What the ``when_changed="remind"`` blocks say now that the frozen prompt does not,
+        for the host to send after the cached prefix (None: nothing changed);
+        :meth:`~hub.context.ContextBlocks.reminder`, docs/context.md."""
+        return await (await self._blocks()).reminder()
 
     async def tools(self) -> list[Tool]:
         """``set_context`` / ``load_context`` / ``unload_context`` / ``search_context``, as the
