@@ -301,3 +301,28 @@ test("a steering message reaches the running turn and shows in the reply as the 
     transport.close();
   }
 });
+
+test("AI SDK 7's other parts arrive losslessly: a reset step, custom, data reconciled by id, reasoning-file, source, metadata", { skip }, async () => {
+  const transport = new WebSocketChatTransport({ url });
+  try {
+    const chatId = randomUUID();
+    const { last, chunks, errors } = await read(
+      await transport.sendMessages({ chatId, messages: [user("parts please")], trigger: "submit-message" }),
+    );
+    assert.deepEqual(errors, []);
+    const types = chunks.map((c) => c.type);
+    for (const t of ["reset-step", "custom", "data-weather", "reasoning-file", "source-url", "message-metadata"]) {
+      assert.ok(types.includes(t), `${t} in ${types}`);
+    }
+    assert.equal(textOf(last), "second try"); // the retried step's text is gone
+    assert.deepEqual(last.metadata, { model: "scripted" });
+    assert.deepEqual(last.parts.filter((p) => p.type === "data-weather").map((p) => p.data), [{ c: 21 }]);
+    const stored = await until(async () => {
+      const turn = await hubRequest("get_turn", { session_id: chatId });
+      return turn === null ? hubRequest("get_message", { session_id: chatId, message_id: last.id }) : null;
+    }, "the turn to end");
+    assert.deepEqual(asJson(last), stored);
+  } finally {
+    transport.close();
+  }
+});
