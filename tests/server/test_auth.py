@@ -145,6 +145,8 @@ def request_for(op: str, session_id: str) -> dict[str, Any]:
         "get_turn": {"session_id": session_id},
         "stop_turn": {"session_id": session_id},
         "turn_failed": {"turn_id": "nothing-was-given", "error": "x"},
+        "answer_tool": {"session_id": session_id, "approval_id": "a1", "approved": True},
+        "steer_turn": {"session_id": session_id, "message": {"id": "m1", "role": "user", "parts": []}},
         "export": {"session_ids": [session_id]},
         "import": {"lines": ['{"sessionhub_dump": 1, "sessions": 0}'], "final": True},
     }
