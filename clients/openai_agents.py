@@ -27,7 +27,7 @@ import copy
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 try:
     from agents.items import TResponseInputItem
@@ -40,6 +40,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
 
 from protocol import Conflict, InvalidInput, Message, SessionInfo
 
+from .sessionsapi import SessionsAPI
+
 __all__ = ["METADATA_KEY", "HubAgentSession", "SessionsAPI"]
 
 #: The key of a message's ``metadata`` under which the original items are kept.
@@ -49,28 +51,6 @@ METADATA_KEY = "openai_agents"
 # client does not import the engine).
 _SUMMARY_PREFIX = "compaction_"
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
-
-
-class SessionsAPI(Protocol):
-    """What ``HubAgentSession`` needs: ``HubClient.sessions`` and ``SessionManager`` have it."""
-
-    async def create(self, name: str) -> SessionInfo: ...
-
-    async def upsert(self, session_id: str, message: Message | Mapping[str, Any]) -> str: ...
-
-    async def append_all(
-        self, session_id: str, messages: Sequence[Message | Mapping[str, Any]]
-    ) -> str | None: ...
-
-    async def get_history(self, session_id: str, leaf_id: str | None = None) -> list[Message]: ...
-
-    async def delete_messages(self, session_id: str, ids: Sequence[str]) -> list[str]: ...
-
-    async def clear_messages(self, session_id: str) -> None: ...
-
-    async def add_usage(
-        self, session_id: str, input_tokens: int, output_tokens: int, cost: float
-    ) -> SessionInfo: ...
 
 
 # -- items <-> messages --------------------------------------------------------------------
