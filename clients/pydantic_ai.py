@@ -42,8 +42,8 @@ from typing import Any
 
 try:
     from pydantic_ai.capabilities import AbstractCapability
+    from pydantic_ai.capabilities.abstract import AgentNode, NodeResult
     from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest, ModelResponse
-    from pydantic_ai.models import ModelRequestContext
     from pydantic_ai.run import AgentRunResult
     from pydantic_ai.tools import RunContext
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
@@ -330,7 +330,8 @@ class HubMessageHistory:
         appended, the rest is already held. A message is the same as a held one when their
         dumps are equal (a message's timestamp is part of it). Bad input raises
         :class:`~protocol.InvalidInput` before anything is written; a token without write
-        access raises :class:`~protocol.Forbidden`, and nothing is written.
+        access to the session is refused (over a ``HubClient``: ``HubError`` with code
+        ``forbidden``) before anything is written.
         """
         if isinstance(messages, Mapping) or not isinstance(messages, Sequence):
             raise InvalidInput("messages must be a list of ModelRequest / ModelResponse")
@@ -349,8 +350,8 @@ class HubMessageHistory:
             return len(fresh)
 
     def capability(self) -> HubHistoryCapability:
-        """A capability that saves the run's messages as it goes: before each model request
-        (the prompt, the tools' results) and when the run ends (the last response)."""
+        """A capability that saves the run's messages as it goes: after each step of the run
+        (the prompt, each response, the tools' results) and when it ends."""
         return HubHistoryCapability(self)
 
     async def _history(self) -> list[Message]:
@@ -409,11 +410,13 @@ class HubHistoryCapability(AbstractCapability[Any]):
 
     history: HubMessageHistory
 
-    async def before_model_request(
-        self, ctx: RunContext[Any], request_context: ModelRequestContext
-    ) -> ModelRequestContext:
+    async def after_node_run(
+        self, ctx: RunContext[Any], *, node: AgentNode[Any], result: NodeResult[Any]
+    ) -> NodeResult[Any]:
+        # After each step of the graph: the prompt once it is sent, the model's response (its
+        # tool calls visible while they run), the tools' results.
         await self.history.save(ctx.messages)
-        return request_context
+        return result
 
     async def after_run(self, ctx: RunContext[Any], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
         await self.history.save(result.all_messages())
