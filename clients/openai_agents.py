@@ -32,6 +32,7 @@ from typing import Any, cast
 try:
     from agents.items import TResponseInputItem
     from agents.memory.session_settings import SessionSettings, coerce_session_settings, resolve_session_limit
+    from agents.run_context import RunContextWrapper
     from agents.usage import Usage
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
     raise ImportError(
@@ -221,7 +222,11 @@ class HubAgentSession:
     """The Agents SDK ``Session`` protocol over one sessionhub session.
 
     The session must exist in the hub's registry (``await sessions.create(name)`` gives
-    one); every method raises :class:`~protocol.SessionNotFound` otherwise. Writes from one
+    one); every method raises :class:`~protocol.SessionNotFound` otherwise. Each method takes
+    the SDK's optional ``wrapper`` keyword (the run's ``RunContextWrapper``), so the Runner,
+    which passes it only to sessions whose four methods all take it, treats this one as
+    context-aware; the hub does not read it: access is scoped by the hub's tokens (a token for
+    one tenant's session reaches that session only), checked on every call. Writes from one
     ``HubAgentSession`` are serialized; two writers on one session should each append
     whole turns, as two SQLite sessions on one table would.
     """
@@ -258,7 +263,9 @@ class HubAgentSession:
         info = await sessions.create(name)
         return cls(info.id, sessions=sessions, session_settings=session_settings)
 
-    async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
+    async def get_items(
+        self, limit: int | None = None, *, wrapper: RunContextWrapper[Any] | None = None
+    ) -> list[TResponseInputItem]:
         """The latest ``limit`` items (default: ``session_settings.limit``, else all), oldest
         first, overlays applied. As the SDK's SQLite session: ``0`` gives none, a negative
         limit all."""
@@ -272,7 +279,9 @@ class HubAgentSession:
             items = items[-session_limit:]
         return cast(list[TResponseInputItem], copy.deepcopy(items))
 
-    async def add_items(self, items: list[TResponseInputItem]) -> None:
+    async def add_items(
+        self, items: list[TResponseInputItem], *, wrapper: RunContextWrapper[Any] | None = None
+    ) -> None:
         """Append the items on the active branch: a call or output continuing the newest
         tool step is merged into its message, everything else is a new message. Bad input
         (an item that is not an object) raises :class:`~protocol.InvalidInput` before
@@ -312,7 +321,7 @@ class HubAgentSession:
             if fresh:
                 await self.sessions.append_all(self.session_id, [_message(group) for group in fresh])
 
-    async def pop_item(self) -> TResponseInputItem | None:
+    async def pop_item(self, *, wrapper: RunContextWrapper[Any] | None = None) -> TResponseInputItem | None:
         """Remove and return the newest item, or None when there is none. The newest item of a
         tool step is taken out of its message (the message goes when it holds no more)."""
         async with self._lock:
@@ -334,7 +343,7 @@ class HubAgentSession:
                 return cast(TResponseInputItem, newest)
             return None
 
-    async def clear_session(self) -> None:
+    async def clear_session(self, *, wrapper: RunContextWrapper[Any] | None = None) -> None:
         """Delete every message (and overlay) of the session; the session stays registered."""
         async with self._lock:
             await self.sessions.clear_messages(self.session_id)

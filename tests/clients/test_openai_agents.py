@@ -17,8 +17,9 @@ from typing import Any, cast
 import pytest
 from agents import Agent, Runner, Usage, function_tool, set_tracing_disabled
 from agents.items import ModelResponse, TResponseInputItem
-from agents.memory import SQLiteSession
+from agents.memory import Session, SQLiteSession
 from agents.models.interface import Model
+from agents.run_context import RunContextWrapper
 from openai.types.responses import (
     ResponseFunctionToolCall,
     ResponseOutputMessage,
@@ -366,19 +367,19 @@ SCRIPT: list[tuple[str, Any]] = [
 ]
 
 
-async def run_script(session: Any) -> list[Any]:
+async def run_script(session: Any, **keywords: Any) -> list[Any]:
+    """SCRIPT on ``session``; ``keywords`` (the SDK's ``wrapper=``) go to every call."""
     results: list[Any] = []
     for op, argument in SCRIPT:
         if op == "add":
-            results.append(await session.add_items(argument))
+            results.append(await session.add_items(argument, **keywords))
         elif op == "get":
-            results.append(
-                await session.get_items() if argument is None else await session.get_items(limit=argument)
-            )
+            limit = {} if argument is None else {"limit": argument}
+            results.append(await session.get_items(**limit, **keywords))
         elif op == "pop":
-            results.append(await session.pop_item())
+            results.append(await session.pop_item(**keywords))
         else:
-            results.append(await session.clear_session())
+            results.append(await session.clear_session(**keywords))
     return results
 
 
@@ -389,13 +390,49 @@ async def test_parity_with_sqlite_session(store: Store, tmp_path: Path) -> None:
     finally:
         reference.close()
     session = await HubAgentSession.create(SessionManager(store), "parity")
+    assert isinstance(session, Session)  # the SDK's runtime-checkable protocol
     assert await run_script(session) == expected
+    # The same with the run's wrapper on every call, as the Runner passes it (SQLiteSession
+    # takes none: the results must not depend on it).
+    with_wrapper = await HubAgentSession.create(SessionManager(store), "parity, wrapper")
+    assert await run_script(with_wrapper, wrapper=RunContextWrapper(context={"tenant": "acme"})) == expected
     # session_settings.limit is the default limit, as in the SDK.
     limited = HubAgentSession(
         session.session_id, sessions=SessionManager(store), session_settings={"limit": 1}
     )
     assert limited.session_settings is not None and limited.session_settings.limit == 1
     assert await limited.get_items() == [user("fresh")]
+
+
+class RecordingSession(HubAgentSession):
+    """Records the wrapper each call gets, to see what the Runner passes."""
+
+    wrappers: list[tuple[str, Any]]
+
+    async def get_items(
+        self, limit: int | None = None, *, wrapper: RunContextWrapper[Any] | None = None
+    ) -> list[TResponseInputItem]:
+        self.wrappers.append(("get_items", wrapper and wrapper.context))
+        return await super().get_items(limit, wrapper=wrapper)
+
+    async def add_items(
+        self, items: list[TResponseInputItem], *, wrapper: RunContextWrapper[Any] | None = None
+    ) -> None:
+        self.wrappers.append(("add_items", wrapper and wrapper.context))
+        await super().add_items(items, wrapper=wrapper)
+
+
+async def test_the_runner_passes_its_context_wrapper(store: Store) -> None:
+    manager = SessionManager(store)
+    created = await HubAgentSession.create(manager, "tenant")
+    session = RecordingSession(created.session_id, sessions=manager)
+    session.wrappers = []
+    tenant = {"tenant": "acme"}
+    await Runner.run(
+        Agent(name="a", model=OfflineModel([says("ok", "msg_t")])), "hi", session=session, context=tenant
+    )
+    assert session.wrappers and all(context is tenant for _, context in session.wrappers)
+    assert {name for name, _ in session.wrappers} == {"get_items", "add_items"}
 
 
 async def test_session_settings_limit_drives_the_runner(store: Store) -> None:
