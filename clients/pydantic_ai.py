@@ -37,7 +37,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 try:
@@ -371,11 +371,16 @@ class HubMessageHistory:
         the newest held message found in it (0 when none of the held is in it)."""
         if not held or not given:
             return 0
-        at = {_key(dump): index for index, dump in enumerate(given)}
+        # Keys are made lazily from the end of both: the newest held message is usually just
+        # before the new ones, so a save costs what it appends, not the whole history.
+        keys: list[str] = []
         for dump in reversed(held):
-            index = at.get(_key(dump))
-            if index is not None:
-                return index + 1
+            wanted = _key(dump)
+            for back in range(len(given)):
+                if back == len(keys):
+                    keys.append(_key(given[-1 - back]))
+                if keys[back] == wanted:
+                    return len(given) - back
         return 0
 
     async def _write(self, history: list[Message], fresh: list[Dump]) -> None:
@@ -409,18 +414,30 @@ class HubHistoryCapability(AbstractCapability[Any]):
     subscribers see each step live; ``Agent(..., capabilities=[history.capability()])``."""
 
     history: HubMessageHistory
+    # What this run last saved (how many messages, and the newest one's identity), so a step
+    # that added nothing costs no round trip.
+    _saved: tuple[int, int] | None = field(default=None, repr=False)
+
+    async def for_run(self, ctx: RunContext[Any]) -> HubHistoryCapability:
+        return HubHistoryCapability(self.history)  # a run's own `_saved`
 
     async def after_node_run(
         self, ctx: RunContext[Any], *, node: AgentNode[Any], result: NodeResult[Any]
     ) -> NodeResult[Any]:
         # After each step of the graph: the prompt once it is sent, the model's response (its
         # tool calls visible while they run), the tools' results.
-        await self.history.save(ctx.messages)
+        await self._save(ctx.messages)
         return result
 
     async def after_run(self, ctx: RunContext[Any], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
-        await self.history.save(result.all_messages())
+        await self._save(result.all_messages())
         return result
+
+    async def _save(self, messages: list[ModelMessage]) -> None:
+        mark = (len(messages), id(messages[-1])) if messages else (0, 0)
+        if messages and mark != self._saved:
+            await self.history.save(messages)
+            self._saved = mark
 
     @classmethod
     def get_serialization_name(cls) -> str | None:
