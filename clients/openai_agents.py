@@ -35,12 +35,13 @@ try:
     from agents.run_context import RunContextWrapper
     from agents.usage import Usage
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
-    raise ImportError(
-        'clients.openai_agents needs the openai-agents package: pip install "sessionhub[openai-agents]"'
-    ) from exc
+    from .framework_records import missing_package
+
+    raise missing_package(__name__, "openai-agents", "openai-agents") from exc
 
 from protocol import Conflict, InvalidInput, Message, SessionInfo
 
+from .framework_records import SUMMARY_PREFIX, kept_records, parsed_arguments, tool_name
 from .sessionsapi import SessionsAPI
 
 __all__ = ["METADATA_KEY", "HubAgentSession", "SessionsAPI"]
@@ -48,9 +49,6 @@ __all__ = ["METADATA_KEY", "HubAgentSession", "SessionsAPI"]
 #: The key of a message's ``metadata`` under which the original items are kept.
 METADATA_KEY = "openai_agents"
 
-# The id prefix of the synthetic message standing for a compacted span (hub.store.overlays; the
-# client does not import the engine).
-_SUMMARY_PREFIX = "compaction_"
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 
 
@@ -88,13 +86,7 @@ def _text_parts(content: Any) -> list[dict[str, Any]]:
 
 def _call_input(item: Mapping[str, Any]) -> Any:
     if item.get("type") == "function_call":
-        arguments = item.get("arguments")
-        if isinstance(arguments, str):
-            try:
-                return json.loads(arguments)
-            except ValueError:
-                return arguments
-        return arguments
+        return parsed_arguments(item.get("arguments"))
     if "input" in item:  # custom_tool_call
         return item["input"]
     return {k: v for k, v in item.items() if k not in ("type", "id", "call_id", "status")}
@@ -152,19 +144,14 @@ def _message(items: list[dict[str, Any]], message_id: str | None = None) -> dict
 
 
 def _own_items(message: Message) -> list[dict[str, Any]] | None:
-    meta = message.metadata
-    if isinstance(meta, Mapping):
-        mine = meta.get(METADATA_KEY)
-        if isinstance(mine, Mapping) and isinstance(mine.get("items"), list):
-            return [dict(i) for i in mine["items"] if isinstance(i, Mapping)]
-    return None
+    return kept_records(message, METADATA_KEY, "items")
 
 
 def _foreign_items(message: Message) -> list[dict[str, Any]]:
     """Items for a message another writer made: its text, and its tool parts as calls and
     outputs, so the agent sees what a person or another client added."""
     role = message.role if message.role in _ROLES else "user"
-    if message.id.startswith(_SUMMARY_PREFIX):
+    if message.id.startswith(SUMMARY_PREFIX):
         # A user item: every model the SDK talks to accepts one anywhere in the input, while
         # several refuse a system message after the first.
         role = "user"
@@ -177,17 +164,15 @@ def _foreign_items(message: Message) -> list[dict[str, Any]]:
             texts.clear()
 
     for part in message.parts:
-        kind = part.get("type")
-        call_id = part.get("toolCallId")
-        if kind == "text" and isinstance(part.get("text"), str):
+        call_id, name = part.get("toolCallId"), tool_name(part)
+        if part.get("type") == "text" and isinstance(part.get("text"), str):
             texts.append(part["text"])
-        elif isinstance(kind, str) and (kind.startswith("tool-") or kind == "dynamic-tool") and call_id:
+        elif name is not None:
             flush()
-            name = part.get("toolName") if kind == "dynamic-tool" else kind[len("tool-") :]
             if "input" in part:
                 arguments = part["input"] if isinstance(part["input"], str) else json.dumps(part["input"])
                 items.append(
-                    {"type": "function_call", "call_id": call_id, "name": str(name), "arguments": arguments}
+                    {"type": "function_call", "call_id": call_id, "name": name, "arguments": arguments}
                 )
             if "output" in part:
                 output = part["output"] if isinstance(part["output"], str) else json.dumps(part["output"])
@@ -330,7 +315,7 @@ class HubAgentSession:
                 items = _items_of(message)
                 if not items:
                     continue  # a message with nothing an agent reads (a data part, say)
-                if message.id.startswith(_SUMMARY_PREFIX):
+                if message.id.startswith(SUMMARY_PREFIX):
                     raise Conflict(
                         "the newest item is a compaction summary; it cannot be popped "
                         "(the messages it summarizes are still stored)"

@@ -47,13 +47,14 @@ try:
     from pydantic_ai.run import AgentRunResult
     from pydantic_ai.tools import RunContext
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
-    raise ImportError(
-        'clients.pydantic_ai needs the pydantic-ai-slim package: pip install "sessionhub[pydantic-ai]"'
-    ) from exc
+    from .framework_records import missing_package
+
+    raise missing_package(__name__, "pydantic-ai-slim", "pydantic-ai") from exc
 
 from protocol import InvalidInput, Message, SessionInfo
 from protocol.message import format_js_iso
 
+from .framework_records import SUMMARY_PREFIX, kept_records, parsed_arguments, tool_name
 from .sessionsapi import SessionsAPI, sessions_of
 
 __all__ = ["METADATA_KEY", "HubHistoryCapability", "HubMessageHistory"]
@@ -61,9 +62,6 @@ __all__ = ["METADATA_KEY", "HubHistoryCapability", "HubMessageHistory"]
 #: The key of a message's ``metadata`` under which the original messages' dumps are kept.
 METADATA_KEY = "pydantic_ai"
 
-# The id prefix of the synthetic message standing for a compacted span (hub.store.overlays; the
-# client does not import the engine).
-_SUMMARY_PREFIX = "compaction_"
 # Request parts that answer a call the model made: merged into that call's tool part.
 _CALL_KINDS = frozenset({"tool-call", "builtin-tool-call"})
 _RESULT_KINDS = frozenset({"tool-return", "builtin-tool-return", "retry-prompt"})
@@ -78,15 +76,6 @@ Dump = dict[str, Any]
 
 def _as_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
-
-def _call_input(args: Any) -> Any:
-    if isinstance(args, str):
-        try:
-            return json.loads(args)
-        except ValueError:
-            return args
-    return args
 
 
 def _described(piece: Mapping[str, Any]) -> dict[str, Any]:
@@ -120,7 +109,7 @@ def _tool_part(part: Mapping[str, Any]) -> dict[str, Any]:
         "type": f"tool-{part.get('tool_name') or 'unknown'}",
         "toolCallId": part.get("tool_call_id"),
         "state": "input-available",
-        "input": _call_input(part.get("args")),
+        "input": parsed_arguments(part.get("args")),
     }
     if part.get("part_kind") == "builtin-tool-call":
         tool["providerExecuted"] = True
@@ -230,12 +219,7 @@ def _calls(dumps: Sequence[Dump]) -> set[str]:
 
 
 def _own(message: Message) -> list[Dump] | None:
-    meta = message.metadata
-    if isinstance(meta, Mapping):
-        mine = meta.get(METADATA_KEY)
-        if isinstance(mine, Mapping) and isinstance(mine.get("messages"), list):
-            return [dict(d) for d in mine["messages"] if isinstance(d, Mapping)]
-    return None
+    return kept_records(message, METADATA_KEY, "messages")
 
 
 def _foreign(message: Message) -> list[Dump]:
@@ -243,22 +227,23 @@ def _foreign(message: Message) -> list[Dump]:
     # A timestamp of the message's own, so the same message loads the same each time (and a
     # save of a run given it finds it held); the epoch for a message written without one.
     stamp = {"timestamp": format_js_iso(message.created_at) if message.created_at else _NO_TIME}
-    texts = [p["text"] for p in message.parts if p.get("type") == "text" and isinstance(p.get("text"), str)]
-    if message.role != "assistant" or message.id.startswith(_SUMMARY_PREFIX):
+    if message.role != "assistant" or message.id.startswith(SUMMARY_PREFIX):
+        texts = [
+            p["text"] for p in message.parts if p.get("type") == "text" and isinstance(p.get("text"), str)
+        ]
         if not texts:
             return []
-        system = message.role == "system" and not message.id.startswith(_SUMMARY_PREFIX)
+        system = message.role == "system" and not message.id.startswith(SUMMARY_PREFIX)
         prompt = {"part_kind": "system-prompt" if system else "user-prompt", "content": "\n".join(texts)}
         return [{"kind": "request", "parts": [{**prompt, **stamp}], **stamp}]
-    said: list[Dump] = [{"part_kind": "text", "content": text} for text in texts]
+    said: list[Dump] = []  # the response's parts, in the message's order
     returned: list[Dump] = []
     for part in message.parts:
-        kind, call_id = part.get("type"), part.get("toolCallId")
-        if not (isinstance(kind, str) and isinstance(call_id, str)):
+        call_id, name = part.get("toolCallId"), tool_name(part)
+        if part.get("type") == "text" and isinstance(part.get("text"), str):
+            said.append({"part_kind": "text", "content": part["text"]})
+        if name is None:
             continue
-        if not (kind.startswith("tool-") or kind == "dynamic-tool"):
-            continue
-        name = str(part.get("toolName") if kind == "dynamic-tool" else kind[len("tool-") :])
         said.append(
             {"part_kind": "tool-call", "tool_name": name, "args": part.get("input"), "tool_call_id": call_id}
         )

@@ -31,6 +31,7 @@ from clients.openai_agents import METADATA_KEY, HubAgentSession
 from hub import SessionManager, Store
 from protocol import Conflict, InvalidInput, SessionNotFound
 from tests.support.hubtest import served
+from tests.support.otherwriters import add_as_other_writers
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -255,28 +256,7 @@ async def test_compaction_returns_one_summary_item(store: Store) -> None:
 async def test_messages_from_other_writers_read_as_items(store: Store) -> None:
     manager = SessionManager(store)
     session = await HubAgentSession.create(manager, "mixed")
-    await manager.append(
-        session.session_id,
-        {"id": "h1", "role": "user", "parts": [{"type": "text", "text": "typed in the inspector"}]},
-    )
-    await manager.append(
-        session.session_id,
-        {
-            "id": "h2",
-            "role": "assistant",
-            "parts": [
-                {"type": "step-start"},
-                {
-                    "type": "tool-lookup",
-                    "toolCallId": "t9",
-                    "state": "output-available",
-                    "input": {"q": 1},
-                    "output": {"n": 2},
-                },
-                {"type": "text", "text": "done"},
-            ],
-        },
-    )
+    await add_as_other_writers(manager, session.session_id)
     assert await session.get_items() == [
         {"role": "user", "content": "typed in the inspector"},
         {"type": "function_call", "call_id": "t9", "name": "lookup", "arguments": '{"q": 1}'},

@@ -14,7 +14,13 @@ from typing import Any
 
 import pytest
 from pydantic_ai import Agent
-from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest, UserPromptPart
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelMessagesTypeAdapter,
+    ModelRequest,
+    ModelResponse,
+    UserPromptPart,
+)
 from pydantic_ai.models.function import FunctionModel
 from pydantic_ai.models.test import TestModel
 
@@ -27,6 +33,7 @@ from protocol import Event, Forbidden, InvalidInput, SessionNotFound
 from tests.clients.pydantic_ai_worker import get_weather, weather_model
 from tests.support.hubtest import served
 from tests.support.nodes import Node
+from tests.support.otherwriters import add_as_other_writers
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "pydantic-ai-test-secret-of-32-bytes-or-more"
@@ -175,31 +182,18 @@ async def test_every_store_and_the_test_model(store: Store) -> None:
 async def test_messages_from_other_writers_and_summaries_load_as_prompts(store: Store) -> None:
     manager = SessionManager(store)
     history = await HubMessageHistory.create(manager, "mixed")
-    await manager.append(
-        history.session_id,
-        {"id": "h1", "role": "user", "parts": [{"type": "text", "text": "typed by a person"}]},
-    )
-    await manager.append(
-        history.session_id,
-        {
-            "id": "h2",
-            "role": "assistant",
-            "parts": [
-                {"type": "text", "text": "looking"},
-                {
-                    "type": "tool-lookup",
-                    "toolCallId": "t1",
-                    "state": "output-available",
-                    "input": {},
-                    "output": 2,
-                },
-            ],
-        },
-    )
+    await add_as_other_writers(manager, history.session_id)
     loaded = await history.load()
     assert [m.kind for m in loaded] == ["request", "response", "request"]
     assert isinstance(loaded[0], ModelRequest) and isinstance(loaded[0].parts[0], UserPromptPart)
-    assert loaded[0].parts[0].content == "typed by a person"
+    assert loaded[0].parts[0].content == "typed in the inspector"
+    response = loaded[1]
+    assert isinstance(response, ModelResponse)
+    assert [(p.part_kind, getattr(p, "tool_name", None)) for p in response.parts] == [
+        ("tool-call", "lookup"),
+        ("text", None),
+    ]
+    assert loaded[2].parts[0].content == {"n": 2}  # type: ignore[union-attr]
     # A run given that history saves only its own messages (the loaded ones are held).
     result = await agent().run("Weather in Paris?", message_history=loaded)
     assert await history.save(result.all_messages()) == 4
