@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import socket
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
@@ -30,8 +27,8 @@ from clients import HubClient
 from clients.openai_agents import METADATA_KEY, HubAgentSession
 from hub import SessionManager, Store
 from protocol import Conflict, InvalidInput, SessionNotFound
+from tests.support.frameworks import add_as_other_writers, import_without
 from tests.support.hubtest import served
-from tests.support.otherwriters import add_as_other_writers
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -460,9 +457,6 @@ async def test_runner_over_hub_client(hub_client: HubClient, tmp_path: Path) -> 
 
 
 def test_import_without_the_package_names_the_extra() -> None:
-    code = "import sys; sys.modules['agents'] = None; import clients.openai_agents"
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, env={**os.environ}
-    )
+    done = import_without("agents", "clients.openai_agents")
     assert done.returncode != 0
     assert 'pip install "sessionhub[openai-agents]"' in done.stderr

@@ -31,9 +31,9 @@ from hub.auth import issue_token
 from hub.server.config import HubConfig
 from protocol import Event, Forbidden, InvalidInput, SessionNotFound
 from tests.clients.pydantic_ai_worker import get_weather, weather_model
+from tests.support.frameworks import add_as_other_writers, import_without
 from tests.support.hubtest import served
 from tests.support.nodes import Node
-from tests.support.otherwriters import add_as_other_writers
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "pydantic-ai-test-secret-of-32-bytes-or-more"
@@ -225,9 +225,6 @@ async def test_bad_input_is_a_typed_error_and_writes_nothing(store: Store) -> No
 
 
 def test_import_without_the_package_names_the_extra() -> None:
-    code = "import sys; sys.modules['pydantic_ai'] = None; import clients.pydantic_ai"
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, env={**os.environ}
-    )
+    done = import_without("pydantic_ai", "clients.pydantic_ai")
     assert done.returncode != 0
     assert 'pip install "sessionhub[pydantic-ai]"' in done.stderr
