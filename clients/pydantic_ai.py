@@ -23,7 +23,7 @@ UI) and searchable like any other:
   call as a ``tool-<name>`` part (``toolCallId``, ``input``);
 - the request that returns those calls' results (tool returns, retry prompts) is merged into
   the message of the response that made the calls: its tool parts get ``output`` (or
-  ``errorText``). A call and its result are then one hub message, which compaction, replacing
+  ``errorText``, for a failed or retried call). A call and its result are then one hub message, which compaction, replacing
   whole messages, cannot separate (as clients/openai_agents.py does for the Agents SDK).
 
 Messages other writers add (a person in a chat UI, an MCP client) load as a user prompt or a
@@ -64,6 +64,7 @@ METADATA_KEY = "pydantic_ai"
 
 # Request parts that answer a call the model made: merged into that call's tool part.
 _CALL_KINDS = frozenset({"tool-call", "builtin-tool-call"})
+_ERROR_OUTCOMES = frozenset({"failed", "retried"})
 _RESULT_KINDS = frozenset({"tool-return", "builtin-tool-return", "retry-prompt"})
 
 _NO_TIME = "1970-01-01T00:00:00.000Z"
@@ -127,7 +128,9 @@ def _answer(part: Mapping[str, Any], parts: list[dict[str, Any]], calls: dict[st
             "toolCallId": call_id,
         }
         parts.append(found)
-    if part.get("part_kind") == "retry-prompt":
+    # A retry prompt, or a return whose outcome reaches the model as an error (pydantic_ai's
+    # ERROR_OUTCOMES: the tool raised, or its call was refused), is the call's error.
+    if part.get("part_kind") == "retry-prompt" or part.get("outcome") in _ERROR_OUTCOMES:
         found["state"] = "output-error"
         found["errorText"] = _as_text(part.get("content"))
     else:

@@ -13,15 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic_ai import Agent
+from pydantic_ai import Agent, ModelRetry, Tool
 from pydantic_ai.messages import (
     ModelMessage,
     ModelMessagesTypeAdapter,
     ModelRequest,
     ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
     UserPromptPart,
 )
-from pydantic_ai.models.function import FunctionModel
+from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.test import TestModel
 
 from clients import HubClient, HubError
@@ -228,3 +231,36 @@ def test_import_without_the_package_names_the_extra() -> None:
     done = import_without("pydantic_ai", "clients.pydantic_ai")
     assert done.returncode != 0
     assert 'pip install "sessionhub[pydantic-ai]"' in done.stderr
+
+
+async def test_a_tool_retry_shows_as_an_error_then_the_answer(store: Store) -> None:
+    manager = SessionManager(store)
+    history = await HubMessageHistory.create(manager, "retry")
+    tries: list[str] = []
+
+    def flaky(city: str) -> str:
+        """The weather in a city, once asked twice."""
+        tries.append(city)
+        if len(tries) == 1:
+            raise ModelRetry("the weather service is busy, call again")
+        return f"Rain in {city}"
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        parts = [part for message in messages for part in message.parts]
+        if any(isinstance(part, ToolReturnPart) and part.outcome == "success" for part in parts):
+            return ModelResponse(parts=[TextPart("Rain, after a retry.")])
+        return ModelResponse(
+            parts=[ToolCallPart("flaky", {"city": "Oslo"}, tool_call_id=f"c{len(messages)}")]
+        )
+
+    flaky_agent = Agent(
+        FunctionModel(model), tools=[Tool(flaky, max_retries=2)], capabilities=[history.capability()]
+    )
+    result = await flaky_agent.run("Weather in Oslo?", message_history=await history.load())
+    assert dump(await history.load()) == dump(result.all_messages())
+    stored = await manager.get_history(history.session_id)
+    assert [m.role for m in stored] == ["user", "assistant", "assistant", "assistant"]
+    failed, succeeded = (tool for m in stored[1:3] for tool in m.parts if tool["type"] == "tool-flaky")
+    assert failed["state"] == "output-error" and "busy" in failed["errorText"]
+    assert succeeded["state"] == "output-available" and succeeded["output"] == "Rain in Oslo"
+    assert stored[3].parts == [{"type": "text", "text": "Rain, after a retry."}]
