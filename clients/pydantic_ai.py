@@ -23,8 +23,9 @@ UI) and searchable like any other:
   call as a ``tool-<name>`` part (``toolCallId``, ``input``);
 - the request that returns those calls' results (tool returns, retry prompts) is merged into
   the message of the response that made the calls: its tool parts get ``output`` (or
-  ``errorText``, for a failed or retried call). A call and its result are then one hub message, which compaction, replacing
-  whole messages, cannot separate (as clients/openai_agents.py does for the Agents SDK).
+  ``errorText``, for a failed or retried call). A call and its result are then one hub
+  message, which compaction, replacing whole messages, cannot separate (as
+  clients/openai_agents.py does for the Agents SDK).
 
 Messages other writers add (a person in a chat UI, an MCP client) load as a user prompt or a
 model response made from their text and tool parts; a compacted range loads as one user prompt
