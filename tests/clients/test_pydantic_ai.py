@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic_ai import Agent, ModelRetry, Tool
+from pydantic_ai import Agent, BinaryContent, ImageUrl, ModelRetry, Tool
 from pydantic_ai.messages import (
     ModelMessage,
     ModelMessagesTypeAdapter,
@@ -22,6 +22,7 @@ from pydantic_ai.messages import (
     TextPart,
     ToolCallPart,
     ToolReturnPart,
+    UserContent,
     UserPromptPart,
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -264,3 +265,24 @@ async def test_a_tool_retry_shows_as_an_error_then_the_answer(store: Store) -> N
     assert failed["state"] == "output-error" and "busy" in failed["errorText"]
     assert succeeded["state"] == "output-available" and succeeded["output"] == "Rain in Oslo"
     assert stored[3].parts == [{"type": "text", "text": "Rain, after a retry."}]
+
+
+async def test_images_and_files_in_a_prompt_round_trip_and_are_named(store: Store) -> None:
+    manager = SessionManager(store)
+    history = await HubMessageHistory.create(manager, "files")
+    prompt: list[UserContent] = [
+        "Look:",
+        BinaryContent(b"\x89PNG\r\n\x1a\n", media_type="image/png"),
+        ImageUrl("https://example.com/a.png"),
+    ]
+    result = await Agent(TestModel()).run(prompt)
+    await history.save(result.new_messages())
+    assert dump(await history.load()) == dump(result.all_messages())
+    (asked, _) = await manager.get_history(history.session_id)
+    assert [p["type"] for p in asked.parts] == [
+        "text",
+        "data-pydantic-ai-binary",
+        "data-pydantic-ai-image-url",
+    ]
+    assert asked.parts[1]["data"]["media_type"] == "image/png" and "data" not in asked.parts[1]["data"]
+    assert asked.parts[2]["data"]["url"] == "https://example.com/a.png"
