@@ -63,11 +63,13 @@ __all__ = ["METADATA_KEY", "HubHistoryCapability", "HubMessageHistory"]
 #: The key of a message's ``metadata`` under which the original messages' dumps are kept.
 METADATA_KEY = "pydantic_ai"
 
-# Request parts that answer a call the model made: merged into that call's tool part.
+# Response parts that call a tool: each a tool part of the response's message.
 _CALL_KINDS = frozenset({"tool-call", "builtin-tool-call"})
-_ERROR_OUTCOMES = frozenset({"failed", "retried"})
+# Parts that answer a call the model made: merged into that call's tool part.
 _RESULT_KINDS = frozenset({"tool-return", "builtin-tool-return", "retry-prompt"})
-
+# Return outcomes that reach the model as an error (pydantic_ai.messages.ERROR_OUTCOMES).
+_ERROR_OUTCOMES = frozenset({"failed", "retried"})
+# The timestamp of a message another writer made without one (see _foreign).
 _NO_TIME = "1970-01-01T00:00:00.000Z"
 
 Dump = dict[str, Any]
@@ -129,8 +131,8 @@ def _answer(part: Mapping[str, Any], parts: list[dict[str, Any]], calls: dict[st
             "toolCallId": call_id,
         }
         parts.append(found)
-    # A retry prompt, or a return whose outcome reaches the model as an error (pydantic_ai's
-    # ERROR_OUTCOMES: the tool raised, or its call was refused), is the call's error.
+    # A retry prompt, or a return whose outcome reaches the model as an error (the tool raised,
+    # or its call was refused), is the call's error.
     if part.get("part_kind") == "retry-prompt" or part.get("outcome") in _ERROR_OUTCOMES:
         found["state"] = "output-error"
         found["errorText"] = _as_text(part.get("content"))
