@@ -29,6 +29,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.test import TestModel
 
 from clients import HubClient, HubError
+from clients.operator import describe
 from clients.pydantic_ai import METADATA_KEY, HubMessageHistory
 from hub import SessionManager, SqliteStore, Store
 from hub.auth import issue_token
@@ -121,6 +122,10 @@ async def test_two_worker_processes_share_the_history_and_a_subscriber_watches(t
         assert len(updated) == 2
         assert tool_step(updated[0]["parts"])["output"] == "Sunny in Paris"
         assert tool_step(updated[0]["parts"])["state"] == "output-available"
+        # What `sessionhub tail` prints for them: readable lines.
+        lines = [describe(e) for e in seen if e.type == "message.appended"]
+        assert '(user): "Weather in Paris?"' in lines[0]
+        assert lines[1].endswith("+reasoning,tool-get_weather ← " + appended[0]["id"])
         # Searchable like any session.
         found = await hub.sessions.search("Paris")
         assert session.session_id in {r.session_id for r in found}
