@@ -57,7 +57,7 @@ from protocol import Forbidden, InvalidInput, SessionHubError, coerce_message
 
 from .aguievents import to_ui_messages
 from .aguifollow import SLOW, Follower, run_error
-from .aguirun import AguiRun, agui_run, parse_id
+from .aguirun import AguiRun, agui_run, parse_id, posting
 from .aguistate import apply_state
 from .body import BodyError, parse_body, read_body
 from .caller import Caller, caller, cors_headers
@@ -164,8 +164,9 @@ async def _post(request: Request) -> Response | SseFeed:
         return _refused_run(hub, cors, exc)
     try:
         await hub.manager.append_all(body.threadId, messages, None)
-        turn = await hub.turns.start(body.threadId, messages[-1].id, "submit-message")
-        run = await agui_run(hub, turn, body.runId)
+        with posting(body.threadId, body.runId):
+            turn = await hub.turns.start(body.threadId, messages[-1].id, "submit-message")
+            run = await agui_run(hub, turn, body.runId)
     except SessionHubError as exc:
         return json_error(error_code(exc), str(exc), cors)
     return _reader(hub, run, cors, None, None)

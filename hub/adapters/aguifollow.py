@@ -68,7 +68,8 @@ class Follower:
 
     # A run's :class:`~.aguirun.Sink`: the run's end is not the stream's.
     def push(self, text: str, *, last: bool = False) -> None:
-        self.feed.push(text)
+        if text:
+            self.feed.push(text)
         if last:
             self._ended.set()
 

@@ -23,6 +23,7 @@ import json
 import logging
 import secrets
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 from protocol import PositionLost
@@ -34,7 +35,17 @@ from .aguistate import StateTracker, blocks_state
 from .port import ChatHost, ChatTurn
 from .replychunks import TurnChunks, turn_chunks
 
-__all__ = ["AguiRun", "Sink", "agui_run", "event_id", "held_run", "parse_id", "sse_event", "started_seq"]
+__all__ = [
+    "AguiRun",
+    "Sink",
+    "agui_run",
+    "event_id",
+    "held_run",
+    "parse_id",
+    "posting",
+    "sse_event",
+    "started_seq",
+]
 
 log = logging.getLogger("sessionhub.agui")
 
@@ -197,6 +208,8 @@ class AguiRun:
             if history is not None:
                 text += sse_event({"type": "MESSAGES_SNAPSHOT", "messages": to_agui_messages(history)})
             text += self.sse(1, len(self.events))
+        elif self.done and after >= len(self.events) - 1:
+            text = ""  # it has the whole run: a run opened again would never end
         else:
             text = f"data: {self.events[0]}\n\n"
             for event in self.reopen[after]:
@@ -238,11 +251,28 @@ def held_run(session_id: str, seq: int) -> AguiRun | None:
     return _ENDED.get((session_id, seq))
 
 
+#: thread -> the runId of the run its client is posting (a follower may see the turn first).
+_POSTING: dict[str, str] = {}
+
+
+@contextlib.contextmanager
+def posting(thread: str, run_id: str) -> Iterator[None]:
+    """While a client's run of ``thread`` starts: its run is named ``run_id`` wherever this
+    node renders it first (the POST, or a follower that saw the turn begin)."""
+    _POSTING[thread] = run_id
+    try:
+        yield
+    finally:
+        if _POSTING.get(thread) == run_id:
+            del _POSTING[thread]
+
+
 async def agui_run(
     hub: ChatHost, turn: ChatTurn, run_id: str | None = None, seq: int | None = None
 ) -> AguiRun:
     """The turn's run on this node, made on first use (``run_id``: the AG-UI client's, when
     it posted the run; ``seq``: its ``turn.started``, when known)."""
+    run_id = run_id or _POSTING.get(turn.session_id)
     run = _RUNS.get(id(turn))
     if run is not None and run.turn is turn:
         return run

@@ -35,16 +35,27 @@ def _run(thread: str, *texts: str) -> dict[str, Any]:
 
 
 async def test_the_ag_ui_client_against_the_hub(tmp_path: Path) -> None:
-    async with (
-        served(db=tmp_path / "hub.db") as h,
-        responder(h.ws_url, lambda: len(h.hub.turns.responders) == 1),
-    ):
-        await run_node_tests(
-            node22(),
-            JS7 / "agui.test.mjs",
-            {"SESSIONHUB_URL": h.url, "SESSIONHUB_WS_URL": h.ws_url},
-            passes=4,
-        )
+    """Runs, re-attach, follow mode across runs, STATE_DELTA and stop (tests/js7/agui.test.mjs),
+    on a hub whose sessions have a read-only block (soul) and a writable one (memory)."""
+    store = await SqliteStore.open(tmp_path / "hub.db")
+    manager = (
+        SessionManager(store)
+        .with_context("soul", provider=ReadonlyText("kind"))
+        .with_context("memory", max_tokens=50)
+    )
+    try:
+        async with (
+            served(manager=manager) as h,
+            responder(h.ws_url, lambda: len(h.hub.turns.responders) == 1),
+        ):
+            await run_node_tests(
+                node22(),
+                JS7 / "agui.test.mjs",
+                {"SESSIONHUB_URL": h.url, "SESSIONHUB_WS_URL": h.ws_url},
+                passes=7,
+            )
+    finally:
+        await store.close()
 
 
 @pytest.mark.parametrize(
@@ -146,8 +157,7 @@ async def _state_run(store: SqliteStore) -> None:
             body = {**_run(thread, "hi"), "state": state}
             async with http.stream("POST", "/agui", json=body) as r:
                 lines = [line async for line in r.aiter_lines()]
-            if r.status_code != 200:
-                return r.status_code, [json.loads("".join(lines))]
+            assert r.status_code == 200, lines
             return 200, [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
 
         status, events = await run({"contextBlocks": {"memory": "likes tea", "soul": "kind"}})
@@ -161,15 +171,18 @@ async def _state_run(store: SqliteStore) -> None:
         session = h.hub.manager.get_session(thread)
         assert (await session.get_context_block("memory")).content == "likes tea"  # type: ignore[union-attr]
 
-        # All or none: notes is fine, the read-only soul is not, and memory is too long.
+        # All or none: notes is fine, the read-only soul is not, and memory is too long. The
+        # refusal is AG-UI's own: one RUN_ERROR with the hub's code, and no run.
         for bad in (
             {"contextBlocks": {"notes": "n", "soul": "cruel"}},
             {"contextBlocks": {"notes": "n", "memory": "word " * 200}},
             {"contextBlocks": {"nope": "x"}},
             {"contextBlocks": {"notes": 5}},
+            {"contextBlocks": ["notes"]},
+            "not an object",
         ):
-            status, (answer,) = await run(bad)
-            assert status == 400 and answer["error"]["code"] == "invalid", (bad, answer)
+            status, events = await run(bad)
+            assert [(e["type"], e.get("code")) for e in events] == [("RUN_ERROR", "invalid")], (bad, events)
         blocks = {b.label: b.content for b in await session.get_context_blocks()}
         assert blocks == {"soul": "kind", "memory": "likes tea", "notes": ""}
         assert len(await h.hub.manager.get_history(thread)) == 2  # only the first run's
