@@ -186,3 +186,72 @@ async def _state_run(store: SqliteStore) -> None:
         blocks = {b.label: b.content for b in await session.get_context_blocks()}
         assert blocks == {"soul": "kind", "memory": "likes tea", "notes": ""}
         assert len(await h.hub.manager.get_history(thread)) == 2  # only the first run's
+
+
+async def test_follow_and_stop_check_their_scopes(tmp_path: Path) -> None:
+    """Following needs ``read`` on the thread, stopping ``write``; a token for another
+    thread reaches neither."""
+    config = HubConfig(auth_secret=SECRET)
+    async with served(db=tmp_path / "hub.db", config=config) as h, httpx2.AsyncClient(base_url=h.url) as http:
+        thread = "t-" + uuid.uuid4().hex
+        await h.hub.store.create_session("chat", session_id=thread)
+
+        def auth(scopes: dict[str, str]) -> dict[str, str]:
+            return {"authorization": f"Bearer {issue_token(SECRET, scopes)}"}
+
+        follow = f"/agui/{thread}/stream?follow=1"
+        assert (await http.get(follow)).status_code == 401
+        assert (await http.get(follow, headers=auth({"t-other": "admin"}))).status_code == 403
+        async with http.stream("GET", follow, headers=auth({thread: "read"})) as r:
+            assert r.status_code == 200
+            events = []
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:])["type"])
+                    if events[-1] == "RUN_FINISHED":
+                        break
+        assert events == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "STATE_SNAPSHOT", "RUN_FINISHED"]
+        stop = f"/agui/{thread}/stop"
+        assert (await http.post(stop)).status_code == 401
+        for scopes in ({thread: "read"}, {"t-other": "admin"}):
+            answer = await http.post(stop, headers=auth(scopes))
+            assert answer.status_code == 403 and answer.json()["error"]["code"] == "forbidden"
+        nothing = await http.post(stop, headers=auth({thread: "write"}))
+        assert nothing.status_code == 404 and nothing.json()["error"]["code"] == "not_found"
+
+
+async def test_a_follower_too_far_behind_is_ended_and_the_others_get_everything(tmp_path: Path) -> None:
+    """Each follower's queue is bounded (``outbox_bytes``): one that does not read is ended
+    (a ``RUN_ERROR`` of code ``slow_consumer``, or its connection cut when it takes not even
+    that), counted in ``sessionhub_sse_dropped``; a reader that keeps up gets the whole run."""
+    config = HubConfig(outbox_bytes=256 << 10, send_timeout=1.0)
+    async with (
+        served(db=tmp_path / "hub.db", config=config) as h,
+        responder(h.ws_url, lambda: len(h.hub.turns.responders) == 1),
+        httpx2.AsyncClient(base_url=h.url, timeout=30) as http,
+    ):
+        thread = "t-" + uuid.uuid4().hex
+        await h.hub.store.create_session("chat", session_id=thread)
+        dropped = h.hub.metrics.sse_dropped
+
+        def drops() -> float:
+            return sum(dropped.labels(r)._value.get() for r in ("behind", "timeout"))
+
+        before = drops()
+        async with http.stream("GET", f"/agui/{thread}/stream?follow=1") as stalled:
+            assert stalled.status_code == 200
+            async with http.stream("POST", "/agui", json=_run(thread, "big 8192")) as posted:
+                kinds = [
+                    json.loads(line[6:])["type"]
+                    async for line in posted.aiter_lines()
+                    if line[:6] == "data: "
+                ]
+            assert kinds[-1] == "RUN_FINISHED"
+            assert drops() > before  # the stalled follower, not the POST's reader
+            tail, cut = b"", False
+            try:
+                async for piece in stalled.aiter_bytes():
+                    tail = (tail + piece)[-4096:]
+            except httpx2.HTTPError:
+                cut = True
+            assert cut or b'"code":"slow_consumer"' in tail, tail[-300:]
