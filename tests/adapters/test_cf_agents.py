@@ -130,3 +130,29 @@ async def test_tabs_on_two_nodes_see_each_other(tmp_path: Path) -> None:
             },
             passes=1,
         )
+
+
+async def test_a_socket_without_read_hears_nothing_of_the_chat(tmp_path: Path) -> None:
+    """A socket whose token does not reach the session is not in its room: another tab's
+    messages and clears are not sent to it."""
+    config = HubConfig(auth_secret=SECRET)
+    async with served(db=tmp_path / "hub.db", config=config) as h:
+        name = uuid.uuid4().hex
+        sid = session_of("chat-agent", name)
+        await h.hub.store.create_session("chat", session_id=sid)
+        url = f"ws://127.0.0.1:{h.port}/agents/chat-agent/{name}"
+        writer = issue_token(SECRET, {sid: "write"})
+        stranger = issue_token(SECRET, {"chat-agent:else": "admin"})
+        async with connect(f"{url}?token={stranger}") as outsider, connect(f"{url}?token={writer}") as tab:
+            await _until(outsider, "cf_agent_state_error")
+            await _until(tab, "cf_agent_chat_messages")
+            message = {"id": "m1", "role": "user", "parts": [{"type": "text", "text": "secret"}]}
+            await tab.send(json.dumps({"type": "cf_agent_chat_messages", "messages": [message]}))
+            await tab.send(json.dumps({"type": "cf_agent_chat_clear"}))
+            await tab.send(json.dumps({"type": "cf_agent_stream_resume_request", "probeId": "p"}))
+            await _until(tab, "cf_agent_stream_resume_none")  # the tab's frames were all handled
+            await asyncio.sleep(0.1)  # and the log follower's, which come after a short wait
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.2):
+                    await outsider.recv()
+        assert await h.hub.manager.get_history(sid) == []
