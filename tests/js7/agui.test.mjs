@@ -5,9 +5,9 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
-import { HttpAgent, verifyEvents } from "@ag-ui/client";
+import { HttpAgent, runHttpRequest, transformHttpEventStream, verifyEvents } from "@ag-ui/client";
 import { EventSchemas } from "@ag-ui/core/schemas";
-import { from, lastValueFrom, toArray } from "rxjs";
+import { from, lastValueFrom, take as first, toArray } from "rxjs";
 import { HubClient } from "../../web/sessionhub.js";
 
 const base = process.env.SESSIONHUB_URL;
@@ -218,6 +218,14 @@ test("follow mode: the thread on attach, then every later run, resumed exactly a
   const sync = await take(finished(1));
   assert.deepEqual(sync.map((r) => r.event.type), ["RUN_STARTED", "MESSAGES_SNAPSHOT", "STATE_SNAPSHOT", "RUN_FINISHED"]);
   assert.deepEqual(sync[1].event.messages, []);
+  // The client's own SSE parser and order checks read a follow stream too (docs/chat.md).
+  const hangUp = new AbortController(); // an unsubscribe alone leaves the request open
+  const parsed = await lastValueFrom(
+    transformHttpEventStream(runHttpRequest(() => fetch(`${base}/agui/${threadId}/stream?follow=1`, { signal: hangUp.signal })))
+      .pipe(verifyEvents(false), first(4), toArray()),
+  );
+  hangUp.abort();
+  assert.deepEqual(parsed.map((e) => e.type), sync.map((r) => r.event.type));
 
   // Another client runs the thread twice with the real HttpAgent: the follower sees both.
   const agent = new HttpAgent({ url: `${base}/agui`, threadId });
