@@ -235,7 +235,7 @@ async def test_a_follower_too_far_behind_is_ended_and_the_others_get_everything(
         dropped = h.hub.metrics.sse_dropped
 
         def drops() -> float:
-            return sum(dropped.labels(r)._value.get() for r in ("behind", "timeout"))
+            return float(sum(dropped.labels(r)._value.get() for r in ("behind", "timeout")))
 
         before = drops()
         async with http.stream("GET", f"/agui/{thread}/stream?follow=1") as stalled:
