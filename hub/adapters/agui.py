@@ -43,7 +43,6 @@ thread, a re-attach ``read``. Each reader's stream is bounded as a WebSocket's o
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -208,23 +207,16 @@ def _follow(
         return refused(request.headers, cors)
     if hub.closing:
         return json_error("unavailable", "the hub is shutting down", cors)
-    task: asyncio.Task[None] | None = None
 
     def close() -> None:
         follower.leave()
-        if task is not None:
-            task.cancel()
+        if follower.task is not None:
+            follower.task.cancel()
 
     feed = _feed(hub, cors, close, farewell=SLOW)
     follower = Follower(hub, thread, feed)
-    task = asyncio.get_running_loop().create_task(follower.serve(last), name=f"agui follow {thread}")
-    _FOLLOWERS.add(task)
-    task.add_done_callback(_FOLLOWERS.discard)
+    follower.start(last)
     return feed
-
-
-#: The follow tasks running (the loop keeps only a weak reference to a task).
-_FOLLOWERS: set[asyncio.Task[None]] = set()
 
 
 async def _stop(request: Request) -> Response:

@@ -40,7 +40,7 @@ from .aguirun import AguiRun, agui_run, event_id, held_run, parse_id, sse_event
 from .aguistate import KEY, blocks_state
 from .port import ChatHost
 
-__all__ = ["SLOW", "SYNC_TAG", "Follower", "run_error"]
+__all__ = ["CLOSING", "SLOW", "SYNC_TAG", "Follower", "run_error"]
 
 log = logging.getLogger("sessionhub.agui")
 
@@ -53,6 +53,11 @@ def run_error(code: str, message: str) -> str:
     return sse_event({"type": "RUN_ERROR", "code": code, "message": message})
 
 
+#: The last event of every follower when the hub drains (it reconnects to another node).
+CLOSING = run_error("unavailable", "the hub is shutting down; reconnect with Last-Event-ID")
+#: How often the followers' watcher looks whether the hub drains (seconds).
+CLOSING_POLL = 0.25
+
 #: The last event of a reader dropped for being too far behind.
 SLOW = run_error("slow_consumer", "this reader fell too far behind; reconnect with Last-Event-ID to continue")
 
@@ -64,6 +69,7 @@ class Follower:
     def __init__(self, hub: ChatHost, thread: str, feed: Any) -> None:
         self.hub, self.thread, self.feed = hub, thread, feed
         self.run: AguiRun | None = None
+        self.task: asyncio.Task[None] | None = None
         self._ended = asyncio.Event()
 
     # A run's :class:`~.aguirun.Sink`: the run's end is not the stream's.
@@ -74,8 +80,21 @@ class Follower:
             self._ended.set()
 
     def leave(self) -> None:
+        _LIVE.discard(self)
         if self.run is not None:
             self.run.leave(self)
+
+    def start(self, last_event_id: str | None) -> asyncio.Task[None]:
+        """Serve in a task of its own; watched, so that a draining hub ends it (a follow
+        stream never ends by itself, and uvicorn waits for every response to end)."""
+        global _WATCHER
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self.serve(last_event_id), name=f"agui follow {self.thread}")
+        self.task = task
+        _LIVE.add(self)
+        if _WATCHER is None or _WATCHER.done() or _WATCHER.get_loop() is not loop:
+            _WATCHER = loop.create_task(_watch(), name="agui followers")
+        return task
 
     async def serve(self, last_event_id: str | None) -> None:
         try:
@@ -169,3 +188,18 @@ class Follower:
             },
         ]
         self.feed.push("".join(sse_event(e, event_id(seq, n, SYNC_TAG)) for n, e in enumerate(events)))
+
+
+#: The followers serving now, and the task that ends them when their hub drains.
+_LIVE: set[Follower] = set()
+_WATCHER: asyncio.Task[None] | None = None
+
+
+async def _watch() -> None:
+    while _LIVE:
+        for follower in [f for f in _LIVE if f.hub.closing]:
+            follower.leave()
+            if follower.task is not None:
+                follower.task.cancel()
+            follower.feed.push(CLOSING, last=True)
+        await asyncio.sleep(CLOSING_POLL)

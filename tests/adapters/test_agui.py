@@ -7,7 +7,9 @@ by ``@ag-ui/core``'s schemas and the client's own order verifier, on Node 22
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -255,3 +257,25 @@ async def test_a_follower_too_far_behind_is_ended_and_the_others_get_everything(
             except httpx2.HTTPError:
                 cut = True
             assert cut or b'"code":"slow_consumer"' in tail, tail[-300:]
+
+
+async def test_a_draining_hub_ends_its_followers(tmp_path: Path) -> None:
+    """A follow stream never ends by itself, and uvicorn waits for every response to end:
+    the hub's drain (``sessionhub serve`` on SIGINT runs it first) ends each follower with
+    ``RUN_ERROR {code: "unavailable"}`` (no id: the reader's ``Last-Event-ID`` still names
+    its last event)."""
+    async with served(db=tmp_path / "hub.db") as h, httpx2.AsyncClient(base_url=h.url, timeout=30) as http:
+        async with http.stream("GET", "/agui/t-drain/stream?follow=1") as r:
+            assert r.status_code == 200
+            lines = r.aiter_lines()
+            async for line in lines:
+                if '"RUN_FINISHED"' in line:
+                    break
+            started = time.monotonic()
+            draining = asyncio.create_task(h.hub.drain())
+            rest = [line async for line in lines]
+            await draining
+        assert time.monotonic() - started < 3
+        last = json.loads(next(line for line in reversed(rest) if line.startswith("data: "))[6:])
+        assert (last["type"], last["code"]) == ("RUN_ERROR", "unavailable")
+        assert not any(line.startswith("id: ") for line in rest)
