@@ -202,7 +202,8 @@ def _follow(
     request: Request, hub: ChatHost, cors: dict[str, str], thread: str, last: str | None
 ) -> Response | SseFeed:
     try:
-        caller(request.headers, hub.config).check("get_history", thread)
+        who = caller(request.headers, hub.config)
+        who.check("get_history", thread)
     except Forbidden:
         return refused(request.headers, cors)
     if hub.closing:
@@ -214,7 +215,7 @@ def _follow(
             follower.task.cancel()
 
     feed = _feed(hub, cors, close, farewell=SLOW)
-    follower = Follower(hub, thread, feed)
+    follower = Follower(hub, thread, feed, None if who.grant is None else who.grant.expires_at)
     follower.start(last)
     return feed
 

@@ -17,7 +17,9 @@ holds the run (in flight, or ended a moment ago), then follows the runs after it
 does not (another node's rendering, a run long over, a node restarted), it is attached
 afresh, as above: the snapshot replaces what it held, and no event comes twice.
 
-Keep-alive comments go out when nothing else does (``chat_keepalive``). Each reader's queue
+The stream ends with a ``RUN_ERROR`` (no id) of code ``unavailable`` when the hub drains
+and ``unauthorized`` when the reader's token expires: a follow stream would otherwise outlive
+both. Keep-alive comments go out when nothing else does (``chat_keepalive``). Each reader's queue
 is bounded by ``outbox_bytes`` (:class:`~.sse.SseFeed`): a reader that falls that far behind
 is ended with a ``RUN_ERROR`` of code ``slow_consumer`` (no id, so its ``Last-Event-ID``
 still names the last event it got, and it can come back), or cut when it does not take
@@ -29,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 from protocol import PositionLost, SessionHubError, SessionNotFound
@@ -55,6 +58,8 @@ def run_error(code: str, message: str) -> str:
 
 #: The last event of every follower when the hub drains (it reconnects to another node).
 CLOSING = run_error("unavailable", "the hub is shutting down; reconnect with Last-Event-ID")
+#: The last event of a follower whose token expired (it comes back with a fresh one).
+EXPIRED = run_error("unauthorized", "the token expired; reconnect with a fresh one and Last-Event-ID")
 #: How often the followers' watcher looks whether the hub drains (seconds).
 CLOSING_POLL = 0.25
 
@@ -66,8 +71,10 @@ class Follower:
     """One follow-mode reader of a thread, writing into its ``feed``; :meth:`serve` runs
     until the reader goes (then its task is cancelled)."""
 
-    def __init__(self, hub: ChatHost, thread: str, feed: Any) -> None:
+    def __init__(self, hub: ChatHost, thread: str, feed: Any, expires_at: float | None = None) -> None:
         self.hub, self.thread, self.feed = hub, thread, feed
+        #: When the reader's token expires (wall clock): the stream ends then.
+        self.expires_at = expires_at
         self.run: AguiRun | None = None
         self.task: asyncio.Task[None] | None = None
         self._ended = asyncio.Event()
@@ -84,9 +91,17 @@ class Follower:
         if self.run is not None:
             self.run.leave(self)
 
+    def end(self, last: str) -> None:
+        """End the stream with ``last`` (a draining hub, an expired token)."""
+        self.leave()
+        if self.task is not None:
+            self.task.cancel()
+        self.feed.push(last, last=True)
+
     def start(self, last_event_id: str | None) -> asyncio.Task[None]:
         """Serve in a task of its own; watched, so that a draining hub ends it (a follow
-        stream never ends by itself, and uvicorn waits for every response to end)."""
+        stream never ends by itself, and uvicorn waits for every response to end), and ended
+        when the reader's token expires."""
         global _WATCHER
         loop = asyncio.get_running_loop()
         task = loop.create_task(self.serve(last_event_id), name=f"agui follow {self.thread}")
@@ -197,9 +212,10 @@ _WATCHER: asyncio.Task[None] | None = None
 
 async def _watch() -> None:
     while _LIVE:
-        for follower in [f for f in _LIVE if f.hub.closing]:
-            follower.leave()
-            if follower.task is not None:
-                follower.task.cancel()
-            follower.feed.push(CLOSING, last=True)
+        now = time.time()
+        for follower in list(_LIVE):
+            if follower.hub.closing:
+                follower.end(CLOSING)
+            elif follower.expires_at is not None and now >= follower.expires_at:
+                follower.end(EXPIRED)
         await asyncio.sleep(CLOSING_POLL)

@@ -213,6 +213,13 @@ async def test_follow_and_stop_check_their_scopes(tmp_path: Path) -> None:
                     if events[-1] == "RUN_FINISHED":
                         break
         assert events == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "STATE_SNAPSHOT", "RUN_FINISHED"]
+        # A follow stream does not outlive its token: it ends, typed, when the token expires.
+        short = {"authorization": f"Bearer {issue_token(SECRET, {thread: 'read'}, ttl=1.5)}"}
+        async with http.stream("GET", follow, headers=short) as r:
+            assert r.status_code == 200
+            async with asyncio.timeout(5):
+                kinds = [json.loads(line[6:]) async for line in r.aiter_lines() if line.startswith("data: ")]
+        assert (kinds[-1]["type"], kinds[-1]["code"]) == ("RUN_ERROR", "unauthorized")
         stop = f"/agui/{thread}/stop"
         assert (await http.post(stop)).status_code == 401
         for scopes in ({thread: "read"}, {"t-other": "admin"}):
