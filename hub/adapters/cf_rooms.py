@@ -174,6 +174,11 @@ def leave(room: Room, member: Member) -> None:
     for relay in room.relays.values():
         relay.live.discard(member)
     room.sockets.discard(member)
+    _close_if_empty(room)
+
+
+def _close_if_empty(room: Room) -> None:
+    """A room with no socket and no reply going goes, with its log follower."""
     if not room.sockets and not room.relays and _ROOMS.get(room.session_id) is room:
         del _ROOMS[room.session_id]
         room.stop()
@@ -249,6 +254,7 @@ class Relay:
         turn = self.chunks.turn
         if self.room.relays.get(id(turn)) is self:
             del self.room.relays[id(turn)]
+        _close_if_empty(self.room)
         # Held until done: the loop keeps only a weak reference to a task.
         task = asyncio.get_running_loop().create_task(self._transcript())
         _PENDING.add(task)

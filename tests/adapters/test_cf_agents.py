@@ -17,12 +17,13 @@ import httpx2
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
+from hub.adapters import cf_rooms
 from hub.adapters.cf_agents import session_of
 from hub.auth import issue_token
 from hub.server import HubConfig
 from tests.adapters.test_aisdk_ws import SECRET
 from tests.support.chatkit import responder
-from tests.support.hubtest import served
+from tests.support.hubtest import eventually, served
 from tests.support.nodes import Node, scratch_database
 from tests.support.nodetests import JS7, node22, run_node_tests
 from tests.support.services import postgres_dsn
@@ -155,4 +156,9 @@ async def test_a_socket_without_read_hears_nothing_of_the_chat(tmp_path: Path) -
             with pytest.raises(TimeoutError):
                 async with asyncio.timeout(0.2):
                     await outsider.recv()
+            room = cf_rooms._ROOMS[sid]
+            follower = room.follower
+            assert follower is not None and not follower.done()
         assert await h.hub.manager.get_history(sid) == []
+        # The last tab gone, its room goes, and the room's log follower with it.
+        await eventually(lambda: sid not in cf_rooms._ROOMS and follower.done())
