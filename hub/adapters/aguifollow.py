@@ -137,7 +137,7 @@ class Follower:
             seq, n, tag = last
             if tag == SYNC_TAG and n == 3:
                 return seq  # it had the whole sync run: only what came after it
-            run = held_run(self.thread, seq)
+            run = held_run(self.hub, self.thread, seq)
             if run is not None and run.continues(seq, n, tag):
                 await self._stream(run, n, None)
                 return seq
@@ -159,7 +159,7 @@ class Follower:
     async def _next(self, seq: int, reply_id: object) -> None:
         """A run began (its ``turn.started`` at ``seq``): stream it whole, or tell the
         reader the thread if it ended before this node could watch it."""
-        run = held_run(self.thread, seq)
+        run = held_run(self.hub, self.thread, seq)
         if run is None:
             with contextlib.suppress(SessionHubError):
                 turn = await self.hub.turns.find(self.thread)

@@ -242,13 +242,14 @@ def _hold(run: AguiRun) -> None:
         total -= dropped.bytes
 
 
-def held_run(session_id: str, seq: int) -> AguiRun | None:
+def held_run(hub: ChatHost, session_id: str, seq: int) -> AguiRun | None:
     """The run of ``session_id`` whose ``turn.started`` is ``seq``, if this node holds it
-    (in flight, or ended a moment ago)."""
+    (in flight, or ended a moment ago) for this hub."""
     for run in list(_RUNS.values()):
-        if run.session_id == session_id and run.seq == seq:
+        if run.hub is hub and run.session_id == session_id and run.seq == seq:
             return run
-    return _ENDED.get((session_id, seq))
+    ended = _ENDED.get((session_id, seq))
+    return ended if ended is not None and ended.hub is hub else None
 
 
 #: thread -> the runId of the run its client is posting (a follower may see the turn first).
