@@ -2,7 +2,8 @@
 
 Cloudflare's own client code drives it first: ``agents`` 0.32's ``AgentClient`` and the
 ``WebSocketChatTransport`` of ``agents/chat/transport`` (what ``useAgentChat`` uses), on
-Node 22 (tests/js7/cf-agents.test.mjs). Then raw frames for the tokens and bad input.
+Node 22 (tests/js7/cf-agents.test.mjs). Then raw frames for the tokens and bad input. Tabs
+on two hub nodes: tests/adapters/test_doors_on_nodes.py.
 """
 
 from __future__ import annotations
@@ -24,9 +25,7 @@ from hub.server import HubConfig
 from tests.adapters.test_aisdk_ws import SECRET
 from tests.support.chatkit import responder
 from tests.support.hubtest import eventually, served
-from tests.support.nodes import Node, scratch_database
 from tests.support.nodetests import JS7, node22, run_node_tests
-from tests.support.services import postgres_dsn
 
 
 async def test_the_agents_sdk_client_against_the_hub(tmp_path: Path) -> None:
@@ -109,28 +108,6 @@ async def test_bad_chat_requests_are_answered_with_an_error_and_nothing_is_writt
             answer = await _until(ws, "cf_agent_use_chat_response")
             assert answer["id"] == json.loads(frame)["id"] and answer["error"] and answer["done"]
         assert await h.hub.manager.get(session_of("chat-agent", "bad")) is None
-
-
-@pytest.mark.timeout(120)
-async def test_tabs_on_two_nodes_see_each_other(tmp_path: Path) -> None:
-    """Two ``sessionhub serve`` nodes on one Postgres (the Postgres bus), a responder on A,
-    Cloudflare's client in a tab on each (tests/js7/cf-agents-nodes.test.mjs)."""
-    node = node22()
-    async with (
-        scratch_database(postgres_dsn()) as database,
-        Node(database, "postgres", None, "--turn-timeout", "20") as a,
-        Node(database, "postgres", None, "--turn-timeout", "20") as b,
-        responder(a.ws_url, lambda: True),
-    ):
-        await run_node_tests(
-            node,
-            JS7 / "cf-agents-nodes.test.mjs",
-            {
-                "SESSIONHUB_URL": f"http://127.0.0.1:{a.port}",
-                "SESSIONHUB_URL_B": f"http://127.0.0.1:{b.port}",
-            },
-            passes=1,
-        )
 
 
 async def test_a_socket_without_read_hears_nothing_of_the_chat(tmp_path: Path) -> None:
