@@ -42,6 +42,7 @@ from .aguievents import to_agui_messages
 from .aguirun import AguiRun, agui_run, event_id, held_run, parse_id, sse_event
 from .aguistate import KEY, blocks_state
 from .port import ChatHost
+from .sse import SseFeed
 
 __all__ = ["CLOSING", "SLOW", "SYNC_TAG", "Follower", "run_error"]
 
@@ -71,7 +72,7 @@ class Follower:
     """One follow-mode reader of a thread, writing into its ``feed``; :meth:`serve` runs
     until the reader goes (then its task is cancelled)."""
 
-    def __init__(self, hub: ChatHost, thread: str, feed: Any, expires_at: float | None = None) -> None:
+    def __init__(self, hub: ChatHost, thread: str, feed: SseFeed, expires_at: float | None = None) -> None:
         self.hub, self.thread, self.feed = hub, thread, feed
         #: When the reader's token expires (wall clock): the stream ends then.
         self.expires_at = expires_at
@@ -120,7 +121,8 @@ class Follower:
         except asyncio.CancelledError:
             raise
         except PositionLost:
-            # The log was pruned or re-created under the reader: it is told afresh, once.
+            # The log was pruned or re-created under the reader: it reconnects, and is
+            # attached afresh (its Last-Event-ID names no run held any more).
             self.feed.push(
                 run_error("reset", "the thread's log moved under this reader: reconnect"), last=True
             )
