@@ -2,7 +2,9 @@
 
 The real client drives it first: ``@ag-ui/client`` 1.0's ``HttpAgent``, every event checked
 by ``@ag-ui/core``'s schemas and the client's own order verifier, on Node 22
-(tests/js7/agui.test.mjs). Then raw HTTP for the doors: tokens, bounds, bad bodies.
+(tests/js7/agui.test.mjs): runs, re-attach, follow mode across runs, STATE_DELTA, stop. Then
+raw HTTP for the doors: tokens, bounds, bad bodies and states, a follower too far behind, a
+draining hub, an expired token. A follower on another node: tests/adapters/test_doors_on_nodes.py.
 """
 
 from __future__ import annotations
