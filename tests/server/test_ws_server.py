@@ -105,6 +105,14 @@ async def test_every_op_matches_in_process(store: SqliteStore) -> None:
         assert (nothing["frame"], nothing["code"]) == ("error", "invalid")
         idle = await c.request("stop_turn", session_id=empty)
         assert (idle["frame"], idle["code"]) == ("error", "not_found")  # no turn in flight
+        # The user's word to a turn (tests/adapters/test_answers.py has the rest): nothing
+        # is in flight to answer or steer.
+        unanswered = await c.request("answer_tool", session_id=empty, approval_id="a1", approved=True)
+        assert (unanswered["frame"], unanswered["code"]) == ("error", "not_found")
+        unsteered = await c.request(
+            "steer_turn", session_id=empty, message={"id": "m1", "role": "user", "parts": []}
+        )
+        assert (unsteered["frame"], unsteered["code"]) == ("error", "not_found")
         await _registry_and_messages(c, store)
         await _context_tools_and_compaction(c, store)
         await _subscriptions(c, store)
