@@ -159,18 +159,32 @@ async def test_serve_process_tools_events_and_scopes(tmp_path: Path) -> None:
             reader = issue_token(SECRET, {info.id: "read"})
             async with mcp_client(url, reader) as mcp:
                 assert "m2" in await ok(mcp, "get_history", {"session_id": info.id})
-                for name, arguments in [
-                    ("append_message", {"session_id": info.id, "text": "no"}),
-                    ("get_history", {"session_id": other.id}),
-                    ("list_sessions", {}),
-                    ("search", {"query": "friday"}),
-                    ("session_search", {"query": "friday", "session_id": info.id}),
+                everyone = "every session (*)"
+                for name, arguments, needed in [
+                    (
+                        "append_message",
+                        {"session_id": info.id, "text": "no"},
+                        f"write scope on session {info.id}",
+                    ),
+                    ("get_history", {"session_id": other.id}, f"read scope on session {other.id}"),
+                    ("list_sessions", {}, f"read scope on {everyone}"),
+                    ("search", {"query": "friday"}, f"read scope on {everyone}"),
+                    (
+                        "session_search",
+                        {"query": "friday", "session_id": info.id},
+                        f"write scope on {everyone}",
+                    ),
                 ]:
                     refused = await mcp.call_tool(name, arguments)
-                    assert refused.is_error and body(refused) == "forbidden: forbidden", name
+                    assert refused.is_error, name
+                    assert body(refused) == f"forbidden: tool {name} needs the {needed}"
                 resources = (await mcp.list_resources()).resources
-                # Reading the prompt freezes it (a write), and serve has no blocks: nothing to list.
-                assert {r.uri for r in resources} == set()
+                # Reading the prompt freezes it (a write), and serve has no blocks: the list
+                # (of this session only) and this session's history.
+                assert {r.uri for r in resources} == {
+                    "sessionhub://sessions",
+                    f"sessionhub://sessions/{info.id}/history",
+                }
                 with pytest.raises(MCPError, match="forbidden"):
                     await mcp.read_resource(f"sessionhub://sessions/{other.id}/prompt")
 
@@ -285,6 +299,7 @@ async def test_context_tools_match_the_sessions_own(store: Store, tmp_path: Path
                 await mcp.read_resource(f"{base}/blocks/nothing")
             templates = (await mcp.list_resource_templates()).resource_templates
             assert [t.uri_template for t in templates] == [
+                "sessionhub://sessions/{session_id}/history",
                 "sessionhub://sessions/{session_id}/prompt",
                 "sessionhub://sessions/{session_id}/blocks/{label}",
             ]
@@ -298,9 +313,14 @@ async def test_scope_is_per_session(tmp_path: Path) -> None:
         async with mcp_client(f"{hub.url}/mcp", token) as mcp:
             assert await ok(mcp, "append_message", {"session_id": mine.id, "text": "hi", "message_id": "a"})
             refused = await mcp.call_tool("append_message", {"session_id": theirs.id, "text": "hi"})
-            assert refused.is_error and body(refused) == "forbidden: forbidden"
+            assert refused.is_error
+            assert (
+                body(refused)
+                == f"forbidden: tool append_message needs the write scope on session {theirs.id}"
+            )
             uris = {r.uri for r in (await mcp.list_resources()).resources}
-            assert uris == {f"sessionhub://sessions/{mine.id}/prompt"}
+            base = f"sessionhub://sessions/{mine.id}"
+            assert uris == {"sessionhub://sessions", f"{base}/history", f"{base}/prompt"}
         assert await manager.get_message_count(theirs.id) == 0
 
 
