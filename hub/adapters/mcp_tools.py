@@ -102,17 +102,25 @@ class McpServer:
 
     def _build_server(self, *, stateful: bool) -> Server[Any]:
         from mcp.server.lowlevel import NotificationOptions, Server
+        from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-        class Announcing(Server[Any]):
-            """On a stateful session (2025-11-25) the resource list's changes are sent too,
-            and ``initialize`` says so (the SDK's default announces none)."""
+        class HubServer(Server[Any]):
+            """What ``initialize`` (2025-11-25) announces: a stateful session is sent the
+            resource list's changes too (the SDK's default announces none); a stateless
+            one cannot subscribe (its handler answers so, naming /mcp/stateful)."""
 
             def create_initialization_options(self, notification_options: Any = None, *args: Any) -> Any:
-                announced = notification_options or NotificationOptions(resources_changed=True)
+                announced = notification_options or NotificationOptions(resources_changed=stateful)
                 return super().create_initialization_options(announced, *args)
 
-        kind: type[Server[Any]] = Announcing if stateful else Server
-        return kind(
+            def get_capabilities(self, *args: Any, **kwargs: Any) -> types.ServerCapabilities:
+                capabilities = super().get_capabilities(*args, **kwargs)
+                modern = kwargs.get("protocol_version") in MODERN_PROTOCOL_VERSIONS
+                if not stateful and not modern and capabilities.resources is not None:
+                    capabilities.resources.subscribe = False
+                return capabilities
+
+        return HubServer(
             "sessionhub",
             instructions=(
                 "Memory and history of sessionhub sessions: call list_sessions to find a session, "
@@ -124,8 +132,8 @@ class McpServer:
             on_list_resource_templates=self._list_templates,
             on_read_resource=self._read_resource,
             on_subscriptions_listen=self._subscriptions_listen,
-            on_subscribe_resource=self._subscribe if stateful else None,
-            on_unsubscribe_resource=self._unsubscribe if stateful else None,
+            on_subscribe_resource=self._subscribe,
+            on_unsubscribe_resource=self._unsubscribe,
         )
 
     async def _context_tools(self) -> list[Tool]:

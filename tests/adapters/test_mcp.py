@@ -5,14 +5,9 @@ whose manager has context blocks (SQLite file and Postgres)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
-import re
-import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +15,6 @@ import httpx2
 import mcp_types as types
 import pytest
 from mcp.client.session import ClientSession
-from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from clients import HubClient
@@ -28,58 +22,15 @@ from hub import FileSkillProvider, SessionManager, Store, StoreSearchProvider
 from hub.auth import issue_token
 from hub.server import HubConfig
 from tests.support.hubtest import served, text
+from tests.support.mcpkit import ROOT, body, mcp_client, serve_process
 
-ROOT = Path(__file__).resolve().parents[2]
 SECRET = "mcp-test-secret-of-at-least-32-bytes!"
-
-
-@contextlib.asynccontextmanager
-async def mcp_client(url: str, token: str | None = None) -> AsyncIterator[ClientSession]:
-    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
-    async with (
-        httpx2.AsyncClient(headers=headers, timeout=10) as http,
-        streamable_http_client(url, http_client=http) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
-        yield session
-
-
-def body(result: types.CallToolResult) -> str:
-    assert len(result.content) == 1
-    first = result.content[0]
-    assert isinstance(first, types.TextContent)
-    return first.text
 
 
 async def ok(session: ClientSession, name: str, arguments: dict[str, Any]) -> str:
     result = await session.call_tool(name, arguments)
     assert not result.is_error, body(result)
     return body(result)
-
-
-@contextlib.asynccontextmanager
-async def serve_process(db: Path, *extra: str) -> AsyncIterator[int]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "hub.apps.cli", "serve", "--db", str(db), "--port", "0", *extra,
-        stderr=subprocess.PIPE, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
-    assert proc.stderr is not None
-    try:
-        async with asyncio.timeout(20):
-            while True:
-                line = (await proc.stderr.readline()).decode()
-                assert line, "server exited before listening"
-                found = re.search(r"http://127\.0\.0\.1:(\d+)", line)
-                if found:
-                    port = int(found.group(1))
-                    break
-        yield port
-    finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGINT)
-        async with asyncio.timeout(20):
-            await proc.wait()
 
 
 # -- a real `sessionhub serve`, with tokens ------------------------------------------------
