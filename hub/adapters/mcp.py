@@ -19,6 +19,7 @@ it, is bound to the token's subject, and ends on DELETE or after
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -50,6 +51,8 @@ log = logging.getLogger("sessionhub.mcp")
 MAX_LISTENERS = 1000
 #: Stateful MCP sessions open at once on one node (``/mcp/stateful``).
 MAX_SESSIONS = 1000
+#: How often the door looks whether the hub has begun to drain (the port has no signal).
+_CLOSING_POLL = 0.2
 #: Seconds a stateful MCP session with no request in flight and no GET stream is kept.
 SESSION_IDLE_TIMEOUT = 600.0
 
@@ -140,13 +143,24 @@ class McpEndpoint:
             self.hub, self.feed = hub, feed
             self.tools.hub, self.tools.listening = hub, listening
             self.stateless.manager, self.stateful.manager = stateless, stateful
+            ending = asyncio.get_running_loop().create_task(_end_when_closing(hub, feed, listening))
             try:
                 yield
             finally:
+                ending.cancel()
                 listening.close()
                 await feed.close()
                 self.hub = self.feed = self.tools.hub = self.tools.listening = None
                 self.stateless.manager = self.stateful.manager = None
+
+
+async def _end_when_closing(hub: Served, feed: McpFeed, listening: Listening) -> None:
+    """Once the hub drains, end the listeners: an open listen stream would otherwise hold
+    the server's shutdown until its grace period ran out (and then be cut, not closed)."""
+    while not hub.closing:  # noqa: ASYNC110 (the port says only whether it is closing)
+        await asyncio.sleep(_CLOSING_POLL)
+    feed.end_all()
+    listening.close()
 
 
 class _Door:

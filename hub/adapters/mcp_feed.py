@@ -101,13 +101,18 @@ class McpFeed:
                 raise SessionHubError(
                     f"this hub serves {self.max_listeners} MCP listeners at most; try again later"
                 )
-            streams = [REGISTRY, *(session_stream(s) for s in sorted(listener.sessions()))]
-            for stream in streams:
-                follower = self._followers.get(stream)
-                if follower is None:
-                    position = await self.hub.manager.store.stream_position(stream)
-                    follower = self._followers[stream] = _Follower(self, stream, position.last_seq)
-                follower.users += 1
+            taken: list[str] = []
+            try:
+                for stream in [REGISTRY, *(session_stream(s) for s in sorted(listener.sessions()))]:
+                    follower = self._followers.get(stream)
+                    if follower is None:
+                        position = await self.hub.manager.store.stream_position(stream)
+                        follower = self._followers[stream] = _Follower(self, stream, position.last_seq)
+                    follower.users += 1
+                    taken.append(stream)
+            except BaseException:
+                self._release(taken)  # the store failed us half way: hold nothing
+                raise
             self.listeners.add(listener)
         grant = listener.access.grant
         if listener.access.auth and grant is not None:
@@ -122,7 +127,10 @@ class McpFeed:
         if listener._timer is not None:
             listener._timer.cancel()
             listener._timer = None
-        for stream in [REGISTRY, *(session_stream(s) for s in listener.sessions())]:
+        self._release([REGISTRY, *(session_stream(s) for s in listener.sessions())])
+
+    def _release(self, streams: list[str]) -> None:
+        for stream in streams:
             follower = self._followers.get(stream)
             if follower is None:
                 continue
@@ -130,6 +138,12 @@ class McpFeed:
             if follower.users <= 0:
                 del self._followers[stream]
                 follower.task.cancel()
+
+    def end_all(self) -> None:
+        """End every listener as its token's expiry would (a listen stream closes
+        gracefully, with its final result): the hub is shutting down."""
+        for listener in list(self.listeners):
+            self._expire(listener)
 
     async def close(self) -> None:
         for listener in list(self.listeners):

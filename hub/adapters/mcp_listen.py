@@ -86,7 +86,11 @@ class _Bus:
     def subscribe(self, listener: Callable[[ServerEvent], None]) -> Callable[[], None]:
         token = object()
         self._listeners[token] = listener
-        return lambda: self._listeners.pop(token, None) and None
+
+        def unsubscribe() -> None:
+            self._listeners.pop(token, None)
+
+        return unsubscribe
 
 
 class _Subscribed:

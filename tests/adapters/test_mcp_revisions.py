@@ -304,3 +304,17 @@ async def test_memory_tools_are_listed_when_blocks_are_configured(tmp_path: Path
         assert own and own <= listed
         expected = {"writable": {"set_context"}, "searchable": {"set_context", "search_context"}}
         assert own == expected.get(blocks, {"search_context"})
+
+
+async def test_a_draining_hub_closes_listen_streams_gracefully(tmp_path: Path) -> None:
+    async with (
+        served(db=tmp_path / "hub.db") as h,
+        mcp_modern(f"{h.url}/mcp") as client,
+        client.listen(resources_list_changed=True) as sub,
+    ):
+        drained = asyncio.create_task(h.hub.drain())
+        async with asyncio.timeout(WAIT):
+            # The server's final result ends the loop; a cut stream would raise
+            # SubscriptionLost instead.
+            assert [event async for event in sub] == []
+        await drained
