@@ -115,6 +115,10 @@ async def test_both_revisions_follow_writes_from_every_door(tmp_path: Path) -> N
         )
         other = await stack.enter_async_context(mcp_modern(f"{url}/mcp", admin, mode="legacy"))
         assert (modern.protocol_version, stateful.protocol_version) == (MODERN, HANDSHAKE)
+        # The client's server/discover probe found 2026-07-28, and resources to follow.
+        discovered = modern.session.discover_result
+        assert discovered is not None and MODERN in discovered.supported_versions
+        assert discovered.capabilities.resources is not None and discovered.capabilities.resources.subscribe
         assert other.protocol_version == HANDSHAKE
         assert stateful.server_capabilities.resources is not None
         assert stateful.server_capabilities.resources.subscribe
