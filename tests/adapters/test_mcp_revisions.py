@@ -27,10 +27,13 @@ from hub import SessionManager, SqliteStore, StoreSearchProvider
 from hub.adapters.caller import Caller
 from hub.adapters.mcp import McpEndpoint
 from hub.adapters.mcp_feed import Listener, McpFeed
+from hub.apps.backends import open_store
 from hub.auth import Grant, issue_token
 from hub.server import HubConfig, create_app
 from tests.support.hubtest import WAIT, eventually, served, text
 from tests.support.mcpkit import body, mcp_modern, serve_process
+from tests.support.nodes import scratch_database
+from tests.support.services import postgres_dsn
 
 SECRET = "mcp-revisions-secret-of-at-least-32-bytes"
 MODERN, HANDSHAKE = "2026-07-28", "2025-11-25"
@@ -322,3 +325,21 @@ async def test_a_draining_hub_closes_listen_streams_gracefully(tmp_path: Path) -
             # SubscriptionLost instead.
             assert [event async for event in sub] == []
         await drained
+
+
+async def test_a_listener_on_one_node_hears_a_write_on_another() -> None:
+    # Both nodes in this process, each on its own store and connections: the hub that
+    # serves MCP (on the Postgres bus) and an engine whose writes ring the doorbell as
+    # another node's do (serve processes on Postgres take seconds to start).
+    async with (
+        scratch_database(postgres_dsn(), "sessionhub_mcp") as database,
+        served(db=database, bus="postgres") as node,
+        open_store(database) as store,
+        mcp_modern(f"{node.url}/mcp") as client,
+    ):
+        writer = SessionManager(store)
+        info = await writer.create("across nodes")
+        async with client.listen(resource_subscriptions=[history(info.id)]) as sub:
+            await writer.append(info.id, text("u1", "written elsewhere"))
+            assert await next_event(sub) == ResourceUpdated(history(info.id))
+        assert [m["id"] for m in await read_json(client, history(info.id))] == ["u1"]
