@@ -16,12 +16,13 @@ Two SDK servers share these handlers: :attr:`McpServer.server` (``/mcp``, statel
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from protocol import InvalidInput, Message, SessionHubError
+from protocol import InvalidInput, Message, SessionHubError, SessionNotFound
 
 from ..store.base import LATEST
 from ..tools import Tool, dispatch
@@ -242,15 +243,24 @@ class McpServer:
             # The manager's tool: as run_tool without a session.
             need(access, "run_tool", None, "tool session_search")
             return await dispatch(hub.manager.tools(), name, arguments)
-        if name not in context:
-            known = [*sorted(context), "session_search", *self._own_tools()]
-            return f'Error: unknown tool "{name}". The tools are: {", ".join(known)}'
-        session_id = _string(arguments, "session_id")
-        assert session_id is not None
-        del arguments["session_id"]
-        need(access, "run_tool", session_id, f"tool {name}")
-        session = await hub.session(session_id)
-        return await dispatch(await session.tools(), name, arguments)
+        session_id = arguments.pop("session_id", None)
+        if session_id is not None and not isinstance(session_id, str):
+            raise InvalidInput('argument "session_id" must be a string')
+        if session_id is not None:
+            need(access, "run_tool", session_id, f"tool {name}")
+        if name in context:
+            if session_id is None:
+                raise InvalidInput('missing required argument "session_id"')
+            return await dispatch(await (await hub.session(session_id)).tools(), name, arguments)
+        # A block configured on one session alone adds tools only it has.
+        tools: list[Tool] = []
+        if session_id is not None:
+            with contextlib.suppress(SessionNotFound):
+                tools = await (await hub.session(session_id)).tools()
+        if name in {t.name for t in tools}:
+            return await dispatch(tools, name, arguments)
+        known = [*sorted(context | {t.name for t in tools}), "session_search", *self._own_tools()]
+        return f'Error: unknown tool "{name}". The tools are: {", ".join(known)}'
 
     async def _list_sessions(self, access: Caller, arguments: dict[str, Any]) -> str:
         need(access, "list", None, "tool list_sessions")

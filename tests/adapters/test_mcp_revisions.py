@@ -218,13 +218,29 @@ async def test_scopes_on_both_revisions(tmp_path: Path) -> None:
 
 
 async def test_an_unknown_tool_names_the_tools(tmp_path: Path) -> None:
-    async with served(db=tmp_path / "hub.db") as h, mcp_modern(f"{h.url}/mcp") as client:
-        result = await client.call_tool("delete_everything", {"session_id": "x"})
-        assert result.is_error
-        assert body(result) == (
-            'Error: unknown tool "delete_everything". The tools are: '
-            "session_search, list_sessions, get_history, append_message, search"
-        )
+    async with await SqliteStore.open(str(tmp_path / "hub.db")) as store:
+        manager = SessionManager(store)
+        info = await manager.create("one")
+        # A block configured on this session alone: its tools are this session's.
+        manager.get_session(info.id).with_context("scratch", description="Notes", max_tokens=500)
+        async with served(manager=manager) as h, mcp_modern(f"{h.url}/mcp") as client:
+            result = await client.call_tool("delete_everything", {"session_id": "x"})
+            assert result.is_error
+            assert body(result) == (
+                'Error: unknown tool "delete_everything". The tools are: '
+                "session_search, list_sessions, get_history, append_message, search"
+            )
+            result = await client.call_tool("delete_everything", {"session_id": info.id})
+            assert body(result).endswith(
+                "The tools are: set_context, session_search, list_sessions, "
+                "get_history, append_message, search"
+            )
+            written = await client.call_tool(
+                "set_context", {"session_id": info.id, "label": "scratch", "content": "kept"}
+            )
+            assert not written.is_error, body(written)
+        block = await manager.get_session(info.id).get_context_block("scratch")
+        assert block is not None and block.content == "kept"
 
 
 def endpoint_of(app: Any) -> McpEndpoint:
