@@ -324,6 +324,13 @@ async def test_memory_tools_are_listed_when_blocks_are_configured(tmp_path: Path
         own = {t.name for t in await manager.get_session(info.id).tools()}
         async with served(manager=manager) as h, mcp_modern(f"{h.url}/mcp") as client:
             listed = {t.name for t in (await client.list_tools()).tools}
+            if blocks == "writable":
+                # A write to a block is announced on the block's resource.
+                block = f"sessionhub://sessions/{info.id}/blocks/memory"
+                async with client.listen(resource_subscriptions=[block]) as sub:
+                    arguments = {"session_id": info.id, "label": "memory", "content": "likes tea"}
+                    assert not (await client.call_tool("set_context", arguments)).is_error
+                    assert await next_event(sub) == ResourceUpdated(block)
         assert own and own <= listed
         expected = {"writable": {"set_context"}, "searchable": {"set_context", "search_context"}}
         assert own == expected.get(blocks, {"search_context"})
