@@ -475,6 +475,7 @@ HTTP_ROUTES = [
     ("POST", "/api/chat/s-fuzz/stop"),
     ("GET", "/api/chat/s-fuzz/stream"),
     ("POST", "/mcp"),
+    ("POST", "/mcp/stateful"),
     ("POST", "/agui"),
     ("GET", "/agui/s-fuzz/stream"),
     ("GET", "/agui/s-fuzz/stream?follow=1"),
@@ -497,7 +498,7 @@ def _typed(path: str, response: httpx2.Response) -> str:
     """The answer's error code, asserting it is typed JSON in the route's protocol."""
     assert response.headers.get("content-type", "").startswith("application/json"), response.text[:200]
     answer = response.json()
-    if path == "/mcp":  # JSON-RPC: an integer code; the hub's own refusals name theirs in data
+    if path.startswith("/mcp"):  # JSON-RPC: an integer code; the hub's own refusals name theirs in data
         assert isinstance(answer["error"]["code"], int), answer
         return str(answer["error"].get("data", {}).get("code", answer["error"]["code"]))
     code = answer["error"]["code"]
