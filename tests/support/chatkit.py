@@ -59,9 +59,11 @@ async def answer(turn: Turn) -> None:
                 await st.text(f"Not deployed: {answer.reason or 'denied'}.")
         elif asked.startswith("client"):
             # A client-side tool: the page runs it and sends its output back.
-            call = {"type": "tool-locate", "toolCallId": f"loc-{turn.turn_id[:8]}", "input": {}}
-            await st.tool_part({**call, "state": "input-available"})
-            where = await st.tool_output(call["toolCallId"])
+            call_id = f"loc-{turn.turn_id[:8]}"
+            await st.tool_part(
+                {"type": "tool-locate", "toolCallId": call_id, "input": {}, "state": "input-available"}
+            )
+            where = await st.tool_output(call_id)
             await st.text(f"You are in {where}.")
         elif asked.startswith("steer"):
             # Works until the user steers it (steer_turn), then says what it was told.
