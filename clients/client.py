@@ -27,9 +27,9 @@ from protocol import Event, InvalidInput, PresenceEntry, SessionHubError
 from protocol.clientconn import StreamKey
 
 from .api import RemoteSession, RemoteSessions
-from .remotethreads import RemoteThreads
 from .errors import ConnectionLost, HubError, TokenExpired
 from .link import END, MAX_FRAME_BYTES, End, HubLink, Subscription
+from .remotethreads import RemoteThreads
 from .turns import Turn, iterate_turns
 
 __all__ = ["MAX_FRAME_BYTES", "HubClient"]
