@@ -16,7 +16,7 @@ import builtins
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from protocol import InvalidInput, Message, ParentArg, coerce_message
+from protocol import InvalidInput, Message, ParentArg
 from protocol.graphstate import CheckpointRecord, CheckpointWrite
 
 from .session import Session
@@ -66,30 +66,11 @@ class GraphThreads:
         if not isinstance(record, CheckpointRecord):
             raise InvalidInput("checkpoint must be a checkpoint record")
         check_session_id(record.thread_id)
-        batch = None if messages is None else [coerce_message(m) for m in messages[-MAX_PROJECTED:]]
-        await self._store.put_checkpoint(record, name=thread_name(record.thread_id))
-        if batch:
-            await self.project(record.thread_id, batch)
-
-    async def project(self, session_id: str, messages: Sequence[Message]) -> None:
-        """Make ``messages`` (a path, oldest first) the path to the thread's newest leaf:
-        the ones the tree lacks appended after the newest one it holds; that one updated
-        if its parts changed. Idempotent: a retry after a failure adds nothing twice."""
-        store = self._store
-        held: Message | None = None
-        missing: builtins.list[Message] = []
-        for m in reversed(messages):
-            stored = await store.get_message(session_id, m.id)
-            if stored is None:
-                missing.append(m)
-                continue
-            held = m
-            if stored.parts != m.parts or stored.metadata != m.metadata:
-                await self._manager.get_session(session_id).update_message(m)
-            break
-        if missing:
-            missing.reverse()
-            await self._manager.append_all(session_id, missing, parent_id=None if held is None else held.id)
+        if messages is not None and (isinstance(messages, Mapping) or not isinstance(messages, Sequence)):
+            raise InvalidInput("messages must be a list of messages")
+        projected = messages[-MAX_PROJECTED:] if messages else ()
+        if await self._store.put_checkpoint(record, name=thread_name(record.thread_id), messages=projected):
+            await self._manager.get_session(record.thread_id).after_append()
 
     async def put_writes(
         self,

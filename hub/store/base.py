@@ -402,9 +402,13 @@ class Store(abc.ABC):
     # A thread is a session: each change is one transaction with its event on the
     # session's stream; the bytes are stored as given, never decoded.
     @abc.abstractmethod
-    async def put_checkpoint(self, record: CheckpointRecord, *, name: str) -> None:
+    async def put_checkpoint(
+        self, record: CheckpointRecord, *, name: str, messages: Sequence[Message | Mapping[str, Any]] = ()
+    ) -> bool:
         """Store (or replace) the checkpoint and log ``checkpoint.put``; the thread's first
-        put registers its session (named ``name``, source ``langgraph``)."""
+        put registers its session (named ``name``, source ``langgraph``). ``messages`` are
+        projected into its tree in the same transaction (``graphpolicy``); True if that
+        appended any."""
 
     @abc.abstractmethod
     async def put_checkpoint_writes(

@@ -1,12 +1,19 @@
 """The rules both stores follow for LangGraph checkpoints (protocol/graphstate.py): what a
-record may hold, how ``list`` filters, and the events a change logs."""
+record may hold, how ``list`` filters, and the events a change logs.
+
+The projection of a put's messages (a path, oldest first: the root namespace's
+conversation) runs in the put's transaction, the same walk on both stores: from the newest
+back, the messages the tree lacks are collected until one it holds; that one is updated if
+it changed, the missing ones are appended after it (a new root if it holds none). So a put
+adds what is new, a retry adds nothing twice, and resuming from an earlier checkpoint
+appends under an earlier message: a branch."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from protocol import InvalidInput
+from protocol import InvalidInput, Message
 from protocol.graphstate import CheckpointRecord, CheckpointWrite
 
 __all__ = [
@@ -18,6 +25,7 @@ __all__ = [
     "check_writes",
     "metadata_matches",
     "put_event",
+    "same_message",
     "writes_event",
 ]
 
@@ -95,3 +103,9 @@ def writes_event(ns: str, checkpoint_id: str, writes: Sequence[CheckpointWrite])
         "tasks": sorted({w.task_id for w in writes}),
         "channels": sorted({w.channel for w in writes}),
     }
+
+
+def same_message(stored: Message, given: Message) -> bool:
+    """A projected message the tree holds already is updated only when it changed (a tool
+    call's result arriving, an edited text)."""
+    return stored.role == given.role and stored.parts == given.parts and stored.metadata == given.metadata

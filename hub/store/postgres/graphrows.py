@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from protocol import Message, SessionNotFound, coerce_message
 from protocol.graphstate import CheckpointRecord, CheckpointWrite
 
 from ..graphpolicy import (
@@ -20,10 +21,13 @@ from ..graphpolicy import (
     check_writes,
     metadata_matches,
     put_event,
+    same_message,
     writes_event,
 )
 from ..policy import session_stream
+from ..rows import decode_message
 from . import sql
+from .keys import SESSION_KEY
 from .pool import PostgresPool
 from .tx import PostgresTx
 
@@ -35,6 +39,8 @@ __all__ = ["PostgresGraphRows"]
 _encode = msgspec.json.Encoder().encode
 _decode_meta = msgspec.json.Decoder(dict[str, Any]).decode
 
+#: How many of a put's newest messages the projection reads in its first statement.
+_TAIL = 8
 _COLS = "session_id, ns, checkpoint_id, parent_id, type, data, metadata::text"
 _INSERT = (
     "INSERT INTO graph_checkpoints (session_id, ns, checkpoint_id, parent_id, type, data, metadata, run_id) "
@@ -47,13 +53,14 @@ _WRITE_COLS = "task_id, idx, channel, type, value, task_path"
 
 
 async def _ensure_session(tx: PostgresTx, session_id: str, name: str) -> None:
-    # A thread's first put registers its session (logged as any creation is).
-    if await tx.conn.fetchval("SELECT 1 FROM sessions WHERE id = $1", session_id) is None:
+    # A thread's first put registers its session (logged as any creation is); every other
+    # put touches it, one statement.
+    try:
+        await tx.touch(session_id)
+    except SessionNotFound:
         await sql.create_session(
             tx, name=name, parent_session_id=None, model=None, source="langgraph", session_id=session_id
         )
-    else:
-        await tx.touch(session_id)
 
 
 def _record(row: Sequence[Any], writes: list[CheckpointWrite]) -> CheckpointRecord:
@@ -89,7 +96,45 @@ async def _writes_of(conn: Conn, records: list[CheckpointRecord]) -> None:
         by_key[(row[0], row[1], row[2])].writes.append(_write_of(tuple(row)[3:]))
 
 
-async def _put(tx: PostgresTx, record: CheckpointRecord, name: str) -> None:
+async def _project(tx: PostgresTx, session_id: str, messages: Sequence[Message | Mapping[str, Any]]) -> bool:
+    """:func:`..graphpolicy.project`'s walk, in the put's transaction."""
+    held: Message | None = None
+    missing: list[Message] = []
+    tail = [coerce_message(raw) for raw in messages[-_TAIL:]]
+    # The newest few in one round trip: a put adds a message or two.
+    rows = await tx.conn.fetch(
+        f"SELECT id, content FROM messages WHERE session_key = {SESSION_KEY} AND id = ANY($2::text[])",
+        session_id,
+        [m.id for m in tail],
+    )
+    known: dict[str, Any] = {r[0]: r[1] for r in rows}
+    for i, raw in enumerate(reversed(messages)):
+        m = tail[-1 - i] if i < len(tail) else coerce_message(raw)
+        content = (
+            known.get(m.id)
+            if i < len(tail)
+            else await tx.conn.fetchval(
+                f"SELECT content FROM messages WHERE session_key = {SESSION_KEY} AND id = $2",
+                session_id,
+                m.id,
+            )
+        )
+        if content is None:
+            missing.append(m)
+            continue
+        held = m
+        if not same_message(decode_message(content), m):
+            await sql.update_message(tx, session_id, m)
+        break
+    if missing:
+        missing.reverse()
+        await sql.insert_messages(tx, session_id, missing, None if held is None else held.id)
+    return bool(missing)
+
+
+async def _put(
+    tx: PostgresTx, record: CheckpointRecord, name: str, messages: Sequence[Message | Mapping[str, Any]]
+) -> bool:
     await _ensure_session(tx, record.thread_id, name)
     run_id = record.metadata.get("run_id")
     await tx.conn.execute(
@@ -104,6 +149,7 @@ async def _put(tx: PostgresTx, record: CheckpointRecord, name: str) -> None:
         run_id if isinstance(run_id, str) else None,
     )
     await tx.emit_session(record.thread_id, CHECKPOINT_PUT, put_event(record))
+    return await _project(tx, record.thread_id, messages) if messages else False
 
 
 async def _put_writes(
@@ -257,9 +303,11 @@ class PostgresGraphRows(PostgresPool):
     """The checkpoint half of :class:`~.store.PostgresStore` (the contract is
     :class:`~..base.Store`'s)."""
 
-    async def put_checkpoint(self, record: CheckpointRecord, *, name: str) -> None:
+    async def put_checkpoint(
+        self, record: CheckpointRecord, *, name: str, messages: Sequence[Message | Mapping[str, Any]] = ()
+    ) -> bool:
         check_record(record)
-        await self._write(_put, record, name, lock=session_stream(record.thread_id))
+        return await self._write(_put, record, name, messages, lock=session_stream(record.thread_id))
 
     async def put_checkpoint_writes(
         self,

@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 
+from protocol import Message, coerce_message
 from protocol.graphstate import CheckpointRecord, CheckpointWrite
 
 from ..graphpolicy import (
@@ -20,11 +21,13 @@ from ..graphpolicy import (
     check_writes,
     metadata_matches,
     put_event,
+    same_message,
     writes_event,
 )
 from . import sql
 from .connection import Conn
 from .database import SqliteDatabase
+from .packing import stored_message
 from .tx import SqliteTx
 
 __all__ = ["SqliteGraphRows"]
@@ -71,7 +74,32 @@ def _writes(conn: Conn, session_id: str, ns: str, checkpoint_id: str) -> list[Ch
     ]
 
 
-def _put(tx: SqliteTx, record: CheckpointRecord, name: str) -> None:
+def _project(tx: SqliteTx, session_id: str, messages: Sequence[Message | Mapping[str, Any]]) -> bool:
+    """:func:`..graphpolicy.project`'s walk, in the put's transaction."""
+    held: Message | None = None
+    missing: list[Message] = []
+    for raw in reversed(messages):
+        m = coerce_message(raw)
+        row = tx.conn.execute(
+            f"SELECT content, role FROM messages WHERE sk = {sql.KEY} AND id = ?", (session_id, m.id)
+        ).fetchone()
+        stored = None if row is None else stored_message(row[0], m.id, row[1])
+        if stored is None:
+            missing.append(m)
+            continue
+        held = m
+        if not same_message(stored, m):
+            sql.update_message(tx, session_id, m)
+        break
+    if missing:
+        missing.reverse()
+        sql.insert_messages(tx, session_id, missing, None if held is None else held.id)
+    return bool(missing)
+
+
+def _put(
+    tx: SqliteTx, record: CheckpointRecord, name: str, messages: Sequence[Message | Mapping[str, Any]]
+) -> bool:
     _ensure_session(tx, record.thread_id, name)
     run_id = record.metadata.get("run_id")
     tx.conn.execute(
@@ -88,6 +116,7 @@ def _put(tx: SqliteTx, record: CheckpointRecord, name: str) -> None:
         ),
     )
     tx.emit_session(record.thread_id, CHECKPOINT_PUT, put_event(record))
+    return _project(tx, record.thread_id, messages) if messages else False
 
 
 def _put_writes(
@@ -222,8 +251,10 @@ class SqliteGraphRows(SqliteDatabase):
     """The checkpoint half of :class:`~.store.SqliteStore` (the contract is
     :class:`~..base.Store`'s)."""
 
-    async def put_checkpoint(self, record: CheckpointRecord, *, name: str) -> None:
-        await self._write(_put, check_record(record), name)
+    async def put_checkpoint(
+        self, record: CheckpointRecord, *, name: str, messages: Sequence[Message | Mapping[str, Any]] = ()
+    ) -> bool:
+        return await self._write(_put, check_record(record), name, messages, inline=len(messages) <= 64)
 
     async def put_checkpoint_writes(
         self,
