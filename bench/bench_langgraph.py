@@ -151,7 +151,7 @@ async def main() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 async with make(Path(tmp)) as saver:
                     runs[name].append(await _measure(saver, f"bench-{run}", args.puts))
-    out = {
+    out: dict[str, dict[str, Any]] = {
         name: {
             "runs": figures,
             "put_ms": statistics.median(f["put_ms"] for f in figures),
@@ -167,7 +167,7 @@ async def main() -> None:
     )
     print(f"{'saver':<20} {'put ms':>8} {'get ms':>8}   runs (put/get)")
     for name, figures in out.items():
-        each = ", ".join(f"{f['put_ms']}/{f['get_ms']}" for f in figures["runs"])
+        each = ", ".join(f"{f['put_ms']}/{f['get_ms']}" for f in runs[name])
         print(f"{name:<20} {figures['put_ms']:>8} {figures['get_ms']:>8}   {each}")
 
 

@@ -123,7 +123,8 @@ async def _project(tx: PostgresTx, session_id: str, messages: Sequence[Message |
             missing.append(m)
             continue
         held = m
-        if not same_message(decode_message(content), m):
+        stored = decode_message(content)
+        if stored is None or not same_message(stored, m):
             await sql.update_message(tx, session_id, m)
         break
     if missing:
