@@ -21,18 +21,24 @@ from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping, Sequenc
 from typing import Any, Protocol, TypeVar
 
 import msgspec
-from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import (
-    WRITES_IDX_MAP,
-    BaseCheckpointSaver,
-    ChannelVersions,
-    Checkpoint,
-    CheckpointMetadata,
-    CheckpointTuple,
-    get_checkpoint_id,
-    get_serializable_checkpoint_metadata,
-)
-from langgraph.checkpoint.serde.base import SerializerProtocol
+
+try:
+    from langchain_core.runnables import RunnableConfig
+    from langgraph.checkpoint.base import (
+        WRITES_IDX_MAP,
+        BaseCheckpointSaver,
+        ChannelVersions,
+        Checkpoint,
+        CheckpointMetadata,
+        CheckpointTuple,
+        get_checkpoint_id,
+        get_serializable_checkpoint_metadata,
+    )
+    from langgraph.checkpoint.serde.base import SerializerProtocol
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
+    raise ImportError(
+        'clients.langgraph needs the langgraph-checkpoint package: pip install "sessionhub[langgraph]"'
+    ) from exc
 
 from protocol import InvalidInput
 from protocol.graphstate import CheckpointRecord, CheckpointWrite

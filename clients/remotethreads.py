@@ -17,8 +17,8 @@ from protocol.graphstate import CheckpointRecord, CheckpointWrite
 __all__ = ["RemoteThreads"]
 
 _records = msgspec.convert
-#: A copy reads the source this many checkpoints at a time.
-COPY_PAGE = 200
+#: A list (and a copy) reads this many checkpoints per request.
+LIST_PAGE = 50
 
 
 class _Requester(Protocol):
@@ -75,15 +75,27 @@ class RemoteThreads:
         limit: int | None = None,
         filter: Mapping[str, Any] | None = None,
     ) -> builtins.list[CheckpointRecord]:
-        data = await self._client.request(
-            "checkpoint_list",
-            session_id=thread_id,
-            ns=ns,
-            before=before,
-            limit=limit,
-            filter=None if filter is None else dict(filter),
-        )
-        return _records(data, builtins.list[CheckpointRecord])
+        """Pages of :data:`LIST_PAGE` (each checkpoint holds the thread's whole state: a
+        reply stays well under the frame limit), newest first, up to ``limit``."""
+        out: builtins.list[CheckpointRecord] = []
+        while limit is None or len(out) < limit:
+            want = LIST_PAGE if limit is None else min(LIST_PAGE, limit - len(out))
+            data = await self._client.request(
+                "checkpoint_list",
+                session_id=thread_id,
+                ns=ns,
+                before=before,
+                limit=want,
+                filter=None if filter is None else dict(filter),
+            )
+            page = _records(data, builtins.list[CheckpointRecord])
+            out += page
+            if len(page) < want or thread_id is None:
+                # Across threads, ids copied from one thread to another repeat: a cursor
+                # could skip one, so that listing is one page.
+                break
+            before = page[-1].checkpoint_id
+        return out
 
     async def delete_thread(self, thread_id: str) -> int:
         return int(await self._client.request("checkpoint_delete", session_id=thread_id))
@@ -98,14 +110,7 @@ class RemoteThreads:
 
     async def copy_thread(self, source: str, target: str) -> int:
         # Every namespace, oldest first, so the target's newest is the source's newest.
-        found: builtins.list[CheckpointRecord] = []
-        before: str | None = None
-        while True:
-            page = await self.list(source, before=before, limit=COPY_PAGE)
-            found += page
-            if len(page) < COPY_PAGE:
-                break
-            before = page[-1].checkpoint_id
+        found = await self.list(source)
         for r in reversed(found):
             copy = msgspec.structs.replace(r, thread_id=target, writes=[])
             await self.put(copy)
