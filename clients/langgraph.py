@@ -17,7 +17,7 @@ async savers do (called on that loop's thread they would wait for themselves: re
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 import msgspec
@@ -272,22 +272,28 @@ class HubCheckpointSaver(BaseCheckpointSaver[int]):
             await self.threads.prune(str(thread_id), keep_latest=strategy == "keep_latest")
 
     # -- the sync saver: the async one, on the saver's loop --------------------------------
-    def _run(self, coro: Awaitable[T]) -> T:
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         loop = self.loop
+        problem: Exception | None = None
         if loop is None or not loop.is_running():
-            raise RuntimeError(
+            problem = RuntimeError(
                 "HubCheckpointSaver's sync methods run on the event loop it was made on, from "
                 "another thread (make it inside a running loop); use the async methods otherwise"
             )
-        try:
-            if asyncio.get_running_loop() is loop:
-                raise asyncio.InvalidStateError(
+        else:
+            try:
+                mine = asyncio.get_running_loop() is loop
+            except RuntimeError:
+                mine = False
+            if mine:
+                problem = asyncio.InvalidStateError(
                     "synchronous HubCheckpointSaver calls from the saver's own event loop would "
                     "block it: use the async methods (ainvoke, astream, aget_state, ...)"
                 )
-        except RuntimeError:
-            pass
-        return asyncio.run_coroutine_threadsafe(_awaited(coro), loop).result()
+        if problem is not None or loop is None:
+            coro.close()  # never started: no "never awaited" warning
+            raise problem or RuntimeError("no event loop")
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         return self._run(self.aget_tuple(config))
@@ -330,7 +336,3 @@ class HubCheckpointSaver(BaseCheckpointSaver[int]):
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         self._run(self.aprune(thread_ids, strategy=strategy))
-
-
-async def _awaited(aw: Awaitable[T]) -> T:
-    return await aw

@@ -15,6 +15,8 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from protocol import InvalidInput
+
 __all__ = ["ui_messages"]
 
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "developer": "system"}
@@ -56,11 +58,14 @@ def ui_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
     from langchain_core.messages import BaseMessage, convert_to_messages
 
     converted: list[BaseMessage] = []
-    for m in messages:
+    for i, m in enumerate(messages):
         if isinstance(m, BaseMessage):
             converted.append(m)
-        else:
+            continue
+        try:
             converted.extend(convert_to_messages([m]))
+        except (ValueError, TypeError, NotImplementedError) as exc:
+            raise InvalidInput(f"messages[{i}] is not a message LangChain reads: {exc}") from None
     out: list[dict[str, Any]] = []
     calls: dict[str, dict[str, Any]] = {}
     prev = ""

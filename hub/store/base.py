@@ -116,6 +116,8 @@ class SessionDump(msgspec.Struct, kw_only=True):
     compactions: list[Compaction]
     context: dict[str, str]
     system_prompt: str | None = None
+    #: A LangGraph thread's checkpoints (with their writes), by namespace then id.
+    checkpoints: list[CheckpointRecord] = msgspec.field(default_factory=list)
 
 
 #: The context row key of a session's frozen prompt (also ``SessionManager.delete``'s).

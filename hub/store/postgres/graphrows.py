@@ -34,7 +34,7 @@ from .tx import PostgresTx
 if TYPE_CHECKING:
     from .tx import Conn
 
-__all__ = ["PostgresGraphRows"]
+__all__ = ["PostgresGraphRows", "dumped", "restore"]
 
 _encode = msgspec.json.Encoder().encode
 _decode_meta = msgspec.json.Decoder(dict[str, Any]).decode
@@ -153,6 +153,31 @@ async def _put(
     return await _project(tx, record.thread_id, messages) if messages else False
 
 
+async def _put_rows(
+    conn: Conn,
+    session_id: str,
+    ns: str,
+    checkpoint_id: str,
+    writes: Sequence[CheckpointWrite],
+    on_conflict: str,
+) -> None:
+    await conn.execute(
+        f"INSERT INTO graph_writes (session_id, ns, checkpoint_id, {_WRITE_COLS}) "
+        "SELECT $1, $2, $3, * FROM unnest("
+        "$4::text[], $5::int[], $6::text[], $7::text[], $8::bytea[], $9::text[]) "
+        f"ON CONFLICT (session_id, ns, checkpoint_id, task_id, idx) {on_conflict}",
+        session_id,
+        ns,
+        checkpoint_id,
+        [w.task_id for w in writes],
+        [w.idx for w in writes],
+        [w.channel for w in writes],
+        [w.type for w in writes],
+        [w.value for w in writes],
+        [w.task_path for w in writes],
+    )
+
+
 async def _put_writes(
     tx: PostgresTx,
     session_id: str,
@@ -168,21 +193,7 @@ async def _put_writes(
         if replace
         else "DO NOTHING"
     )
-    await tx.conn.execute(
-        f"INSERT INTO graph_writes (session_id, ns, checkpoint_id, {_WRITE_COLS}) "
-        "SELECT $1, $2, $3, * FROM unnest("
-        "$4::text[], $5::int[], $6::text[], $7::text[], $8::bytea[], $9::text[]) "
-        f"ON CONFLICT (session_id, ns, checkpoint_id, task_id, idx) {on_conflict}",
-        session_id,
-        ns,
-        checkpoint_id,
-        [w.task_id for w in writes],
-        [w.idx for w in writes],
-        [w.channel for w in writes],
-        [w.type for w in writes],
-        [w.value for w in writes],
-        [w.task_path for w in writes],
-    )
+    await _put_rows(tx.conn, session_id, ns, checkpoint_id, writes, on_conflict)
     await tx.emit_session(session_id, CHECKPOINT_WRITES, writes_event(ns, checkpoint_id, writes))
 
 
@@ -298,6 +309,34 @@ async def _copy(tx: PostgresTx, source: str, target: str, name: str) -> int:
     n = int(status.split()[-1])
     await tx.emit_session(target, CHECKPOINT_PUT, {"copied_from": source, "count": n})
     return n
+
+
+async def dumped(conn: Conn, session_id: str) -> list[CheckpointRecord]:
+    """Every checkpoint of the session with its writes, by namespace then id (a dump's)."""
+    rows = await conn.fetch(
+        f"SELECT {_COLS} FROM graph_checkpoints WHERE session_id = $1 ORDER BY ns, checkpoint_id", session_id
+    )
+    out = [_record(tuple(r), []) for r in rows]
+    await _writes_of(conn, out)
+    return out
+
+
+async def restore(tx: PostgresTx, session_id: str, records: Sequence[CheckpointRecord]) -> None:
+    """An import's checkpoints, in its transaction, over whatever the session held."""
+    conn = tx.conn
+    await conn.execute("DELETE FROM graph_writes WHERE session_id = $1", session_id)
+    await conn.execute("DELETE FROM graph_checkpoints WHERE session_id = $1", session_id)
+    for r in records:
+        run_id = r.metadata.get("run_id")
+        await conn.execute(
+            f"{_INSERT} VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8)",
+            session_id, r.ns, r.checkpoint_id, r.parent_id, r.type, r.data, _encode(r.metadata).decode(),
+            run_id if isinstance(run_id, str) else None,
+        )  # fmt: skip
+        if r.writes:
+            await _put_rows(conn, session_id, r.ns, r.checkpoint_id, r.writes, "DO NOTHING")
+    if records:
+        await tx.emit_session(session_id, CHECKPOINT_PUT, {"imported": len(records)})
 
 
 class PostgresGraphRows(PostgresPool):

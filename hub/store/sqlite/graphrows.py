@@ -30,7 +30,7 @@ from .database import SqliteDatabase
 from .packing import stored_message
 from .tx import SqliteTx
 
-__all__ = ["SqliteGraphRows"]
+__all__ = ["SqliteGraphRows", "dumped", "restore"]
 
 _encode = msgspec.json.Encoder().encode
 _decode_meta = msgspec.json.Decoder(dict[str, Any]).decode
@@ -245,6 +245,37 @@ def _copy(tx: SqliteTx, source: str, target: str, name: str) -> int:
     )
     tx.emit_session(target, CHECKPOINT_PUT, {"copied_from": source, "count": n})
     return int(n)
+
+
+def dumped(conn: Conn, session_id: str) -> list[CheckpointRecord]:
+    """Every checkpoint of the session with its writes, by namespace then id (a dump's)."""
+    rows = conn.execute(
+        f"SELECT {_COLS} FROM graph_checkpoints WHERE session_id = ? ORDER BY ns, checkpoint_id",
+        (session_id,),
+    ).fetchall()
+    return [_record(r, _writes(conn, r[0], r[1], r[2])) for r in rows]
+
+
+def restore(tx: SqliteTx, session_id: str, records: Sequence[CheckpointRecord]) -> None:
+    """An import's checkpoints, in its transaction, over whatever the session held."""
+    conn = tx.conn
+    conn.execute("DELETE FROM graph_writes WHERE session_id = ?", (session_id,))
+    conn.execute("DELETE FROM graph_checkpoints WHERE session_id = ?", (session_id,))
+    for r in records:
+        run_id = r.metadata.get("run_id")
+        conn.execute(
+            f"INSERT INTO graph_checkpoints ({_COLS}, run_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (session_id, r.ns, r.checkpoint_id, r.parent_id, r.type, r.data, _encode(r.metadata).decode(),
+             run_id if isinstance(run_id, str) else None),
+        )  # fmt: skip
+        conn.executemany(
+            f"INSERT OR REPLACE INTO graph_writes (session_id, ns, checkpoint_id, {_WRITE_COLS}) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(session_id, r.ns, r.checkpoint_id, w.task_id, w.idx, w.channel, w.type, w.value, w.task_path)
+             for w in r.writes],
+        )  # fmt: skip
+    if records:
+        tx.emit_session(session_id, CHECKPOINT_PUT, {"imported": len(records)})
 
 
 class SqliteGraphRows(SqliteDatabase):
