@@ -40,7 +40,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
         'clients.langgraph needs the langgraph-checkpoint package: pip install "sessionhub[langgraph]"'
     ) from exc
 
-from protocol import InvalidInput
+from protocol import Conflict, InvalidInput
 from protocol.graphstate import CheckpointRecord, CheckpointWrite
 
 from .lcmessages import ui_messages
@@ -51,6 +51,9 @@ T = TypeVar("T")
 
 #: ``list`` reads this many checkpoints per request when it has no limit of its own.
 PAGE = 500
+#: A put projects (converts and sends) this many of the newest messages, unless the thread's
+#: tree holds none of them.
+TAIL = 16
 
 
 class Threads(Protocol):
@@ -58,7 +61,11 @@ class Threads(Protocol):
     ``HubClient`` (``hub.threads``) offer."""
 
     async def put(
-        self, record: CheckpointRecord, messages: Sequence[Mapping[str, Any]] | None = None
+        self,
+        record: CheckpointRecord,
+        messages: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        partial: bool = False,
     ) -> None: ...
 
     async def put_writes(
@@ -122,6 +129,31 @@ def _thread(config: RunnableConfig) -> tuple[str, str]:
     if thread_id is None:
         raise InvalidInput("config['configurable'] must name a thread_id")
     return str(thread_id), str(conf.get("checkpoint_ns", ""))
+
+
+def _stored(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
+    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}}
+
+
+def _is_tool(m: Any) -> bool:
+    kind = m.get("role", m.get("type")) if isinstance(m, Mapping) else getattr(m, "type", None)
+    return bool(kind == "tool")
+
+
+def _tail(chat: list[Any]) -> list[Any] | None:
+    """The conversation's last :data:`TAIL` messages, widened back to a message that is no
+    tool result (so every tool result in it has its call in it too); None when the whole
+    is that short, or when a message of it has no id (a dict's id is derived from the ones
+    before it: only the whole conversation gives it)."""
+    if len(chat) <= TAIL:
+        return None
+    start = len(chat) - TAIL
+    while start > 0 and _is_tool(chat[start]):
+        start -= 1
+    tail = chat[start:]
+    if not all(getattr(m, "id", None) for m in tail):
+        return None
+    return tail
 
 
 class HubCheckpointSaver(BaseCheckpointSaver[int]):
@@ -220,11 +252,20 @@ class HubCheckpointSaver(BaseCheckpointSaver[int]):
         )
         values = checkpoint.get("channel_values") or {}
         chat = values.get("messages") if ns == "" else None
-        messages = ui_messages(chat) if isinstance(chat, list) else None
-        await self.threads.put(record, messages)
-        return {
-            "configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}
-        }
+        if not isinstance(chat, list):
+            await self.threads.put(record)
+            return _stored(thread_id, ns, checkpoint["id"])
+        tail = _tail(chat)
+        if tail is not None:
+            # The common put: one message or two beyond what the tree holds. Only the tail
+            # is converted and sent; a tree that holds none of it refuses the whole put.
+            try:
+                await self.threads.put(record, ui_messages(tail), partial=True)
+                return _stored(thread_id, ns, checkpoint["id"])
+            except Conflict:
+                pass
+        await self.threads.put(record, ui_messages(chat))
+        return _stored(thread_id, ns, checkpoint["id"])
 
     async def aput_writes(
         self,

@@ -30,13 +30,18 @@ class RemoteThreads:
         self._client = client
 
     async def put(
-        self, record: CheckpointRecord, messages: Sequence[Mapping[str, Any]] | None = None
+        self,
+        record: CheckpointRecord,
+        messages: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        partial: bool = False,
     ) -> None:
         await self._client.request(
             "checkpoint_put",
             session_id=record.thread_id,
             checkpoint=msgspec.to_builtins(record),
             messages=None if messages is None else [dict(m) for m in messages],
+            partial=partial,
         )
 
     async def put_writes(

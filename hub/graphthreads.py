@@ -59,7 +59,11 @@ class GraphThreads:
         self._store = manager.store
 
     async def put(
-        self, record: CheckpointRecord, messages: Sequence[Message | Mapping[str, Any]] | None = None
+        self,
+        record: CheckpointRecord,
+        messages: Sequence[Message | Mapping[str, Any]] | None = None,
+        *,
+        partial: bool = False,
     ) -> None:
         """Store the checkpoint (with its event), then project ``messages`` (the root
         namespace's conversation, oldest first) into the thread's session."""
@@ -69,7 +73,8 @@ class GraphThreads:
         if messages is not None and (isinstance(messages, Mapping) or not isinstance(messages, Sequence)):
             raise InvalidInput("messages must be a list of messages")
         projected = messages[-MAX_PROJECTED:] if messages else ()
-        if await self._store.put_checkpoint(record, name=thread_name(record.thread_id), messages=projected):
+        name = thread_name(record.thread_id)
+        if await self._store.put_checkpoint(record, name=name, messages=projected, partial=partial):
             await self._manager.get_session(record.thread_id).after_append()
 
     async def put_writes(

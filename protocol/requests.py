@@ -409,6 +409,9 @@ class CheckpointPut(_Req, tag="checkpoint_put"):
     session_id: str
     checkpoint: CheckpointRecord
     messages: list[Msg] | None = None
+    #: ``messages`` is the conversation's tail: refused (``conflict``, nothing written) when
+    #: the tree holds none of it, and the client sends the whole conversation.
+    partial: bool = False
 
 
 class CheckpointWrites(_Req, tag="checkpoint_writes"):

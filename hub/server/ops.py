@@ -362,7 +362,7 @@ def operations(hub: Sessions, turns: Turns) -> dict[str, Op]:
     async def checkpoint_put(r: f.CheckpointPut) -> None:
         if r.checkpoint.thread_id != r.session_id:
             raise InvalidInput("checkpoint.thread_id must be the request's session_id")
-        await m.threads.put(r.checkpoint, r.messages)
+        await m.threads.put(r.checkpoint, r.messages, partial=r.partial)
 
     t = m.threads
     calls: dict[str, Call] = {

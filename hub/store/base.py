@@ -405,12 +405,18 @@ class Store(abc.ABC):
     # session's stream; the bytes are stored as given, never decoded.
     @abc.abstractmethod
     async def put_checkpoint(
-        self, record: CheckpointRecord, *, name: str, messages: Sequence[Message | Mapping[str, Any]] = ()
+        self,
+        record: CheckpointRecord,
+        *,
+        name: str,
+        messages: Sequence[Message | Mapping[str, Any]] = (),
+        partial: bool = False,
     ) -> bool:
         """Store (or replace) the checkpoint and log ``checkpoint.put``; the thread's first
         put registers its session (named ``name``, source ``langgraph``). ``messages`` are
         projected into its tree in the same transaction (``graphpolicy``); True if that
-        appended any."""
+        appended any. ``partial``: they are the conversation's tail, and a tree that holds
+        none of them is :class:`~protocol.errors.Conflict` (nothing written)."""
 
     @abc.abstractmethod
     async def put_checkpoint_writes(

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from protocol import InvalidInput, Message
+from protocol import Conflict, InvalidInput, Message
 from protocol.graphstate import CheckpointRecord, CheckpointWrite
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "metadata_matches",
     "put_event",
     "same_message",
+    "tail_unknown",
     "writes_event",
 ]
 
@@ -109,3 +110,9 @@ def same_message(stored: Message, given: Message) -> bool:
     """A projected message the tree holds already is updated only when it changed (a tool
     call's result arriving, an edited text)."""
     return stored.role == given.role and stored.parts == given.parts and stored.metadata == given.metadata
+
+
+def tail_unknown(session_id: str) -> Conflict:
+    """A partial projection (the conversation's tail) continues no message the tree holds:
+    the put is refused whole, and the saver sends the whole conversation."""
+    return Conflict(f"thread {session_id!r} holds none of the messages sent: send the whole conversation")

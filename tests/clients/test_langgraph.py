@@ -22,7 +22,7 @@ from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES
 
 from clients import HubClient
 from clients.errors import HubError
-from clients.langgraph import HubCheckpointSaver
+from clients.langgraph import TAIL, HubCheckpointSaver
 from clients.lcmessages import ui_messages
 from hub import SessionManager, SqliteStore, Store
 from hub.auth import issue_token
@@ -296,3 +296,37 @@ def test_import_without_the_package_names_the_extra() -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert 'pip install "sessionhub[langgraph]"' in done.stderr
+
+
+@pytest.mark.parametrize("over_hub", [False, True], ids=["in_process", "hub"])
+async def test_a_long_conversation_projects_its_tail(tmp_path: Path, over_hub: bool) -> None:
+    """Past TAIL messages a put sends only the newest ones; a tree that holds none of them
+    (the thread's first put, or a tree cleared meanwhile) refuses that put whole and the
+    saver sends the whole conversation."""
+
+    async def run(saver: HubCheckpointSaver, manager_or_hub: Any) -> None:
+        config: RunnableConfig = {"configurable": {"thread_id": "long", "checkpoint_ns": ""}}
+        chat: list[BaseMessage] = []
+        for i in range(TAIL * 2 + 3):
+            chat.append((HumanMessage if i % 2 == 0 else AIMessage)(content=f"message {i}", id=f"m{i}"))
+            if i < TAIL * 2:
+                continue  # the first put already holds more than a tail
+            checkpoint = empty_checkpoint()
+            checkpoint["channel_values"] = {"messages": list(chat)}
+            config = await saver.aput(config, checkpoint, {"source": "loop", "step": i, "parents": {}}, {})
+        sessions = manager_or_hub.sessions if over_hub else manager_or_hub
+        assert [m.id for m in await sessions.get_history("long")] == [m.id for m in chat]
+        await sessions.clear_messages("long")
+        checkpoint = empty_checkpoint()
+        chat.append(HumanMessage(content="after the clear", id="last"))
+        checkpoint["channel_values"] = {"messages": chat}
+        await saver.aput(config, checkpoint, {"source": "loop", "step": 99, "parents": {}}, {})
+        assert [m.id for m in await sessions.get_history("long")] == [m.id for m in chat]
+
+    if over_hub:
+        async with served(db=tmp_path / "hub.db") as hub, HubClient(hub.ws_url) as client:
+            await run(HubCheckpointSaver(client), client)
+    else:
+        async with await SqliteStore.open(tmp_path / "hub.db") as store:
+            manager = SessionManager(store)
+            await run(HubCheckpointSaver(manager), manager)

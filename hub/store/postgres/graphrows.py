@@ -22,6 +22,7 @@ from ..graphpolicy import (
     metadata_matches,
     put_event,
     same_message,
+    tail_unknown,
     writes_event,
 )
 from ..policy import session_stream
@@ -96,7 +97,9 @@ async def _writes_of(conn: Conn, records: list[CheckpointRecord]) -> None:
         by_key[(row[0], row[1], row[2])].writes.append(_write_of(tuple(row)[3:]))
 
 
-async def _project(tx: PostgresTx, session_id: str, messages: Sequence[Message | Mapping[str, Any]]) -> bool:
+async def _project(
+    tx: PostgresTx, session_id: str, messages: Sequence[Message | Mapping[str, Any]], partial: bool
+) -> bool:
     """:func:`..graphpolicy.project`'s walk, in the put's transaction."""
     held: Message | None = None
     missing: list[Message] = []
@@ -127,6 +130,8 @@ async def _project(tx: PostgresTx, session_id: str, messages: Sequence[Message |
         if stored is None or not same_message(stored, m):
             await sql.update_message(tx, session_id, m)
         break
+    if held is None and partial:
+        raise tail_unknown(session_id)
     if missing:
         missing.reverse()
         await sql.insert_messages(tx, session_id, missing, None if held is None else held.id)
@@ -134,7 +139,11 @@ async def _project(tx: PostgresTx, session_id: str, messages: Sequence[Message |
 
 
 async def _put(
-    tx: PostgresTx, record: CheckpointRecord, name: str, messages: Sequence[Message | Mapping[str, Any]]
+    tx: PostgresTx,
+    record: CheckpointRecord,
+    name: str,
+    messages: Sequence[Message | Mapping[str, Any]],
+    partial: bool,
 ) -> bool:
     await _ensure_session(tx, record.thread_id, name)
     run_id = record.metadata.get("run_id")
@@ -150,7 +159,7 @@ async def _put(
         run_id if isinstance(run_id, str) else None,
     )
     await tx.emit_session(record.thread_id, CHECKPOINT_PUT, put_event(record))
-    return await _project(tx, record.thread_id, messages) if messages else False
+    return await _project(tx, record.thread_id, messages, partial) if messages else False
 
 
 async def _put_rows(
@@ -344,10 +353,15 @@ class PostgresGraphRows(PostgresPool):
     :class:`~..base.Store`'s)."""
 
     async def put_checkpoint(
-        self, record: CheckpointRecord, *, name: str, messages: Sequence[Message | Mapping[str, Any]] = ()
+        self,
+        record: CheckpointRecord,
+        *,
+        name: str,
+        messages: Sequence[Message | Mapping[str, Any]] = (),
+        partial: bool = False,
     ) -> bool:
         check_record(record)
-        return await self._write(_put, record, name, messages, lock=session_stream(record.thread_id))
+        return await self._write(_put, record, name, messages, partial, lock=session_stream(record.thread_id))
 
     async def put_checkpoint_writes(
         self,

@@ -22,6 +22,7 @@ from ..graphpolicy import (
     metadata_matches,
     put_event,
     same_message,
+    tail_unknown,
     writes_event,
 )
 from . import sql
@@ -74,7 +75,9 @@ def _writes(conn: Conn, session_id: str, ns: str, checkpoint_id: str) -> list[Ch
     ]
 
 
-def _project(tx: SqliteTx, session_id: str, messages: Sequence[Message | Mapping[str, Any]]) -> bool:
+def _project(
+    tx: SqliteTx, session_id: str, messages: Sequence[Message | Mapping[str, Any]], partial: bool
+) -> bool:
     """:func:`..graphpolicy.project`'s walk, in the put's transaction."""
     held: Message | None = None
     missing: list[Message] = []
@@ -91,6 +94,8 @@ def _project(tx: SqliteTx, session_id: str, messages: Sequence[Message | Mapping
         if not same_message(stored, m):
             sql.update_message(tx, session_id, m)
         break
+    if held is None and partial:
+        raise tail_unknown(session_id)
     if missing:
         missing.reverse()
         sql.insert_messages(tx, session_id, missing, None if held is None else held.id)
@@ -98,7 +103,11 @@ def _project(tx: SqliteTx, session_id: str, messages: Sequence[Message | Mapping
 
 
 def _put(
-    tx: SqliteTx, record: CheckpointRecord, name: str, messages: Sequence[Message | Mapping[str, Any]]
+    tx: SqliteTx,
+    record: CheckpointRecord,
+    name: str,
+    messages: Sequence[Message | Mapping[str, Any]],
+    partial: bool,
 ) -> bool:
     _ensure_session(tx, record.thread_id, name)
     run_id = record.metadata.get("run_id")
@@ -116,7 +125,7 @@ def _put(
         ),
     )
     tx.emit_session(record.thread_id, CHECKPOINT_PUT, put_event(record))
-    return _project(tx, record.thread_id, messages) if messages else False
+    return _project(tx, record.thread_id, messages, partial) if messages else False
 
 
 def _put_writes(
@@ -283,9 +292,16 @@ class SqliteGraphRows(SqliteDatabase):
     :class:`~..base.Store`'s)."""
 
     async def put_checkpoint(
-        self, record: CheckpointRecord, *, name: str, messages: Sequence[Message | Mapping[str, Any]] = ()
+        self,
+        record: CheckpointRecord,
+        *,
+        name: str,
+        messages: Sequence[Message | Mapping[str, Any]] = (),
+        partial: bool = False,
     ) -> bool:
-        return await self._write(_put, check_record(record), name, messages, inline=len(messages) <= 64)
+        return await self._write(
+            _put, check_record(record), name, messages, partial, inline=len(messages) <= 64
+        )
 
     async def put_checkpoint_writes(
         self,
