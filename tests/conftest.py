@@ -49,6 +49,8 @@ PG_TABLES = (
     "context_blocks",
     "search_entries",
     "session_stats",
+    "graph_checkpoints",
+    "graph_writes",
 )
 
 

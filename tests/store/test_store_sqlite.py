@@ -72,6 +72,26 @@ async def test_memory_store_works() -> None:
         assert [r.id for r in await s.search("hello")] == ["m1"]
 
 
+async def test_memory_store_reads_and_writes_at_once() -> None:
+    # In memory, reads and writes share one connection: a write must not begin inline while
+    # a read runs in the connection's thread ("cannot start a transaction within a
+    # transaction", first met by an MCP listener's feed reading the log during writes).
+    async with await SqliteStore.open(":memory:") as store:
+        s = Session(store)
+
+        async def reads() -> None:
+            for _ in range(100):
+                await s.read_events()
+
+        async def writes() -> None:
+            for i in range(100):
+                await s.append_message(T(f"m{i}", "user", "hello"))
+                await asyncio.sleep(0)
+
+        await asyncio.gather(reads(), reads(), writes())
+        assert await s.get_path_length() == 100
+
+
 async def test_closed_store_raises_store_closed(db_path: Path) -> None:
     store = await SqliteStore.open(db_path)
     await store.close()

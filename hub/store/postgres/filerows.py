@@ -1,5 +1,5 @@
 """Stored files (hub/store/attachments.py) on Postgres: their rows, chunks, uploaders and the
-messages that reference them (schema.py migration 5)."""
+messages that reference them (schema.py migration 6)."""
 
 from __future__ import annotations
 

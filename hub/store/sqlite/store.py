@@ -54,7 +54,7 @@ from ..prune import check_prune
 from ..rows import SESSION_COLS, session_info, ts
 from . import filerows, maintenance, search, sql
 from .connection import Conn
-from .database import SqliteDatabase
+from .graphrows import SqliteGraphRows
 from .packing import stored_message
 from .tx import SqliteTx
 
@@ -69,7 +69,7 @@ INLINE_BATCH = 16
 INLINE_EVENTS = 32
 
 
-class SqliteStore(SqliteDatabase, Store):
+class SqliteStore(SqliteGraphRows, Store):
     """Everything in one SQLite file (or ``":memory:"``); its connections and transactions
     are :class:`~.database.SqliteDatabase`'s."""
 
