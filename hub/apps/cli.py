@@ -18,7 +18,7 @@ from typing import NoReturn
 
 from clients.operator import add_url_option
 
-from . import serve
+from . import configcli, serve
 from .options import TOKEN, add_db_option, age, positive, secret_problem, whole
 
 __all__ = ["EXIT_CODES", "main"]
@@ -67,7 +67,10 @@ def _parser() -> argparse.ArgumentParser:
             name, help=help, epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter
         )
 
-    serve.add_options(command("serve", "run the hub"))
+    serve_parser = command("serve", "run the hub")
+    serve.add_options(serve_parser)
+    configcli.add_serve_option(serve_parser)
+    configcli.add_commands(command)
 
     prune = command("prune", "delete old events from the logs (messages, overlays, context stay)")
     add_db_option(prune)
@@ -206,7 +209,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # What was typed, to say whether a bad secret came from a flag or the environment.
     args.typed = list(sys.argv[1:] if argv is None else argv)
     if args.command == "serve":
-        return serve.run(args)
+        failed = configcli.prepare_serve(args)
+        return failed if failed is not None else serve.run(args)
+    if args.command in ("init", "config"):
+        return configcli.run(args)
     if args.command == "respond":
         return _respond(args)
     if args.command == "token":

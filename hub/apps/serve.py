@@ -261,12 +261,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"sessionhub: {exc}", file=sys.stderr)
         return 2
     compaction = serve_compaction.serve_compaction(args)
+    from .serve_templates import configure_manager
+
     app = create_app(
         db=args.db,
         bus=args.bus,
         config=config_,
         worker_summarizer=None if compaction is None else compaction.workers,
-        configure_manager=None if compaction is None else compaction.configure,
+        configure_manager=configure_manager(args, compaction),
     )
 
     class HubServer(uvicorn.Server):

@@ -368,7 +368,7 @@ def operations(hub: Sessions, turns: Turns) -> dict[str, Op]:
         return await turns.steer(r)
 
     calls: dict[str, Call] = {
-        "create": lambda r: m.create(r.name, r.parent_session_id, r.model, r.source),
+        "create": lambda r: m.create(r.name, r.parent_session_id, r.model, r.source, r.template),
         "get": lambda r: m.get(r.session_id),
         "list": lambda r: m.list(),
         "rename": lambda r: m.rename(r.session_id, r.name),
