@@ -142,6 +142,29 @@ async def run_sessions(
     return 0
 
 
+async def run_session_action(
+    url: str | Sequence[str], args: Any, *, token: str | None = None, out: TextIO | None = None
+) -> int:
+    """``sessions create NAME [--template T]`` (prints the new id, for scripts), ``rename ID
+    NAME``, ``end ID [--reason R]`` and ``delete ID``: the admin ops of api.md §9."""
+    from .client import HubClient
+
+    stream = out or sys.stdout
+    async with HubClient(url, token=token) as hub:
+        if args.action == "create":
+            info = await hub.sessions.create(args.name, model=args.model, template=args.template)
+            stream.write(info.id + "\n")
+        elif args.action == "rename":
+            stream.write(_session_line(await hub.sessions.rename(args.session_id, args.name)) + "\n")
+        elif args.action == "end":
+            stream.write(_session_line(await hub.sessions.end(args.session_id, args.reason)) + "\n")
+        else:
+            await hub.sessions.delete(args.session_id)
+            stream.write(f"deleted {args.session_id}\n")
+        stream.flush()
+    return 0
+
+
 def failure(
     exc: BaseException,
     *,
@@ -176,6 +199,8 @@ def failure(
             f"(epoch {exc.epoch}); pass --after {exc.last_seq} to follow "
             f"from now, or --after {max(exc.first_seq - 1, 0)} for everything it still has"
         )
+    if isinstance(exc, SessionHubError) and exc.code == "invalid":
+        return 2, f"the hub at {url} refused the arguments: {exc}"
     if isinstance(exc, SessionHubError):
         return 1, f"the hub answered {exc.code}: {exc}"
     return 1, None

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from clients.operator import add_url_option
+from clients.operator import add_url_option, parse_urls
 
 from . import configcli, serve
 from .options import TOKEN, add_db_option, age, positive, secret_problem, whole
@@ -131,6 +131,7 @@ def _parser() -> argparse.ArgumentParser:
     add_url_option(sessions)
     sessions.add_argument("--json", action="store_true", help="print JSON lines")
     sessions.add_argument("--token", default=TOKEN, help="access token (default: $SESSIONHUB_TOKEN)")
+    _session_actions(sessions)
     respond = command("respond", "answer chat turns with an OpenAI-compatible model (a responder worker)")
     add_url_option(respond)
     respond.add_argument(
@@ -154,6 +155,31 @@ def _parser() -> argparse.ArgumentParser:
     )
     respond.add_argument("--concurrency", type=int, default=64, help="turns answered at once (default: 64)")
     return parser
+
+
+def _session_actions(sessions: argparse.ArgumentParser) -> None:
+    """``sessions create|rename|end|delete`` (without one, ``sessions`` lists)."""
+    actions = sessions.add_subparsers(dest="action", metavar="{create,rename,end,delete}")
+
+    def action(name: str, help: str) -> argparse.ArgumentParser:
+        sub = actions.add_parser(name, help=help)
+        # SUPPRESS: typed before the action or after it, --url and --token mean the same.
+        sub.add_argument("--url", type=parse_urls, default=argparse.SUPPRESS, help="as for sessions")
+        sub.add_argument("--token", default=argparse.SUPPRESS, help="as for sessions (admin)")
+        return sub
+
+    create = action("create", "create a session and print its id")
+    create.add_argument("name")
+    create.add_argument("--template", default=None, help="one of the hub's templates (default: its default)")
+    create.add_argument("--model", default=None, help="the session's model field")
+    rename = action("rename", "rename a session")
+    rename.add_argument("session_id", metavar="SESSION_ID")
+    rename.add_argument("name")
+    end = action("end", "mark a session ended (its messages stay)")
+    end.add_argument("session_id", metavar="SESSION_ID")
+    end.add_argument("--reason", default="ended", help="the end reason (default: %(default)s)")
+    delete = action("delete", "delete a session with its messages and log")
+    delete.add_argument("session_id", metavar="SESSION_ID")
 
 
 def _token(args: argparse.Namespace) -> int:
@@ -306,15 +332,20 @@ def _read_input(name: str) -> bytes:
 
 def _operate(args: argparse.Namespace) -> int:
     """``tail`` and ``sessions``: what went wrong is one line and an exit code."""
-    from clients.operator import failure, run_sessions, run_tail
+    from clients.operator import failure, run_session_action, run_sessions, run_tail
 
     if args.command == "tail" and args.after < 0:
         print(f"sessionhub: --after {args.after} must be at least 0", file=sys.stderr)
         return 2
     key = None if args.command != "tail" or args.session_id == "registry" else args.session_id
+    action = getattr(args, "action", None)
+    if action in ("rename", "end", "delete"):
+        key = args.session_id
     try:
         if args.command == "tail":
             return asyncio.run(run_tail(args.url, key, after=args.after, raw=args.json, token=args.token))
+        if action is not None:
+            return asyncio.run(run_session_action(args.url, args, token=args.token))
         return asyncio.run(run_sessions(args.url, raw=args.json, token=args.token))
     except KeyboardInterrupt:
         return 130

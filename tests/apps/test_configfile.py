@@ -4,6 +4,7 @@ see and use, whose frozen prompt is the engine's golden one, and whose flags bea
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -263,3 +264,35 @@ def test_flags_beat_the_environment_which_beats_the_file(
     args.typed = argv
     apply_config(args)
     assert (args.db, args.port, args.host) == ("env.db", 1234, "127.0.0.1")
+
+
+async def test_sessions_create_rename_end_delete_from_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hub.apps import cli
+    from tests.apps.test_cli import arun, one_line
+
+    async def sessions(*argv: str) -> tuple[int, str, str]:
+        # In process (a thread: main runs its own loop); the real process is tested above.
+        code = await asyncio.to_thread(cli.main, ["sessions", *argv, "--url", url])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    config = await _hub_files(tmp_path)
+    async with serve("--config", str(config), "--db", str(tmp_path / "hub.db")) as url:
+        made = await arun("sessions", "--url", url, "create", "notes", "--template", "bare")
+        assert made.returncode == 0, made.stderr
+        session_id = made.stdout.strip()
+        unknown = await arun("sessions", "create", "x", "--template", "nope", "--url", url)
+        assert unknown.returncode == 2
+        assert "unknown template 'nope'; this hub's templates: all, bare" in one_line(unknown)
+        code, out, _ = await sessions("rename", session_id, "journal")
+        assert code == 0 and "'journal'" in out
+        code, out, _ = await sessions("end", session_id, "--reason", "done")
+        assert code == 0 and "ended:done" in out
+        async with HubClient(url) as hub:
+            assert await hub.session(session_id).tools() == []  # bare, not the default
+        code, out, _ = await sessions("delete", session_id)
+        assert code == 0 and out.strip() == f"deleted {session_id}"
+        code, _, err = await sessions("delete", session_id)
+        assert code == 5 and f"no session {session_id!r}" in err
