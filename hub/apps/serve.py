@@ -62,7 +62,10 @@ def add_options(serve: argparse.ArgumentParser) -> None:
         "--ping-timeout", type=float, default=20.0, help="drop a peer silent this long (default: 20)"
     )
     serve.add_argument(
-        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="how much to log; debug also prints the configuration in effect, secrets masked",
     )
     serve.add_argument(
         "--auth-secret",

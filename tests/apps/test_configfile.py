@@ -296,3 +296,14 @@ async def test_sessions_create_rename_end_delete_from_the_command_line(
         assert code == 0 and out.strip() == f"deleted {session_id}"
         code, _, err = await sessions("delete", session_id)
         assert code == 5 and f"no session {session_id!r}" in err
+
+
+def test_the_docs_list_every_key_with_its_default() -> None:
+    from hub.apps.configref import BEGIN, END, reference
+
+    page = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text(encoding="utf-8")
+    generated = page[page.index(BEGIN) : page.index(END) + len(END)]
+    # Regenerate with: python -m hub.apps.configref (a new serve option is a new key).
+    assert generated == reference()
+    for action in __import__("hub.apps.configfile", fromlist=["x"]).serve_actions():
+        assert f"| `{action.dest}` |" in generated or action.dest.startswith(("summarizer", "compact"))
