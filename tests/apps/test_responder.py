@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import pytest
 
 from hub import ReadonlyText, SessionManager, SqliteStore
 from hub.apps.responder import ChatCompletionsResponder, run_responder
+from hub.templates import Template, TemplateBlock
 from tests.support.chatkit import sse_chunks
 from tests.support.hubtest import served
 
@@ -134,15 +136,20 @@ async def model_server(*script: Writer) -> AsyncIterator[ModelServer]:
 
 @contextlib.asynccontextmanager
 async def chat_backend(
-    tmp_path: Path, responder: ChatCompletionsResponder
+    tmp_path: Path, responder: ChatCompletionsResponder, *, template: bool = False
 ) -> AsyncIterator[tuple[Any, SessionManager]]:
-    """A hub whose sessions have a read-only soul and a writable memory, and the responder."""
+    """A hub whose sessions have a read-only soul and a writable memory (given by the
+    manager, or by its default template: sessionhub.toml's way), and the responder."""
     store = await SqliteStore.open(tmp_path / "hub.db")
-    manager = (
-        SessionManager(store)
-        .with_context("soul", provider=ReadonlyText("You are terse."))
-        .with_context("memory", description="Learned facts", max_tokens=100)
-    )
+    manager = SessionManager(store)
+    soul = ReadonlyText("You are terse.")
+    if template:
+        blocks = (TemplateBlock("soul", provider=soul), TemplateBlock("memory", "Learned facts", 100))
+        manager.with_templates([Template("t", blocks)], default="t")
+    else:
+        manager.with_context("soul", provider=soul).with_context(
+            "memory", description="Learned facts", max_tokens=100
+        )
     try:
         async with served(manager=manager) as h:
             ready = asyncio.Event()
@@ -204,11 +211,12 @@ async def test_text_streams_with_the_frozen_prompt_and_usage(tmp_path: Path) -> 
             assert (info.input_tokens, info.output_tokens) == (12, 3)
 
 
-async def test_a_tool_call_round_trip(tmp_path: Path) -> None:
+@pytest.mark.parametrize("template", [False, True], ids=["manager", "template"])
+async def test_a_tool_call_round_trip(tmp_path: Path, template: bool) -> None:
     script = (_tool_call("set_context", {"label": "memory", "content": "User likes tea."}), _text("Noted."))
     async with model_server(*script) as model:
         responder = ChatCompletionsResponder(model.base_url, "tiny", max_retries=0)
-        async with chat_backend(tmp_path, responder) as (h, manager):
+        async with chat_backend(tmp_path, responder, template=template) as (h, manager):
             chunks = await _chat(h.url, "s-tool", "remember I like tea")
             types = _types(chunks)
             assert types[:4] == ["start", "tool-input-start", "tool-input-available", "tool-output-available"]
@@ -222,6 +230,7 @@ async def test_a_tool_call_round_trip(tmp_path: Path) -> None:
             assert tool["input"] == {"label": "memory", "content": "User likes tea."}
             assert text == {"type": "text", "text": "Noted."}
             # The second request carries the call and its result.
+            assert "You are terse." in model.requests[0]["messages"][0]["content"]
             follow_up = model.requests[1]["messages"]
             assert follow_up[-2]["tool_calls"][0]["id"] == "call-7"
             assert follow_up[-1] == {"role": "tool", "tool_call_id": "call-7", "content": tool["output"]}
