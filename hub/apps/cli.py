@@ -291,7 +291,8 @@ async def _run_data(args: argparse.Namespace) -> int:
     from .. import dump
     from .backends import open_store
 
-    async with open_store(args.db) as store:
+    # export and prune read what is there: a --db typo must not create an empty database.
+    async with open_store(args.db, must_exist=args.command in ("export", "prune")) as store:
         if args.command == "prune":
             cutoff = (
                 None if args.older_than is None else datetime.now(UTC) - timedelta(seconds=args.older_than)

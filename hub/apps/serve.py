@@ -255,12 +255,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"sessionhub: {exc}", file=sys.stderr)
         return 2
     from .backends import BackendUnavailable, probe
+    from .listen import bind
 
+    # Bound before the store is touched: a taken port is one line (exit 3), nothing migrated.
+    listening = bind(args.host, args.port)
+    if isinstance(listening, str):
+        print(f"sessionhub: {listening}", file=sys.stderr)
+        return 3
     try:
         # Reach the store and the bus once before uvicorn starts: a wrong --db or --bus is
         # one line and exit code 2, not a traceback from the app's startup.
         asyncio.run(probe(args.db, args.bus, bus_override=args.bus_override))
     except (InvalidInput, MissingExtra, BackendUnavailable) as exc:
+        listening.close()
         print(f"sessionhub: {exc}", file=sys.stderr)
         return 2
     compaction = serve_compaction.serve_compaction(args)
@@ -303,6 +310,6 @@ def run(args: argparse.Namespace) -> int:
     server = HubServer(config)
     # uvicorn re-raises the signal it handled once it has stopped: we are done then.
     with contextlib.suppress(KeyboardInterrupt):
-        server.run()
+        server.run(sockets=[listening])
     # A startup that failed anyway (the port taken, the database gone since the probe).
     return 0 if server.started else 3

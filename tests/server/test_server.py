@@ -136,3 +136,8 @@ async def test_serve_exits_nonzero_when_the_port_is_taken(tmp_path: Path) -> Non
         port = taken.getsockname()[1]
         code, err = await run_serve("--db", str(tmp_path / "a.db"), "--port", str(port))
     assert code == 3, err
+    # One line, said before anything started (uvicorn used to log its startup around it).
+    assert err.strip() == (
+        f"sessionhub: cannot listen on 127.0.0.1:{port}: the port is taken (another hub? pick another --port)"
+    )
+    assert not (tmp_path / "a.db").exists()
