@@ -153,7 +153,9 @@ def _parser() -> argparse.ArgumentParser:
     respond.add_argument(
         "--max-retries", type=int, default=3, help="retries of a failed request (default: 3)"
     )
-    respond.add_argument("--concurrency", type=int, default=64, help="turns answered at once (default: 64)")
+    respond.add_argument(
+        "--concurrency", type=positive, default=64, help="turns answered at once (default: 64)"
+    )
     return parser
 
 
@@ -209,22 +211,71 @@ def _token(args: argparse.Namespace) -> int:
 
 def _respond(args: argparse.Namespace) -> int:
     from clients import ConnectionLost, HubError
+    from clients.operator import failure
 
+    from .respond_checks import model_server_problem, token_problem
     from .responder import ChatCompletionsResponder, run_responder
 
     if not args.base_url.startswith(("http://", "https://")):
         print(f"sessionhub: --base-url must be an http(s) URL; got {args.base_url!r}", file=sys.stderr)
         return 2
+    problem = token_problem(args.token) or asyncio.run(model_server_problem(args.base_url, args.api_key))
+    if problem:
+        print(f"sessionhub: {problem}", file=sys.stderr)
+        return 2
     responder = ChatCompletionsResponder(
         args.base_url, args.model, args.api_key, timeout=args.timeout, max_retries=args.max_retries
     )
-    try:
-        asyncio.run(
-            run_responder(args.url, responder, token=args.token, name=args.name, concurrency=args.concurrency)
+    url = args.url if isinstance(args.url, str) else ", ".join(args.url)
+
+    async def serve() -> None:
+        import logging
+
+        # A refused hello is said below, in one line with what to do; not also as a log record.
+        logging.getLogger("sessionhub.client").setLevel(logging.ERROR)
+        from clients import HubClient
+
+        async with HubClient(args.url, token=args.token, name=args.name, role="worker") as hub:
+            # The hub takes this token for turns before we say we serve (a turn offered to
+            # this short-lived connection goes to another responder when it closes).
+            await hub.request("take_turns")
+        ready = asyncio.Event()
+        task = asyncio.create_task(
+            run_responder(
+                args.url,
+                responder,
+                token=args.token,
+                name=args.name,
+                concurrency=args.concurrency,
+                ready=ready,
+            )
         )
-    except (ConnectionLost, HubError) as exc:
+        started = asyncio.create_task(ready.wait())
+        await asyncio.wait([task, started], return_when=asyncio.FIRST_COMPLETED)
+        if ready.is_set():
+            print(
+                f"sessionhub: answering turns on {url} as {args.name!r} with {args.model!r} at "
+                f"{args.base_url} (up to {args.concurrency} at once)",
+                file=sys.stderr,
+                flush=True,
+            )
+        started.cancel()
+        await task
+
+    try:
+        asyncio.run(serve())
+    except ConnectionLost as exc:
         print(f"sessionhub: {exc}", file=sys.stderr)
         return 2
+    except HubError as exc:
+        code, line = failure(exc, url=args.url, token=args.token, session_id=None)
+        if code == 4 and args.token is None:
+            line = (
+                f"the hub at {url} needs a token: pass --token TOKEN or set $SESSIONHUB_TOKEN "
+                "(`sessionhub token --scope write --session '*'` prints one)"
+            )
+        print(f"sessionhub: {line or exc}", file=sys.stderr)
+        return 4 if code == 4 else 2
     except KeyboardInterrupt:
         return 130
     return 0

@@ -3,12 +3,20 @@ clone is one line and a documented exit code, and the setup the README gives jus
 
 from __future__ import annotations
 
+import asyncio
+import signal
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.apps.test_cli import one_line, run
+from hub.auth import issue_token
+from hub.server import HubConfig
+from tests.apps.test_cli import SECRET, environ, one_line, run
+from tests.apps.test_responder import model_server
+from tests.support.hubtest import served
 from tests.support.services import postgres_dsn
 
 
@@ -42,3 +50,56 @@ async def test_serve_creates_a_missing_postgres_database() -> None:
             await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         finally:
             await admin.close()
+
+
+# -- sessionhub respond: its options and the model server checked at start ------------------
+
+RESPOND = ("respond", "--model", "tiny")
+
+
+def test_respond_refuses_no_concurrency() -> None:
+    result = run(*RESPOND, "--base-url", "http://127.0.0.1:9/v1", "--concurrency", "0")
+    assert result.returncode == 2
+    assert "argument --concurrency: must be at least 1, not 0" in one_line(result)
+
+
+def test_respond_refuses_a_read_only_token() -> None:
+    token = issue_token(SECRET, {"*": "read"})
+    result = run(*RESPOND, "--base-url", "http://127.0.0.1:9/v1", "--token", token)
+    assert result.returncode == 2
+    assert one_line(result).startswith("sessionhub: --token is read-only: respond writes the replies")
+
+
+async def test_respond_names_the_hub_it_cannot_reach_once_the_model_server_answers() -> None:
+    async with model_server() as model:
+        result = await asyncio.to_thread(
+            run, *RESPOND, "--base-url", model.base_url, "--url", "ws://127.0.0.1:9/ws"
+        )
+    assert result.returncode == 2
+    assert one_line(result).startswith("sessionhub: cannot connect to the hub")
+
+
+async def test_respond_says_what_it_serves_and_asks_for_a_missing_token(tmp_path: Path) -> None:
+    async with (
+        model_server() as model,
+        served(config=HubConfig(auth_secret=SECRET), db=tmp_path / "h.db") as h,
+    ):
+        refused = await asyncio.to_thread(run, *RESPOND, "--base-url", model.base_url, "--url", h.ws_url)
+        assert refused.returncode == 4
+        assert "needs a token" in one_line(refused) and "--token" in refused.stderr
+        token = issue_token(SECRET, {"*": "write"})
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "hub.apps.cli", *RESPOND, "--base-url", model.base_url,
+            "--url", h.ws_url, "--token", token, stderr=subprocess.PIPE, env=environ(),
+        )  # fmt: skip
+        assert proc.stderr is not None
+        try:
+            async with asyncio.timeout(20):
+                line = (await proc.stderr.readline()).decode().strip()
+        finally:
+            proc.send_signal(signal.SIGINT)
+            await proc.wait()
+        assert line == (
+            f"sessionhub: answering turns on {h.ws_url} as 'responder' with 'tiny' at {model.base_url} "
+            "(up to 64 at once)"
+        )

@@ -49,6 +49,11 @@ class ModelServer:
                 name, _, value = line.partition(":")
                 if name.lower() == "content-length":
                     length = int(value)
+            if not head.startswith(b"POST"):
+                # `sessionhub respond` checks the server answers (GET /models): this one has none.
+                writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                await writer.drain()
+                return
             body = json.loads(await reader.readexactly(length))
             self.requests.append(body)
             behaviour = self.script.pop(0) if self.script else _text("(no more script)")
@@ -238,6 +243,17 @@ async def test_a_tool_call_round_trip(tmp_path: Path, template: bool) -> None:
             assert info is not None and info.input_tokens == 20 + 10
 
 
+async def _roles(manager: SessionManager, session_id: str) -> list[str]:
+    return [m.role for m in await manager.get_session(session_id).get_history()]
+
+
+async def _until(read: Callable[[], Awaitable[Any]], expected: Any) -> None:
+    """The responder cleans up after the chat has seen the error: wait for it (bounded)."""
+    async with asyncio.timeout(5):
+        while await read() != expected:
+            await asyncio.sleep(0.01)
+
+
 async def test_a_500_then_success_is_retried(tmp_path: Path) -> None:
     async with model_server(_status(500, "overloaded"), _text("fine")) as model:
         responder = ChatCompletionsResponder(model.base_url, "tiny", max_retries=2, backoff=0.01)
@@ -252,12 +268,18 @@ async def test_a_500_then_success_is_retried(tmp_path: Path) -> None:
 async def test_a_400_fails_the_turn_with_the_servers_answer(tmp_path: Path) -> None:
     async with model_server(_status(400, "model 'tiny' does not exist")) as model:
         responder = ChatCompletionsResponder(model.base_url, "tiny", max_retries=3, backoff=0.01)
-        async with chat_backend(tmp_path, responder) as (h, _):
+        async with chat_backend(tmp_path, responder) as (h, manager):
             chunks = await _chat(h.url, "s-400", "hi")
             error = chunks[-2]
             assert isinstance(error, dict) and error["type"] == "error"
             assert "HTTP 400: model 'tiny' does not exist" in error["errorText"]
+            # Who failed, named once, and the model server by its URL (no exception's type).
+            assert error["errorText"].startswith(
+                f"responder 'llm' failed: model server request to {model.base_url}/chat/completions failed"
+            ), error["errorText"]
             assert len(model.requests) == 1  # not retried
+            # The failed reply said nothing: no empty assistant message is left in the tree.
+            await _until(lambda: _roles(manager, "s-400"), ["user"])
 
 
 async def test_a_timeout_is_retried_then_reported(tmp_path: Path) -> None:
@@ -269,8 +291,10 @@ async def test_a_timeout_is_retried_then_reported(tmp_path: Path) -> None:
             assert isinstance(error, dict) and error["type"] == "error"
             assert "failed after 2 attempts: timed out after 0.3s" in error["errorText"]
             assert len(model.requests) == 2
-            # The aborted reply is kept, empty, with the turn's outcome in the log.
+            # The aborted reply, empty, is deleted; the turn's outcome stays in the log.
+            await _until(lambda: _roles(manager, "s-slow"), ["user"])
             events = await manager.get_session("s-slow").read_events()
+            assert "message.deleted" in [e.type for e in events]
             ended = [e for e in events if e.type == "turn.ended"]
             assert ended and ended[-1].data["status"] == "failed"
 
@@ -310,7 +334,9 @@ def test_respond_command_says_when_the_hub_is_unreachable() -> None:
     )
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("sessionhub: cannot connect to the hub"), done.stderr
+    # The model server is checked first (before the hub): it is named in the one line.
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("sessionhub: cannot reach the model server at http://127.0.0.1:9/v1"), lines
 
 
 async def test_stopping_the_chat_stops_the_model_request(tmp_path: Path) -> None:
