@@ -177,6 +177,8 @@ def failure(
     ``tail`` or ``sessions``; ``(1, None)`` for an exception that is not the hub's answer
     (a bug: the caller re-raises it). Exit codes: ``hub.apps.cli.EXIT_CODES``."""
     url = url if isinstance(url, str) else ", ".join(url)
+    if isinstance(exc, ConnectionLost) and str(exc).startswith("no hub endpoint at"):
+        return 3, f"{exc} (--url)"
     if isinstance(exc, ConnectionLost):
         return 3, f"cannot reach the hub at {url} ({exc}); is `sessionhub serve` running there? (--url)"
     if isinstance(exc, SessionHubError) and exc.code == "forbidden":

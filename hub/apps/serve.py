@@ -257,9 +257,13 @@ def run(args: argparse.Namespace) -> int:
     from .backends import BackendUnavailable, probe
     from .listen import bind
 
-    # Bound before the store is touched: a taken port is one line (exit 3), nothing migrated.
+    # Tried before the store is touched: a taken port is one line (exit 3), nothing migrated.
+    # Released again for uvicorn to bind (given a socket, it would not log where it listens,
+    # the line operators and the tests wait for).
     listening = bind(args.host, args.port)
-    if isinstance(listening, str):
+    if not isinstance(listening, str):
+        listening.close()
+    else:
         print(f"sessionhub: {listening}", file=sys.stderr)
         return 3
     try:
@@ -267,7 +271,6 @@ def run(args: argparse.Namespace) -> int:
         # one line and exit code 2, not a traceback from the app's startup.
         asyncio.run(probe(args.db, args.bus, bus_override=args.bus_override))
     except (InvalidInput, MissingExtra, BackendUnavailable) as exc:
-        listening.close()
         print(f"sessionhub: {exc}", file=sys.stderr)
         return 2
     compaction = serve_compaction.serve_compaction(args)
@@ -310,6 +313,6 @@ def run(args: argparse.Namespace) -> int:
     server = HubServer(config)
     # uvicorn re-raises the signal it handled once it has stopped: we are done then.
     with contextlib.suppress(KeyboardInterrupt):
-        server.run(sockets=[listening])
+        server.run()
     # A startup that failed anyway (the port taken, the database gone since the probe).
     return 0 if server.started else 3

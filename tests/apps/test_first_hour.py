@@ -103,3 +103,14 @@ async def test_respond_says_what_it_serves_and_asks_for_a_missing_token(tmp_path
             f"sessionhub: answering turns on {h.ws_url} as 'responder' with 'tiny' at {model.base_url} "
             "(up to 64 at once)"
         )
+
+
+async def test_a_url_without_ws_says_where_the_hub_is(tmp_path: Path) -> None:
+    async with served(db=tmp_path / "h.db") as h:
+        root = h.ws_url.removesuffix("ws")
+        result = await asyncio.to_thread(run, "sessions", "--url", root)
+    assert result.returncode == 3
+    assert one_line(result) == (
+        f"sessionhub: no hub endpoint at {root} (HTTP 404): the hub's WebSocket is /ws, "
+        "e.g. ws://127.0.0.1:8000/ws (--url)"
+    )
