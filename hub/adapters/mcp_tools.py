@@ -217,6 +217,11 @@ class McpServer:
             arguments.pop("session_id", None)
             access.check("run_tool", None)  # the manager's tool: as run_tool without a session
             return await dispatch(hub.manager.tools(), name, arguments)
+        listed = [t.name for t in [*await self._context_tools(), *hub.manager.tools()]]
+        if name not in listed:
+            # Before the session_id check: an unknown tool is not a missing argument.
+            known = ", ".join(sorted([*listed, *self._own_tools()]))
+            return f"Error: unknown tool {name!r}; this hub's tools: {known}"
         session_id = _string(arguments, "session_id")
         assert session_id is not None
         del arguments["session_id"]

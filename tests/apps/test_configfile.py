@@ -226,6 +226,13 @@ async def test_an_mcp_client_sees_and_uses_the_memory_tools(tmp_path: Path) -> N
                 "load_context", {"session_id": session_id, "label": "skills", "key": "debugging"}
             )
             assert "Reproduce, bisect, fix." in loaded.content[0].text  # type: ignore[union-attr]
+            # An unknown tool is named as such, with or without a session (issue 29 §2).
+            for extra in ({}, {"session_id": session_id}):
+                unknown = await mcp.call_tool("nope", extra)
+                assert unknown.is_error
+                said = unknown.content[0].text  # type: ignore[union-attr]
+                assert said.startswith("Error: unknown tool 'nope'; this hub's tools: append_message, "), said
+                assert "set_context" in said
         async with HubClient(url) as hub:
             block = await hub.session(session_id).get_context_block("memory")
             assert block is not None and block.content == "Owns a cat."
