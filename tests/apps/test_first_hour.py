@@ -114,3 +114,13 @@ async def test_a_url_without_ws_says_where_the_hub_is(tmp_path: Path) -> None:
         f"sessionhub: no hub endpoint at {root} (HTTP 404): the hub's WebSocket is /ws, "
         "e.g. ws://127.0.0.1:8000/ws (--url)"
     )
+
+
+def test_no_docs_sample_writes_the_hubs_database() -> None:
+    """Samples run by a user in the checkout must not write ./sessionhub.db, the file
+    `scripts/serve` serves: their output would depend on what ran before."""
+    root = Path(__file__).resolve().parents[2]
+    for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        for block in doc.read_text(encoding="utf-8").split("```python")[1:]:
+            code = block.split("```", 1)[0]
+            assert '.open("sessionhub.db")' not in code, doc.name
