@@ -181,6 +181,11 @@ async def test_branches_and_picking_a_leaf(scene: Scene) -> None:
     await expect(b2.locator(".part.reasoning")).to_contain_text("thinking about tools")
     await expect(b2.locator(".part.file")).to_contain_text("notes.txt")
     await expect(page.locator('article[data-id="b1"] .m-branch')).to_contain_text("branch 2 of 2")
+    # Each node of the tree is named on hover: role, id, the start of its text, the branch.
+    await expect(page.locator('#tree circle[data-id="a1"] title')).to_have_text("assistant a1: first answer")
+    await expect(page.locator('#tree circle[data-id="b2"] title')).to_have_text(
+        "assistant b2: thinking about tools (active branch)"
+    )
     # Pick the other leaf: its history replaces the view.
     await page.locator('#leaves li[data-id="a1"]').click()
     await expect(page.locator("#messages article.message")).to_have_count(2)
