@@ -6,8 +6,8 @@ the reply as shown, stored and marked stopped."""
 from __future__ import annotations
 
 import asyncio
-import re
 import contextlib
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
