@@ -933,3 +933,17 @@ async def test_the_narrow_layout(
             await expect(page.locator("#sessions-pane")).to_be_visible()
             await page.locator("#sessions li", has_text="narrow").click()
             await expect(page.locator("#sessions-pane")).to_be_hidden()
+
+
+async def test_an_empty_session_list_says_how_to_fill_it(
+    browser: Browser, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    async with served(db=tmp_path / "hub.db") as h, page_of(browser, request) as page:
+        await page.goto(h.url + "/")
+        hint = page.locator("#sessions-hint")
+        await expect(hint).to_be_visible()
+        await expect(hint).to_contain_text("sessionhub sessions create NAME")
+        async with python_client(h) as hub:
+            await hub.sessions.create("now there is one")
+        await expect(page.locator("#sessions li", has_text="now there is one")).to_be_visible()
+        await expect(hint).to_be_hidden()

@@ -57,6 +57,8 @@ export function renderSessions() {
     }),
   );
   if (focused) ul.querySelector(`li[data-id="${CSS.escape(focused)}"]`)?.focus();
+  // An empty list says how to fill it (once the list is known: not while connecting).
+  $("sessions-hint").hidden = list.length > 0 || !state.sessionsLoaded;
 }
 
 // -- one session ----------------------------------------------------------------------------
