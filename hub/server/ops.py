@@ -417,7 +417,16 @@ def operations(hub: Sessions, turns: Turns) -> dict[str, Op]:
     on_session("append_context_block", lambda s, r: s.append_context_block(r.label, r.content))
     on_session("freeze_system_prompt", lambda s, r: s.freeze_system_prompt())
     on_session("refresh_system_prompt", lambda s, r: s.refresh_system_prompt())
-    on_session("compact", lambda s, r: s.compact(r.leaf_id))
+
+    async def compact(s: Session, r: Any) -> Any:
+        if not m.can_compact:  # said for an operator, not as the engine's builder hint
+            raise InvalidInput(
+                "this hub has no summarizer, so it cannot compact: serve it with --summarizer workers, "
+                "--summarizer-url URL --summarizer-model MODEL, or [compaction] in sessionhub.toml"
+            )
+        return await s.compact(r.leaf_id)
+
+    on_session("compact", compact)
     on_session("estimate_tokens", lambda s, r: s.estimate_tokens(r.leaf_id))
     ops: dict[str, Op] = {name: engine(name, call) for name, call in calls.items()}
     ops |= {

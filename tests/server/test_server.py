@@ -141,3 +141,16 @@ async def test_serve_exits_nonzero_when_the_port_is_taken(tmp_path: Path) -> Non
         f"sessionhub: cannot listen on 127.0.0.1:{port}: the port is taken (another hub? pick another --port)"
     )
     assert not (tmp_path / "a.db").exists()
+
+
+async def test_compact_on_a_hub_without_a_summarizer_says_how_to_give_it_one(tmp_path: Path) -> None:
+    from clients import HubClient
+    from protocol.errors import InvalidInput
+
+    async with serve(db=tmp_path / "hub.db") as hub:
+        async with httpx2.AsyncClient() as http:
+            assert (await http.get(f"{hub.url}/healthz")).json()["compaction"] is False
+        async with HubClient(hub.ws_url) as client:
+            info = await client.sessions.create("s")
+            with pytest.raises(InvalidInput, match="this hub has no summarizer, so it cannot compact"):
+                await client.session(info.id).compact()

@@ -947,3 +947,29 @@ async def test_an_empty_session_list_says_how_to_fill_it(
             await hub.sessions.create("now there is one")
         await expect(page.locator("#sessions li", has_text="now there is one")).to_be_visible()
         await expect(hint).to_be_hidden()
+
+
+async def test_compact_now_is_offered_only_by_a_hub_that_can_compact(
+    browser: Browser, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    def summarizing(manager: SessionManager) -> None:
+        manager.on_compaction(lambda messages, context: None)
+
+    for configure, shown in ((None, False), (summarizing, True)):
+        db = tmp_path / f"{shown}.db"
+        async with served(db=db, configure_manager=configure) as h, page_of(browser, request) as page:
+            async with python_client(h) as hub:
+                info = await hub.sessions.create(f"compactable {shown}")
+                await hub.session(info.id).append_message(text("u1", "hello"), None)
+            await page.goto(h.url + "/")
+            await open_session(page, f"compactable {shown}")
+            button = page.locator("#act-compact")
+            if shown:
+                await expect(button).to_be_visible()
+                await button.click()
+                await expect(page.locator("#action-status")).to_contain_text(
+                    "a summary needs a longer history"
+                )
+            else:
+                await expect(page.locator("#act-regenerate")).to_be_visible()  # the actions are drawn
+                await expect(button).to_be_hidden()

@@ -227,6 +227,13 @@ function tokenRefused(level, on) {
 // -- connection ---------------------------------------------------------------------------
 export function start() {
   state.tokenRefused = false;
+  fetch("healthz")
+    .then((r) => r.json())
+    .then((body) => {
+      state.canCompact = body.compaction !== false;
+      if (state.current) hooks.render();
+    })
+    .catch(() => {});
   const client = new HubClient(hubUrlFor(location), { token: token(), name: "inspector", role: "observer", maxBackoff: 2000 });
   state.client = client;
   client.on("state", (s) => {
