@@ -60,7 +60,7 @@ async def answer(turn: Turn) -> None:
             # A client-side tool: the page runs it and sends its output back.
             call = {"type": "tool-locate", "toolCallId": f"loc-{turn.turn_id[:8]}", "input": {}}
             await st.tool_part({**call, "state": "input-available"})
-            where = await st.tool_output(call["toolCallId"])
+            where = await st.tool_output(str(call["toolCallId"]))
             await st.text(f"You are in {where}.")
         elif asked.startswith("steer"):
             # Works until the user steers it (steer_turn), then says what it was told.
