@@ -94,6 +94,20 @@ def parse_urls(text: str) -> str | list[str]:
     return urls[0] if len(urls) == 1 else urls
 
 
+async def note_ignored_token(hub: Any, token: str | None, url: str | Sequence[str]) -> None:
+    """Say so when ``--token`` is given to a hub that checks none (no ``--auth-secret``): its
+    ``auth`` answers no subject and no expiry. One line on stderr; the command goes on."""
+    if token is None:
+        return
+    granted = await hub.request("auth", token=token)
+    if isinstance(granted, dict) and granted.get("sub") is None and granted.get("exp") is None:
+        where = url if isinstance(url, str) else ", ".join(url)
+        print(
+            f"sessionhub: the hub at {where} checks no tokens (no --auth-secret): --token is ignored",
+            file=sys.stderr,
+        )
+
+
 async def run_tail(
     url: str | Sequence[str],
     session_id: str | None,
@@ -109,6 +123,7 @@ async def run_tail(
 
     stream = out or sys.stdout
     async with HubClient(url, token=token) as hub:
+        await note_ignored_token(hub, token, url)
         async for event in hub.subscribe(session_id, after_seq=after):
             if raw:
                 stream.write(msgspec.json.encode(event).decode() + "\n")
@@ -134,6 +149,7 @@ async def run_sessions(
 
     stream = out or sys.stdout
     async with HubClient(url, token=token) as hub:
+        await note_ignored_token(hub, token, url)
         for info in await hub.sessions.list():
             stream.write((msgspec.json.encode(info).decode() if raw else _session_line(info)) + "\n")
         # Here, not at the interpreter's exit: a closed pipe is then a BrokenPipeError the
@@ -151,6 +167,7 @@ async def run_session_action(
 
     stream = out or sys.stdout
     async with HubClient(url, token=token) as hub:
+        await note_ignored_token(hub, token, url)
         if args.action == "create":
             info = await hub.sessions.create(args.name, model=args.model, template=args.template)
             stream.write(info.id + "\n")

@@ -211,7 +211,7 @@ def _token(args: argparse.Namespace) -> int:
 
 def _respond(args: argparse.Namespace) -> int:
     from clients import ConnectionLost, HubError
-    from clients.operator import failure
+    from clients.operator import failure, note_ignored_token
 
     from .respond_checks import model_server_problem, token_problem
     from .responder import ChatCompletionsResponder, run_responder
@@ -239,6 +239,7 @@ def _respond(args: argparse.Namespace) -> int:
             # The hub takes this token for turns before we say we serve (a turn offered to
             # this short-lived connection goes to another responder when it closes).
             await hub.request("take_turns")
+            await note_ignored_token(hub, args.token, args.url)
         ready = asyncio.Event()
         task = asyncio.create_task(
             run_responder(

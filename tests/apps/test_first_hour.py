@@ -124,3 +124,12 @@ def test_no_docs_sample_writes_the_hubs_database() -> None:
         for block in doc.read_text(encoding="utf-8").split("```python")[1:]:
             code = block.split("```", 1)[0]
             assert '.open("sessionhub.db")' not in code, doc.name
+
+
+async def test_a_token_given_to_a_hub_that_checks_none_is_said_to_be_ignored(tmp_path: Path) -> None:
+    async with served(db=tmp_path / "h.db") as h:
+        result = await asyncio.to_thread(run, "sessions", "--url", h.ws_url, "--token", "anything")
+    assert result.returncode == 0
+    assert one_line(result) == (
+        f"sessionhub: the hub at {h.ws_url} checks no tokens (no --auth-secret): --token is ignored"
+    )
