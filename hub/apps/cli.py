@@ -28,9 +28,11 @@ EXIT_CODES = """\
 exit codes:
   0    done
   1    the hub answered with an error not listed below
-  2    bad arguments or configuration (one line says which); serve: store or bus unusable
+  2    bad arguments or configuration (one line says which; config check: one per mistake);
+       serve: store or bus unusable; export, prune: no database at --db
        import: a bad line in the dump (its number and field; nothing is written)
-  3    the hub cannot be reached (sessions, tail); serve: startup failed (e.g. port taken)
+  3    the hub cannot be reached, or is not at that path (sessions, tail); serve: startup
+       failed (e.g. port taken)
   4    the hub refused the request: no token, or one it does not accept (--token)
   5    the session does not exist (tail, export)
   6    the log no longer holds --after SEQ (pruned, or another epoch): pick another --after
