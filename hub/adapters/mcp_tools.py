@@ -218,16 +218,22 @@ class McpServer:
             access.check("run_tool", None)  # the manager's tool: as run_tool without a session
             return await dispatch(hub.manager.tools(), name, arguments)
         listed = [t.name for t in [*await self._context_tools(), *hub.manager.tools()]]
-        if name not in listed:
-            # Before the session_id check: an unknown tool is not a missing argument.
-            known = ", ".join(sorted([*listed, *self._own_tools()]))
+
+        def unknown(more: list[str]) -> str:
+            known = ", ".join(sorted({*listed, *more, *self._own_tools()}))
             return f"Error: unknown tool {name!r}; this hub's tools: {known}"
+
+        if name not in listed and not isinstance(arguments.get("session_id"), str):
+            return unknown([])  # an unknown tool is not a missing session_id
         session_id = _string(arguments, "session_id")
         assert session_id is not None
         del arguments["session_id"]
         access.check("run_tool", session_id)
         session = await hub.session(session_id)
-        return await dispatch(await session.tools(), name, arguments)
+        tools = await session.tools()  # a session's template may give it tools the list has not
+        if name not in {t.name for t in tools}:
+            return unknown([t.name for t in tools])
+        return await dispatch(tools, name, arguments)
 
     async def _list_sessions(self, arguments: dict[str, Any]) -> str:
         CALLER.get(ANYONE).check("list", None)
