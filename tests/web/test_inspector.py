@@ -230,6 +230,18 @@ async def test_context_prompt_presence_and_event_log(
             await expect(page.locator("#presence")).not_to_contain_text("worker-7")
             await s.append_context_block("memory", " and biscuits")
             await expect(block).to_contain_text("biscuits", use_inner_text=False)
+            # Edited from the page: replace_context_block, the hub's budget enforced.
+            await block.locator("details.edit summary").click()
+            await block.get_by_label("New content of memory").fill("prefers coffee")
+            await block.get_by_role("button", name="Save memory").click()
+            await expect(block.locator(".edit-status")).to_have_text("Saved.")
+            memory = await s.get_context_block("memory")
+            assert memory is not None and memory.content == "prefers coffee"
+            await expect(block).to_contain_text("prefers coffee", use_inner_text=False)
+            edit = page.locator('#context li[data-label="memory"] details.edit')
+            await edit.get_by_label("New content of memory").fill("word " * 200)
+            await edit.get_by_role("button", name="Save memory").click()
+            await expect(edit.locator(".edit-status")).to_contain_text("Not saved (invalid)")
     finally:
         await store.close()
 
