@@ -822,15 +822,16 @@ async def test_actions_without_the_scope(
             await expect(page.get_by_role("button", name=name)).to_have_count(0)
         await expect(page.get_by_label("Message as user")).to_be_hidden()
         await page.screenshot(path=str(ARTIFACTS / "read-only.png"))
-        # A write token on this session: appending and compacting, not renaming or deleting.
+        # A write token on this session: appending, not renaming or deleting.
         writer = issue_token(SECRET, {"*": "read", info.id: "write"})
         await page.get_by_role("button", name="Change token").click()
         await page.get_by_label("Access token").fill(writer)
         await page.get_by_role("button", name="Use token").click()
         await expect(page.locator("#actions")).to_have_attribute("data-level", "write")
         await expect(page.get_by_role("button", name="Send")).to_be_visible()
-        await expect(page.get_by_role("button", name="Compact now")).to_be_visible()
-        for name in ["Fork here", "Rename…", "End…", "Delete…"]:
+        # Compact now needs a summarizer too, which this hub has not (/healthz says so):
+        # test_compact_now_is_offered_only_by_a_hub_that_can_compact shows it offered.
+        for name in ["Compact now", "Fork here", "Rename…", "End…", "Delete…"]:
             await expect(page.get_by_role("button", name=name)).to_have_count(0)
         await expect(page.locator("#actions-note")).to_contain_text("ending and deleting need admin")
         # The hub decides anyway: the end op with this token is forbidden, and nothing ends.
