@@ -166,13 +166,15 @@ class Turn:
         while not self.stopped.is_set():
             getting = asyncio.ensure_future(self._steering.get())
             stopping = asyncio.ensure_future(self.stopped.wait())
-            done, _ = await asyncio.wait({getting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            stopping.cancel()
-            if getting in done:
-                yield getting.result()
-            else:
-                getting.cancel()
+            try:
+                done, _ = await asyncio.wait({getting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopping.cancel()
+                if not getting.done():
+                    getting.cancel()
+            if getting not in done or getting.cancelled():
                 return
+            yield getting.result()
 
     def steered(self) -> list[Message]:
         """The steering messages that came and were not iterated yet (without waiting)."""

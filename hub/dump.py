@@ -3,7 +3,8 @@
 A dump is one JSON object per line. The first is the header, ``{"sessionhub_dump": 1,
 "sessions": N}``; then, per session, a ``session`` line (its registry row, context blocks
 and frozen prompt), its ``message`` lines in storage order (every branch; a parent always
-comes before its children), its ``compaction`` lines, and an ``end`` line. The event log
+comes before its children), its ``compaction`` lines, its LangGraph ``checkpoint`` lines (a
+thread's, by namespace then id, with their writes; the bytes base64), and an ``end`` line. The event log
 is not exported: an import writes a fresh one (see :meth:`Store.import_sessions
 <hub.store.base.Store.import_sessions>` for its events). Export, import into an empty store
 and export again gives the same bytes, on either store. See docs/operations.md.
@@ -21,9 +22,11 @@ from typing import Any, Final
 import msgspec
 
 from protocol import Compaction, InvalidInput, SessionInfo, SessionNotFound, coerce_message
+from protocol.graphstate import CheckpointRecord
 
 from .dumpcheck import check_dumps, nul_problem, time_problem, usage_problem
 from .store.base import DumpedMessage, SessionDump, Store
+from .store.graphpolicy import check_record, check_writes
 
 __all__ = [
     "DUMP_VERSION",
@@ -84,6 +87,9 @@ def session_lines(dump: SessionDump) -> Iterator[str]:
         )
     for c in dump.compactions:
         yield _line({"type": "compaction", "session_id": sid, "compaction": msgspec.to_builtins(c)})
+    for r in dump.checkpoints:
+        # A LangGraph checkpoint: its bytes base64, as on the wire.
+        yield _line({"type": "checkpoint", "session_id": sid, "checkpoint": msgspec.to_builtins(r)})
     yield _line({"type": "end", "session_id": sid, "messages": len(dump.messages)})
 
 
@@ -165,6 +171,17 @@ def _session(obj: dict[str, Any], n: int) -> SessionDump:
     _texts("context", [*((f"{label} (its label)", label) for label in context), *context.items()], n)
     _texts("session", [("system_prompt", prompt)], n)
     return SessionDump(info=info, messages=[], compactions=[], context=context, system_prompt=prompt)
+
+
+def _checkpoint(obj: dict[str, Any], session_id: str, n: int) -> CheckpointRecord:
+    try:
+        record = check_record(msgspec.convert(obj.get("checkpoint"), CheckpointRecord))
+        check_writes(record.writes)
+    except (msgspec.ValidationError, InvalidInput) as exc:
+        raise DumpError(n, f"bad checkpoint: {exc}") from None
+    if record.thread_id != session_id:
+        raise DumpError(n, f"checkpoint of thread {record.thread_id!r} inside session {session_id!r}")
+    return record
 
 
 class _Reader:
@@ -249,6 +266,9 @@ class _Reader:
                 raise DumpError(n, f"compaction {c.id!r} appears twice")
             self.compaction_ids.add(c.id)
             current.compactions.append(c)
+            return None
+        if kind == "checkpoint":
+            current.checkpoints.append(_checkpoint(obj, current.info.id, n))
             return None
         if kind == "end":
             count = obj.get("messages")

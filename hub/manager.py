@@ -21,6 +21,7 @@ from protocol import (
 from .builder import SessionBuilder, SessionConfig
 from .context import ContextConfig
 from .events import follow
+from .graphthreads import GraphThreads
 from .retention import prune_cutoff
 from .session import MessageInput, Session, check_ids, check_parent
 from .store.base import LATEST, REGISTRY, Parent, ParentArg, PruneResult, Store, check_session_id
@@ -50,6 +51,7 @@ class SessionManager(SessionBuilder):
         self._config = SessionConfig()
         self._history_label: str | None = None
         self._templates: Templates | None = None
+        self._threads: GraphThreads | None = None
 
     # -- builder (propagated to every session; the shared methods are SessionBuilder's) ----
     def with_searchable_history(self, label: str) -> Self:
@@ -66,6 +68,13 @@ class SessionManager(SessionBuilder):
     @property
     def templates(self) -> Templates | None:
         return self._templates
+
+    @property
+    def threads(self) -> GraphThreads:
+        """LangGraph threads (sessions) and their checkpoints (``clients.langgraph``)."""
+        if self._threads is None:
+            self._threads = GraphThreads(self)
+        return self._threads
 
     async def _require(self, session_id: str) -> SessionInfo:
         check_session_id(session_id)

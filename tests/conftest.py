@@ -45,6 +45,8 @@ PG_TABLES = (
     "context_blocks",
     "search_entries",
     "session_stats",
+    "graph_checkpoints",
+    "graph_writes",
 )
 
 

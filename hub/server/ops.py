@@ -367,7 +367,24 @@ def operations(hub: Sessions, turns: Turns) -> dict[str, Op]:
         await hub.session(r.session_id)
         return await turns.steer(r)
 
+    async def checkpoint_put(r: f.CheckpointPut) -> None:
+        if r.checkpoint.thread_id != r.session_id:
+            raise InvalidInput("checkpoint.thread_id must be the request's session_id")
+        await m.threads.put(r.checkpoint, r.messages, partial=r.partial)
+
+    t = m.threads
     calls: dict[str, Call] = {
+        "checkpoint_put": checkpoint_put,
+        "checkpoint_writes": lambda r: t.put_writes(
+            r.session_id, r.ns, r.checkpoint_id, r.writes, replace=r.replace
+        ),
+        "checkpoint_get": lambda r: t.get(r.session_id, r.ns, r.checkpoint_id),
+        "checkpoint_list": lambda r: t.list(
+            r.session_id, ns=r.ns, before=r.before, limit=r.limit, filter=r.filter
+        ),
+        "checkpoint_delete": lambda r: t.delete_thread(r.session_id),
+        "checkpoint_prune": lambda r: t.prune(r.session_id, keep_latest=r.keep_latest),
+        "checkpoint_delete_runs": lambda r: t.delete_for_runs(r.run_ids),
         "create": lambda r: m.create(r.name, r.parent_session_id, r.model, r.source, r.template),
         "get": lambda r: m.get(r.session_id),
         "list": lambda r: m.list(),

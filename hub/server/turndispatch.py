@@ -283,14 +283,7 @@ class Turns(TurnAnswers):
         """``stop_turn``: stop the session's turn in flight (``turn_id``: that one), on
         whichever node holds it. The reply ends as it stands (stream status ``stopped``),
         the responder is told first (``turn_stopped``), and the turn ends ``stopped``."""
-        turn = self.in_flight(session_id)
-        if turn is None:
-            turn = next(
-                (t for _, t in self.foreign.values() if t.session_id == session_id and t.outcome is None),
-                None,
-            )
-        if turn is not None and turn_id is not None and turn.turn_id != turn_id:
-            turn = None
+        turn = self._turn_here(session_id, turn_id)
         if turn is not None:
             await self._stop(turn, reason, by=None)
             return {**self._summary(turn.turn_id, turn.reply_id), "started": turn.started}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar
 
@@ -28,6 +28,7 @@ from protocol import (
     SearchResult,
     SessionInfo,
 )
+from protocol.graphstate import CheckpointRecord, CheckpointWrite
 from protocol.markers import LATEST, Parent, ParentArg
 
 from ..bus import Bus
@@ -115,6 +116,8 @@ class SessionDump(msgspec.Struct, kw_only=True):
     compactions: list[Compaction]
     context: dict[str, str]
     system_prompt: str | None = None
+    #: A LangGraph thread's checkpoints (with their writes), by namespace then id.
+    checkpoints: list[CheckpointRecord] = msgspec.field(default_factory=list)
 
 
 #: The context row key of a session's frozen prompt (also ``SessionManager.delete``'s).
@@ -396,6 +399,69 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def stream_position(self, stream: str) -> StreamPosition: ...
+
+    # -- LangGraph checkpoints (protocol/graphstate.py, the rules in graphpolicy) ----------
+    # A thread is a session: each change is one transaction with its event on the
+    # session's stream; the bytes are stored as given, never decoded.
+    @abc.abstractmethod
+    async def put_checkpoint(
+        self,
+        record: CheckpointRecord,
+        *,
+        name: str,
+        messages: Sequence[Message | Mapping[str, Any]] = (),
+        partial: bool = False,
+    ) -> bool:
+        """Store (or replace) the checkpoint and log ``checkpoint.put``; the thread's first
+        put registers its session (named ``name``, source ``langgraph``). ``messages`` are
+        projected into its tree in the same transaction (``graphpolicy``); True if that
+        appended any. ``partial``: they are the conversation's tail, and a tree that holds
+        none of them is :class:`~protocol.errors.Conflict` (nothing written)."""
+
+    @abc.abstractmethod
+    async def put_checkpoint_writes(
+        self,
+        session_id: str,
+        ns: str,
+        checkpoint_id: str,
+        writes: Sequence[CheckpointWrite],
+        *,
+        replace: bool,
+    ) -> None:
+        """Store a task's pending writes (``replace``: over the same ``(task_id, idx)``,
+        else a duplicate is ignored) and log ``checkpoint.writes``."""
+
+    @abc.abstractmethod
+    async def get_checkpoint(
+        self, session_id: str, ns: str, checkpoint_id: str | None
+    ) -> CheckpointRecord | None:
+        """That checkpoint (the namespace's newest for None) with its writes, or None."""
+
+    @abc.abstractmethod
+    async def list_checkpoints(
+        self,
+        session_id: str | None,
+        *,
+        ns: str | None = None,
+        before: str | None = None,
+        limit: int | None = None,
+        filter: Mapping[str, Any] | None = None,
+    ) -> list[CheckpointRecord]:
+        """Newest first, with their writes; None for the session or the namespace: all."""
+
+    @abc.abstractmethod
+    async def delete_checkpoints(self, session_id: str, *, keep_latest: bool = False) -> int:
+        """Delete the thread's checkpoints and writes (``keep_latest``: all but each
+        namespace's newest); how many checkpoints went."""
+
+    @abc.abstractmethod
+    async def delete_checkpoint_runs(self, run_ids: Sequence[str]) -> int:
+        """Delete the checkpoints (and writes) whose metadata's ``run_id`` is listed."""
+
+    @abc.abstractmethod
+    async def copy_checkpoints(self, source: str, target: str, *, name: str) -> int:
+        """Copy every checkpoint and write of ``source`` onto ``target`` (registered if
+        need be), in one transaction; none when the source has none."""
 
     # -- retention (docs/operations.md) ----------------------------------------------------
     @abc.abstractmethod

@@ -231,7 +231,8 @@ async def test_an_mcp_client_sees_and_uses_the_memory_tools(tmp_path: Path) -> N
                 unknown = await mcp.call_tool("nope", extra)
                 assert unknown.is_error
                 said = unknown.content[0].text  # type: ignore[union-attr]
-                assert said.startswith("Error: unknown tool 'nope'; this hub's tools: append_message, "), said
+                assert said.startswith('Error: unknown tool "nope". The tools are: '), said
+                assert "set_context" in said and "append_message" in said, said
                 assert "set_context" in said
         async with HubClient(url) as hub:
             block = await hub.session(session_id).get_context_block("memory")

@@ -96,12 +96,43 @@ END
 $migration$;
 """
 
+#: Migration 5, LangGraph checkpoints (:mod:`.graphrows`): the serializer's bytes as bytea,
+#: the metadata as jsonb. The shipped file has the tables too, hence IF NOT EXISTS.
+GRAPH_SCHEMA = """
+CREATE TABLE IF NOT EXISTS graph_checkpoints (
+    session_id text NOT NULL,
+    ns text NOT NULL,
+    checkpoint_id text NOT NULL,
+    parent_id text,
+    type text NOT NULL,
+    data bytea NOT NULL,
+    metadata jsonb NOT NULL,
+    run_id text,
+    PRIMARY KEY (session_id, ns, checkpoint_id)
+);
+CREATE INDEX IF NOT EXISTS graph_checkpoints_run ON graph_checkpoints (run_id) WHERE run_id IS NOT NULL;
+CREATE TABLE IF NOT EXISTS graph_writes (
+    session_id text NOT NULL,
+    ns text NOT NULL,
+    checkpoint_id text NOT NULL,
+    task_id text NOT NULL,
+    idx integer NOT NULL,
+    channel text NOT NULL,
+    type text NOT NULL,
+    value bytea NOT NULL,
+    task_path text NOT NULL,
+    PRIMARY KEY (session_id, ns, checkpoint_id, task_id, idx)
+);
+"""
+
 MIGRATIONS: list[str] = [
     SCHEMA_SQL,
     "CREATE TABLE IF NOT EXISTS settings ("
     "key text PRIMARY KEY, value text NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())",
     MIGRATION_3,
     MIGRATION_4,
+    # LangGraph checkpoints (hub/store/postgres/graphrows.py); in the file too, hence IF NOT EXISTS.
+    GRAPH_SCHEMA,
 ]
 
 

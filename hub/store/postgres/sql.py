@@ -479,6 +479,9 @@ async def delete_session(tx: PostgresTx, session_id: str, stream: str, context_k
     if context_keys:
         await conn.execute("DELETE FROM context_blocks WHERE key = ANY($1::text[])", list(context_keys))
     await conn.execute("DELETE FROM sessions WHERE id = $1", session_id)
+    # A LangGraph thread's checkpoints go with its session.
+    await conn.execute("DELETE FROM graph_writes WHERE session_id = $1", session_id)
+    await conn.execute("DELETE FROM graph_checkpoints WHERE session_id = $1", session_id)
     (own, data), (registry, _) = registry_events(info, "session.deleted")
     # The log goes with the session (it holds message bodies); only the final
     # event stays, and the stream now starts there.

@@ -43,8 +43,8 @@ from ..policy import (
 from ..prune import check_prune
 from ..rows import SESSION_COLS, decode_message, session_info
 from . import maintenance, search, sql
+from .graphrows import PostgresGraphRows
 from .keys import SESSION_KEY
-from .pool import PostgresPool
 from .tx import PostgresTx
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 __all__ = ["PostgresStore"]
 
 
-class PostgresStore(PostgresPool, Store):
+class PostgresStore(PostgresGraphRows, Store):
     """Everything in one Postgres database (the schema on the role's ``search_path``); its
     connections and transactions are :class:`~.pool.PostgresPool`'s."""
 

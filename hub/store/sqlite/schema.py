@@ -207,6 +207,35 @@ MIGRATIONS: list[str] = [
     # rewritten: rows stay as they are until they change. The version is there so that an
     # older sessionhub, which would take a BLOB for text, refuses the file instead.
     "",
+    # LangGraph checkpoints of a session (protocol/graphstate.py): the serializer's bytes
+    # as BLOBs, the metadata as JSON (list filters on it), keyed by the session's id as
+    # LangGraph keys by thread. Writes go with their checkpoint (delete and prune).
+    """
+    CREATE TABLE graph_checkpoints (
+        session_id TEXT NOT NULL,
+        ns TEXT NOT NULL,
+        checkpoint_id TEXT NOT NULL,
+        parent_id TEXT,
+        type TEXT NOT NULL,
+        data BLOB NOT NULL,
+        metadata TEXT NOT NULL,
+        run_id TEXT,
+        PRIMARY KEY (session_id, ns, checkpoint_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX graph_checkpoints_run ON graph_checkpoints(run_id) WHERE run_id IS NOT NULL;
+    CREATE TABLE graph_writes (
+        session_id TEXT NOT NULL,
+        ns TEXT NOT NULL,
+        checkpoint_id TEXT NOT NULL,
+        task_id TEXT NOT NULL,
+        idx INTEGER NOT NULL,
+        channel TEXT NOT NULL,
+        type TEXT NOT NULL,
+        value BLOB NOT NULL,
+        task_path TEXT NOT NULL,
+        PRIMARY KEY (session_id, ns, checkpoint_id, task_id, idx)
+    ) WITHOUT ROWID
+    """,
 ]
 
 #: The migrations up to this version rewrite tables (announced: they take a while).

@@ -433,6 +433,9 @@ def delete_session(tx: SqliteTx, session_id: str, context_keys: Sequence[str]) -
     clear(tx.conn, session_id, keep_log=False)
     tx.conn.executemany("DELETE FROM context_blocks WHERE key = ?", [(k,) for k in context_keys])
     tx.conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+    # A LangGraph thread's checkpoints go with its session.
+    tx.conn.execute("DELETE FROM graph_writes WHERE session_id = ?", (session_id,))
+    tx.conn.execute("DELETE FROM graph_checkpoints WHERE session_id = ?", (session_id,))
     stream = session_stream(session_id)
     # The log goes with the session (it holds message bodies); only the final
     # event stays, and the stream now starts there.

@@ -52,7 +52,7 @@ from ..prune import check_prune
 from ..rows import SESSION_COLS, session_info, ts
 from . import maintenance, search, sql
 from .connection import Conn
-from .database import SqliteDatabase
+from .graphrows import SqliteGraphRows
 from .packing import stored_message
 from .tx import SqliteTx
 
@@ -67,7 +67,7 @@ INLINE_BATCH = 16
 INLINE_EVENTS = 32
 
 
-class SqliteStore(SqliteDatabase, Store):
+class SqliteStore(SqliteGraphRows, Store):
     """Everything in one SQLite file (or ``":memory:"``); its connections and transactions
     are :class:`~.database.SqliteDatabase`'s."""
 
