@@ -222,8 +222,11 @@ class Turn:
                 return
             if isinstance(exc, Exception):
                 # Said first, so the chat's error chunk carries the reason, not "aborted".
+                # The hub's own errors say what failed (their code is in the chat's error);
+                # anything else is named by its type, which is what there is to go on.
+                reason = str(exc) if isinstance(exc, SessionHubError) else f"{type(exc).__name__}: {exc}"
                 with contextlib.suppress(SessionHubError):
-                    await self.fail(f"{type(exc).__name__}: {exc}")
+                    await self.fail(reason)
             with contextlib.suppress(SessionHubError):
                 await stream.__aexit__(type(exc), exc, exc.__traceback__)
             raise

@@ -97,6 +97,11 @@ class SessionBuilder:
             self._config.token_counter = token_counter
         return self
 
+    @property
+    def can_compact(self) -> bool:
+        """Whether ``compact`` can run: a compaction function was given (``on_compaction``)."""
+        return self._config.compact_fn is not None
+
     def on_compaction_error(self, handler: CompactionErrorHandler) -> Self:
         """Called (sync or async) when an automatic compaction fails; appends never do."""
         self._config.compaction_error_handler = handler

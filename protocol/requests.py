@@ -35,6 +35,8 @@ class Create(_Req, tag="create"):
     parent_session_id: str | None = None
     model: str | None = None
     source: str | None = None
+    #: One of the hub's session templates (docs/configuration.md); None: its default.
+    template: str | None = None
 
 
 class Get(_Req, tag="get"):

@@ -189,7 +189,7 @@ class ChatCompletionsResponder:
             max_retries=max_retries,
             backoff=backoff,
             client=client,
-            name="responder",
+            name="model server",  # failures read "model server request to URL failed: ..."
         )
         self.url = self.api.url
         self.model = model
@@ -209,6 +209,23 @@ class ChatCompletionsResponder:
         images = await fetch_images(hub.url, hub.token, refs) if refs and hub is not None else {}
         messages = chat_messages(turn.history, system, images)
         used = [0, 0]
+        try:
+            await self._answer(turn, tools, messages, used)
+        except Exception:
+            # A reply that failed before saying anything is not left as an empty message.
+            with contextlib.suppress(Exception):
+                reply = await session.get_message(turn.reply_id)
+                if reply is not None and not reply.parts:
+                    await turn.client.sessions.delete_messages(turn.session_id, [turn.reply_id])
+            raise
+
+    async def _answer(
+        self,
+        turn: Turn,
+        tools: list[RemoteTool],
+        messages: list[dict[str, Any]],
+        used: list[int],
+    ) -> None:
         async with self.api.connection() as client, turn.reply() as st:
             try:
                 for _ in range(self.max_tool_rounds + 1):

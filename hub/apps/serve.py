@@ -62,7 +62,10 @@ def add_options(serve: argparse.ArgumentParser) -> None:
         "--ping-timeout", type=float, default=20.0, help="drop a peer silent this long (default: 20)"
     )
     serve.add_argument(
-        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="how much to log; debug also prints the configuration in effect, secrets masked",
     )
     serve.add_argument(
         "--auth-secret",
@@ -272,7 +275,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"sessionhub: {exc}", file=sys.stderr)
         return 2
     from .backends import BackendUnavailable, probe
+    from .listen import bind
 
+    # Tried before the store is touched: a taken port is one line (exit 3), nothing migrated.
+    # Released again for uvicorn to bind (given a socket, it would not log where it listens,
+    # the line operators and the tests wait for).
+    listening = bind(args.host, args.port)
+    if not isinstance(listening, str):
+        listening.close()
+    else:
+        print(f"sessionhub: {listening}", file=sys.stderr)
+        return 3
     try:
         # Reach the store and the bus once before uvicorn starts: a wrong --db or --bus is
         # one line and exit code 2, not a traceback from the app's startup.
@@ -281,12 +294,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"sessionhub: {exc}", file=sys.stderr)
         return 2
     compaction = serve_compaction.serve_compaction(args)
+    from .serve_templates import configure_manager
+
     app = create_app(
         db=args.db,
         bus=args.bus,
         config=config_,
         worker_summarizer=None if compaction is None else compaction.workers,
-        configure_manager=None if compaction is None else compaction.configure,
+        configure_manager=configure_manager(args, compaction),
     )
 
     class HubServer(uvicorn.Server):

@@ -37,7 +37,12 @@ async def health(hub: Hub, *, ready: bool) -> JSONResponse:
         return _down(f"the store did not answer within {HEALTH_TIMEOUT:g} s")
     except SessionHubError as exc:  # the store's translated error, its cause in one line
         return _down(str(exc))
-    body: dict[str, Any] = {"status": "ok", "connections": len(hub.connections)}
+    # `compaction`: whether `compact` can run here (the inspector offers it only then).
+    body: dict[str, Any] = {
+        "status": "ok",
+        "connections": len(hub.connections),
+        "compaction": hub.manager.can_compact,
+    }
     ring = hub.store.bus
     if isinstance(ring, RemoteBus):
         body["bus"] = {

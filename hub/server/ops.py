@@ -390,7 +390,7 @@ def operations(hub: Sessions, turns: Turns) -> dict[str, Op]:
         "checkpoint_delete": lambda r: t.delete_thread(r.session_id),
         "checkpoint_prune": lambda r: t.prune(r.session_id, keep_latest=r.keep_latest),
         "checkpoint_delete_runs": lambda r: t.delete_for_runs(r.run_ids),
-        "create": lambda r: m.create(r.name, r.parent_session_id, r.model, r.source),
+        "create": lambda r: m.create(r.name, r.parent_session_id, r.model, r.source, r.template),
         "get": lambda r: m.get(r.session_id),
         "list": lambda r: m.list(),
         "rename": lambda r: m.rename(r.session_id, r.name),
@@ -439,7 +439,16 @@ def operations(hub: Sessions, turns: Turns) -> dict[str, Op]:
     on_session("append_context_block", lambda s, r: s.append_context_block(r.label, r.content))
     on_session("freeze_system_prompt", lambda s, r: s.freeze_system_prompt())
     on_session("refresh_system_prompt", lambda s, r: s.refresh_system_prompt())
-    on_session("compact", lambda s, r: s.compact(r.leaf_id))
+
+    async def compact(s: Session, r: Any) -> Any:
+        if not m.can_compact:  # said for an operator, not as the engine's builder hint
+            raise InvalidInput(
+                "this hub has no summarizer, so it cannot compact: serve it with --summarizer workers, "
+                "--summarizer-url URL --summarizer-model MODEL, or [compaction] in sessionhub.toml"
+            )
+        return await s.compact(r.leaf_id)
+
+    on_session("compact", compact)
     on_session("estimate_tokens", lambda s, r: s.estimate_tokens(r.leaf_id))
     ops: dict[str, Op] = {name: engine(name, call) for name, call in calls.items()}
     ops |= {

@@ -271,7 +271,7 @@ class Turns(TurnAnswers):
         if turn is None or turn.responder is not connection:
             raise NotFound(f"no turn {request.turn_id!r} was given to this connection")
         label = responder_label(connection)
-        turn.error = f"responder {label} failed: {request.error}"
+        turn.error = f"responder {label!r} failed: {request.error}"
         origin = self._origin_of(turn)
         if origin is not None:
             self._relay(self._status(origin, turn, "failed", turn.error))

@@ -515,11 +515,15 @@ async def test_errors_match_in_process(store: SqliteStore) -> None:
                 "append",
                 {"session_id": sid, "message": {"id": "x", "role": "user", "parts": "no"}},
             ),
-            (lambda: twin.get_session(sid).compact(), "compact", {"session_id": sid}),
         ]
         for call, op, fields in cases:
             error = await same_error(c, call, op, **fields)
             assert error.frame["id"] is not None
+        # compact on a hub without a summarizer: the engine's builder hint becomes what an
+        # operator can do about it (the same code, and nothing written).
+        refused = await c.request("compact", session_id=sid)
+        assert refused["code"] == "invalid"
+        assert refused["message"].startswith("this hub has no summarizer, so it cannot compact")
         # Nothing was written by any of them.
         assert [m.id for m in await twin.get_history(sid)] == ["m1"]
 

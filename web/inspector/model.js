@@ -227,6 +227,13 @@ function tokenRefused(level, on) {
 // -- connection ---------------------------------------------------------------------------
 export function start() {
   state.tokenRefused = false;
+  fetch("healthz")
+    .then((r) => r.json())
+    .then((body) => {
+      state.canCompact = body.compaction !== false;
+      if (state.current) hooks.render();
+    })
+    .catch(() => {});
   const client = new HubClient(hubUrlFor(location), { token: token(), name: "inspector", role: "observer", maxBackoff: 2000 });
   state.client = client;
   client.on("state", (s) => {
@@ -266,11 +273,19 @@ function followRegistry() {
   state.registrySub = state.client.subscribe(null, {
     reload: true,
     onEvent: (ev) => {
+      state.sessionsLoaded = true;
       const s = ev.data?.session;
       if (ev.type === "session.deleted") state.sessions.delete(ev.session_id);
       else if (s && s.id) state.sessions.set(s.id, s);
       if (state.current && ev.session_id === state.current.id) hooks.render();
       hooks.sessions();
+    },
+    onReady: ({ last_seq }) => {
+      // Subscribed: with an empty log there is no event to say the (empty) list is known.
+      if (!last_seq && !state.sessionsLoaded) {
+        state.sessionsLoaded = true;
+        hooks.sessions();
+      }
     },
     onReset: () => loadSessionList("The registry log was pruned: reloaded the list."),
     onError: (err) => {
@@ -287,6 +302,7 @@ export async function loadSessionList(why) {
     const list = await state.client.request("list");
     state.sessions.clear();
     for (const s of list) state.sessions.set(s.id, s);
+    state.sessionsLoaded = true;
     hooks.sessionsNote(why ? `${why} Showing a snapshot.` : "", !!why);
     hooks.sessions();
   } catch (err) {
