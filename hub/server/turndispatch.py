@@ -385,6 +385,7 @@ class Turns(TurnAnswers):
         if frame.action == "start" and turn.remote is not None and not turn.started:
             turn.started = True  # another node's responder started it
             turn.changed.set()
+        self._note_state(turn, frame)
         for watcher in list(turn.watchers):
             watcher(frame)
         if frame.action == "end" and turn.outcome is None:
@@ -398,6 +399,24 @@ class Turns(TurnAnswers):
                 self._finish(turn, TurnOutcome("failed", TOO_LARGE))
             else:
                 self._finish(turn, TurnOutcome("failed", turn.error or "the responder aborted the reply"))
+
+    def _note_state(self, turn: LiveTurn, frame: f.StreamFrame) -> None:
+        """Log the turn's state as the original's channels name it (docs/engine.md, "Turn
+        states"): ``turn.running`` when its reply starts, ``turn.awaiting``
+        (``awaiting-input``) when the reply waits for the user (an ``await`` delta), and
+        ``turn.running`` again when it goes on. The posting node logs them, once each."""
+        if frame.action == "start":
+            self._spawn(self._log(turn, "turn.running", {"state": "running"}))
+            return
+        if frame.action != "delta" or not frame.deltas:
+            return
+        awaiting = frame.deltas[-1].get("kind") == "await"
+        if awaiting != turn.awaiting:
+            turn.awaiting = awaiting
+            if awaiting:
+                self._spawn(self._log(turn, "turn.awaiting", {"state": "awaiting-input"}))
+            else:
+                self._spawn(self._log(turn, "turn.running", {"state": "running"}))
 
     def fail(self, turn: LiveTurn, error: str) -> None:
         if turn.outcome is None:

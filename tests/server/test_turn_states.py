@@ -53,3 +53,26 @@ async def test_a_stopped_turn_is_aborted(tmp_path: Path) -> None:
         await user.call("stop_turn", session_id="s1", turn_id=turn["turn_id"], reason="enough")
         ended = await _outcome(h, "s1")
         assert (ended["status"], ended["state"], ended["outcome"]) == ("stopped", "settled", "aborted")
+
+
+async def test_running_then_awaiting_input_then_running_again(tmp_path: Path) -> None:
+    """A reply that asks for an approval: ``turn.running`` when it starts, ``turn.awaiting``
+    (``awaiting-input``) while it waits for the user, ``turn.running`` once answered, then
+    settled: what a UI needs to show a turn that waits (the original's channels)."""
+    import httpx2
+
+    from tests.adapters.test_answers import _answered, _page_copy, _post, _user
+
+    async with (
+        served(db=tmp_path / "hub.db") as h,
+        responder(h.ws_url, lambda: len(h.hub.turns.responders) == 1),
+        httpx2.AsyncClient(timeout=30) as http,
+    ):
+        ask = _user("approve the deploy")
+        first = await _post(http, h, {"id": "w1", "messages": [ask]})
+        page = _answered(_page_copy(h, "w1", first[0]["messageId"]), True)
+        await _post(http, h, {"id": "w1", "messages": [ask, page]})
+        await _outcome(h, "w1")
+        events = await h.hub.manager.get_session("w1").read_events()
+        states = [e.data.get("state") for e in events if e.type.startswith("turn.")]
+        assert states == ["queued", "running", "awaiting-input", "running", "settled"], states
