@@ -291,7 +291,7 @@ function followRegistry() {
     onError: (err) => {
       if (err.code === "forbidden") {
         // Not admin on *: a snapshot is the best this token gets, if it may read *.
-        loadSessionList(allows(token(), "read", null) ? "Your token cannot follow the registry live (it needs admin on *)." : null);
+        loadSessionList(allows(token(), "read", null) ? "The sessions as of now (a read token lists them; an admin token on * keeps the list live)." : null);
       } else hooks.sessionsNote(`Registry: ${err.message}`, true);
     },
   });
