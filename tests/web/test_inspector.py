@@ -815,6 +815,11 @@ async def test_actions_without_the_scope(
             await hub.session(info.id).append_message(text("m1", "look, do not touch"))
         reader = issue_token(SECRET, {"*": "read"})
         await page.goto(f"{h.url}/#token={reader}")
+        # The token the README suggests lists every session, as of now: a note, not a refusal.
+        note = page.locator("#sessions-note")
+        await expect(note).to_contain_text("as of now")
+        await expect(note).not_to_have_class("warn")
+        await expect(note).not_to_contain_text("needs admin")
         await open_session(page, "read-only")
         await expect(page.locator("#actions")).to_have_attribute("data-level", "read")
         await expect(page.locator("#actions-note")).to_contain_text("reading this session only")

@@ -291,19 +291,21 @@ function followRegistry() {
     onError: (err) => {
       if (err.code === "forbidden") {
         // Not admin on *: a snapshot is the best this token gets, if it may read *.
-        loadSessionList(allows(token(), "read", null) ? "The sessions as of now (a read token lists them; an admin token on * keeps the list live)." : null);
+        // A read token on * is what the README suggests: a note, not a warning.
+        loadSessionList(allows(token(), "read", null) ? "The sessions as of now (an admin token on * keeps this list live)." : null, false);
       } else hooks.sessionsNote(`Registry: ${err.message}`, true);
     },
   });
 }
 
-export async function loadSessionList(why) {
+/** The session list as of now; `why` says why it is not live (`warn`: as a warning). */
+export async function loadSessionList(why, warn = true) {
   try {
     const list = await state.client.request("list");
     state.sessions.clear();
     for (const s of list) state.sessions.set(s.id, s);
     state.sessionsLoaded = true;
-    hooks.sessionsNote(why ? `${why} Showing a snapshot.` : "", !!why);
+    hooks.sessionsNote(why && warn ? `${why} Showing a snapshot.` : why ?? "", warn && !!why);
     hooks.sessions();
   } catch (err) {
     if (err.code === "forbidden") {
