@@ -256,8 +256,14 @@ async def ensure_database(dsn: str) -> bool:
     server has only ``postgres``); True when it was created. Connecting as the same role to
     the ``postgres`` database does it, as ``createdb`` would."""
     asyncpg = load("asyncpg", "postgres")
+    from ..store.postgres.timeouts import limits
+
+    # The DSN's own query carries the store's settings (command_timeout, statement_timeout,
+    # ...), which a bare connect would send to the server as unknown parameters.
+    lim = limits(dsn)
+    dsn = lim.dsn
     try:
-        connection = await asyncpg.connect(dsn)
+        connection = await asyncpg.connect(dsn, timeout=lim.connect_timeout)
     except asyncpg.InvalidCatalogNameError:
         pass
     else:
@@ -265,7 +271,7 @@ async def ensure_database(dsn: str) -> bool:
         return False
     parts = urlsplit(dsn)
     name = parts.path.lstrip("/")
-    admin = await asyncpg.connect(urlunsplit(parts._replace(path="/postgres")))
+    admin = await asyncpg.connect(urlunsplit(parts._replace(path="/postgres")), timeout=lim.connect_timeout)
     try:
         quoted = '"' + name.replace('"', '""') + '"'
         with contextlib.suppress(asyncpg.DuplicateDatabaseError):  # another node won the race
