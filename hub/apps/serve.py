@@ -15,12 +15,15 @@ import os
 import re
 import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import serve_compaction
+from . import serve_compaction, serve_limits, serve_workers
 from .options import add_db_option, age, positive, secret_problem, size
 
-__all__ = ["add_options", "run", "serve_problem"]
+if TYPE_CHECKING:
+    from ..server import HubConfig
+
+__all__ = ["add_options", "run", "run_worker", "serve_problem"]
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 _HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
@@ -147,6 +150,9 @@ def add_options(serve: argparse.ArgumentParser) -> None:
     )
 
     serve_compaction.add_options(serve, positive)
+    # Scale (docs/operations.md, "At the limit"; docs/nodes.md, "One machine, several processes").
+    serve_limits.add_options(serve)
+    serve_workers.add_options(serve)
 
 
 def _host_problem(host: str) -> str | None:
@@ -190,21 +196,19 @@ def serve_problem(args: argparse.Namespace) -> str | None:
     if problem:
         return problem
     try:
-        make_bus(resolve_db(args.db), args.bus)  # names only: nothing connects yet
+        db = resolve_db(args.db)
+        ring = make_bus(db, args.bus)  # names only: nothing connects yet
     except (InvalidInput, MissingExtra) as exc:
         return str(exc)
-    return None
+    return serve_workers.workers_problem(args, db, ring)
 
 
 def run(args: argparse.Namespace) -> int:
     """``sessionhub serve``: check the options, reach the store and bus once, then run
     uvicorn until a signal drains the hub. The exit code (``EXIT_CODES`` of :mod:`hub.apps.cli`)."""
-    import uvicorn
-
     from protocol.errors import InvalidInput
 
     from ..extras import MissingExtra
-    from ..server import HubConfig, create_app
     from ..server.logfilter import install_log_filters
 
     problem = serve_problem(args)
@@ -225,6 +229,42 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    made = _hub_config(args)
+    if made is None:
+        return 2
+    config_, limit_line = made
+    from .backends import BackendUnavailable, probe
+
+    try:
+        # Reach the store and the bus once before uvicorn starts: a wrong --db or --bus is
+        # one line and exit code 2, not a traceback from the app's startup.
+        asyncio.run(probe(args.db, args.bus, bus_override=args.bus_override))
+    except (InvalidInput, MissingExtra, BackendUnavailable) as exc:
+        print(f"sessionhub: {exc}", file=sys.stderr)
+        return 2
+    print(f"sessionhub: {limit_line}", file=sys.stderr)
+    if args.workers > 1:
+        return serve_workers.run_workers(args, run_worker)
+    return _serve(args, config_)
+
+
+def run_worker(args: argparse.Namespace) -> None:
+    """One process of ``serve --workers N`` (:mod:`hub.apps.serve_workers`): the checks and
+    the probe ran in the parent; this one binds the shared port and serves."""
+    serve_workers.become_worker()
+    made = _hub_config(args)
+    assert made is not None  # the parent built the same one
+    sock = serve_workers.reuse_port_socket(args.host, args.port)
+    sys.exit(_serve(args, made[0], sock))
+
+
+def _hub_config(args: argparse.Namespace) -> tuple[HubConfig, str] | None:
+    """The hub's limits from the options (None, said in one line, if HubConfig refuses
+    them), with ``max_connections`` from the descriptors this process may hold, and the
+    line that says that limit."""
+    from ..server import HubConfig
+
+    limit, line = serve_limits.connection_limit(args.max_connections, serve_limits.raise_descriptors())
     try:
         config_ = HubConfig(
             max_frame_bytes=args.max_frame_bytes,
@@ -247,19 +287,20 @@ def run(args: argparse.Namespace) -> int:
             subscription_retry=args.subscription_retry,
             retain_events=args.retain_events,
             retain_events_per_session=args.retain_events_per_session,
+            max_connections=limit,
         )
     except ValueError as exc:  # HubConfig checks its limits: one line, exit 2
         print(f"sessionhub: {exc}", file=sys.stderr)
-        return 2
-    from .backends import BackendUnavailable, probe
+        return None
+    return config_, line
 
-    try:
-        # Reach the store and the bus once before uvicorn starts: a wrong --db or --bus is
-        # one line and exit code 2, not a traceback from the app's startup.
-        asyncio.run(probe(args.db, args.bus, bus_override=args.bus_override))
-    except (InvalidInput, MissingExtra, BackendUnavailable) as exc:
-        print(f"sessionhub: {exc}", file=sys.stderr)
-        return 2
+
+def _serve(args: argparse.Namespace, config_: HubConfig, sock: socket.socket | None = None) -> int:
+    """Run the hub under uvicorn (on ``sock`` when given) until a signal drains it."""
+    import uvicorn
+
+    from ..server import create_app
+
     compaction = serve_compaction.serve_compaction(args)
     app = create_app(
         db=args.db,
@@ -298,6 +339,6 @@ def run(args: argparse.Namespace) -> int:
     server = HubServer(config)
     # uvicorn re-raises the signal it handled once it has stopped: we are done then.
     with contextlib.suppress(KeyboardInterrupt):
-        server.run()
+        server.run(sockets=None if sock is None else [sock])
     # A startup that failed anyway (the port taken, the database gone since the probe).
     return 0 if server.started else 3

@@ -20,6 +20,7 @@ from ..apps.backends import open_backend
 from ..bus import Bus
 from ..manager import SessionManager
 from ..store.base import Store
+from .admission import AdmissionGate
 from .config import HubConfig
 from .handshake import HostCheck, KeepTransport, origin_allowed
 from .health import health
@@ -128,5 +129,10 @@ def create_app(
     # uvicorn's traceback per invalid UTF-8 frame becomes one rate-limited line.
     install_log_filters()
     # The Host check first, so a rebound name is refused before anything else runs.
-    middleware = [Middleware(HostCheck, config=settings), Middleware(KeepTransport)]
+    # Then the connection limit (hub/server/admission.py): a refused socket costs no more.
+    middleware = [
+        Middleware(HostCheck, config=settings),
+        Middleware(AdmissionGate),
+        Middleware(KeepTransport),
+    ]
     return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)

@@ -14,6 +14,7 @@ from ..bus import RemoteBus
 from ..manager import SessionManager
 from ..session import Session
 from ..store.base import Store
+from .admission import Admission
 from .config import HubConfig
 from .handshake import token_of
 from .metrics import Metrics
@@ -49,6 +50,9 @@ class Hub:
         self.manager = manager
         self.config = config
         self.metrics = Metrics()
+        #: Connections served against ``max_connections`` (hub/server/admission.py).
+        self.admission = Admission(config.max_connections)
+        self.metrics.watch_admission(self.admission)
         self.held = Held()
         self.metrics.watch_held(self.held)
         #: What chat SSE readers have queued (hub/adapters/sse.py): apart from ``held``, as
