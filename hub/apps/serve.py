@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import ipaddress
 import math
 import os
@@ -66,6 +67,19 @@ def add_options(serve: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
+    # uvloop and httptools (the `speed` extra) are used when installed; these pick one.
+    serve.add_argument(
+        "--loop",
+        default="auto",
+        choices=["auto", "asyncio", "uvloop"],
+        help="event loop: auto is uvloop when installed (pip install 'sessionhub[speed]'), else asyncio",
+    )
+    serve.add_argument(
+        "--http",
+        default="auto",
+        choices=["auto", "h11", "httptools"],
+        help="HTTP parser: auto is httptools when installed (the speed extra), else h11",
     )
     serve.add_argument(
         "--auth-secret",
@@ -191,6 +205,9 @@ def serve_problem(args: argparse.Namespace) -> str | None:
             return f"{flag} {value} is not a finite number"
         if value < 0 or (value == 0 and name in _POSITIVE):
             return f"{flag} {value} must be {'above' if name in _POSITIVE else 'at least'} 0"
+    for flag, module in (("--loop", args.loop), ("--http", args.http)):
+        if module not in ("auto", "asyncio", "h11") and importlib.util.find_spec(module) is None:
+            return f"{flag} {module} needs {module!r}, not installed: pip install 'sessionhub[speed]'"
     source = "--auth-secret" if "--auth-secret" in args.typed else "--auth-secret ($SESSIONHUB_AUTH_SECRET)"
     problem = secret_problem(args.auth_secret, source) or serve_compaction.compaction_problem(args)
     if problem:
@@ -330,6 +347,8 @@ def _serve(args: argparse.Namespace, config_: HubConfig, sock: socket.socket | N
         host=args.host,
         port=args.port,
         log_level=args.log_level,
+        loop=args.loop,
+        http=args.http,
         ws="websockets-sansio",
         ws_max_size=max(args.max_frame_bytes * 4, 16 << 20),
         ws_ping_interval=args.ping_interval,

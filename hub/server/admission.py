@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .outage import CLOSE_TRY_AGAIN_LATER
 
-__all__ = ["CLOSE_FULL", "FULL_REASON", "PROBES", "Admission", "AdmissionGate"]
+__all__ = ["CLOSE_FULL", "FULL_REASON", "PROBES", "Admission", "AdmissionGate", "refuse_websocket"]
 
 #: The close code of a WebSocket refused at the limit (RFC 6455's "try again later").
 CLOSE_FULL = CLOSE_TRY_AGAIN_LATER
@@ -67,7 +67,7 @@ class AdmissionGate:
         if admission.full:
             if kind == "websocket":
                 admission.refused_websocket += 1
-                await _refuse_websocket(receive, send)
+                await refuse_websocket(receive, send)
             else:
                 admission.refused_http += 1
                 await _refuse_http(send, admission.limit)
@@ -79,7 +79,8 @@ class AdmissionGate:
             admission.open -= 1
 
 
-async def _refuse_websocket(receive: Receive, send: Send) -> None:
+async def refuse_websocket(receive: Receive, send: Send) -> None:
+    """Accept the socket and close it with 1013 and :data:`FULL_REASON`."""
     message = await receive()
     if message["type"] != "websocket.connect":
         return

@@ -28,6 +28,7 @@ from .hub import Hub
 from .logfilter import install_log_filters
 from .outage import CLOSE_TRY_AGAIN_LATER, OUTAGE_REASON
 from .socket_shell import CLOSE_GOING_AWAY
+from .socketlane import SocketLane
 from .static import WEB_DIR, InspectorFiles
 from .unrouted import unrouted
 from .workers import WorkerSummarizer
@@ -129,8 +130,11 @@ def create_app(
     # uvicorn's traceback per invalid UTF-8 frame becomes one rate-limited line.
     install_log_filters()
     # The Host check first, so a rebound name is refused before anything else runs.
-    # Then the connection limit (hub/server/admission.py): a refused socket costs no more.
+    # /ws first, past the router and the rest (hub/server/socketlane.py: each layer would be
+    # a frame held per connection), with the same checks. Then the Host check, the
+    # connection limit (hub/server/admission.py), the transport kept.
     middleware = [
+        Middleware(SocketLane, config=settings, endpoint=ws),
         Middleware(HostCheck, config=settings),
         Middleware(AdmissionGate),
         Middleware(KeepTransport),

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import logging
 import time
@@ -14,7 +13,7 @@ from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from .asgiscope import RAW_SEND, TRANSPORT
+from .asgiscope import RAW_SEND, TRANSPORT, Cuttable
 from .config import HubConfig
 
 log = logging.getLogger("sessionhub.server")
@@ -32,12 +31,17 @@ class KeepTransport:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("websocket", "http"):
             # HTTP too: a chat SSE reader that stops reading is cut off the same way.
-            if scope["type"] == "websocket":
-                scope[RAW_SEND] = send
-            transport = getattr(getattr(send, "__self__", None), "transport", None)
-            if isinstance(transport, asyncio.WriteTransport):
-                scope[TRANSPORT] = transport
+            keep_transport(scope, send)
         await self.app(scope, receive, send)
+
+
+def keep_transport(scope: Scope, send: Send) -> None:
+    """What :class:`KeepTransport` keeps in a scope."""
+    if scope["type"] == "websocket":
+        scope[RAW_SEND] = send
+    transport = getattr(getattr(send, "__self__", None), "transport", None)
+    if isinstance(transport, Cuttable):
+        scope[TRANSPORT] = transport
 
 
 def token_of(websocket: WebSocket) -> tuple[str | None, str | None]:
@@ -153,20 +157,25 @@ class HostCheck:
         self.logged = -60.0  # when a refusal was last logged: one line a minute at most
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] in ("http", "websocket"):
-            host = Headers(scope=scope).get("host")
-            if not host_allowed(host, self.config):
-                if time.monotonic() - self.logged >= 60:
-                    self.logged = time.monotonic()
-                    log.warning(
-                        "421 for Host %.100r: not one of this hub's names (pass --allowed-origin to add one; "
-                        "more refusals in the next minute are not logged)",
-                        host,
-                    )
-                response = PlainTextResponse(self.BODY, status_code=421)
-                if scope["type"] == "http" or "websocket.http.response" in scope.get("extensions", {}):
-                    await response(scope, receive, send)
-                else:  # no denial responses: a close before accepting is an HTTP 403
-                    await send({"type": "websocket.close", "code": 1008, "reason": "misdirected request"})
-                return
+        if scope["type"] in ("http", "websocket") and await self.refused(scope, receive, send):
+            return
         await self.app(scope, receive, send)
+
+    async def refused(self, scope: Scope, receive: Receive, send: Send) -> bool:
+        """Answer a request whose Host is not one of the hub's names; whether it was one."""
+        host = Headers(scope=scope).get("host")
+        if host_allowed(host, self.config):
+            return False
+        if time.monotonic() - self.logged >= 60:
+            self.logged = time.monotonic()
+            log.warning(
+                "421 for Host %.100r: not one of this hub's names (pass --allowed-origin to add one; "
+                "more refusals in the next minute are not logged)",
+                host,
+            )
+        response = PlainTextResponse(self.BODY, status_code=421)
+        if scope["type"] == "http" or "websocket.http.response" in scope.get("extensions", {}):
+            await response(scope, receive, send)
+        else:  # no denial responses: a close before accepting is an HTTP 403
+            await send({"type": "websocket.close", "code": 1008, "reason": "misdirected request"})
+        return True

@@ -183,4 +183,5 @@ class Hub:
             await self.streams.owner_lost(connection)
             for sid in self.presence.present_on(connection):
                 self.presence.leave(connection, sid)
+            self.presence.unwatch(connection)
             self.metrics.connections.dec()
