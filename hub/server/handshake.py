@@ -35,6 +35,26 @@ class KeepTransport:
         await self.app(scope, receive, send)
 
 
+def release_handshake(scope: Scope) -> None:
+    """Let the handshake's request and response go once the socket is accepted.
+
+    uvicorn's ``websockets-sansio`` protocol keeps both (their headers: about 4 KiB per
+    connection, measured with tracemalloc) for the socket's whole life, though it reads them
+    only until it has accepted. A hub of idle subscribers holds tens of thousands of them.
+    Only that protocol's two attributes, only once its handshake is complete; any other
+    server (or a version without them) is left alone."""
+    protocol = getattr(scope.get(RAW_SEND), "__self__", None)
+    if (
+        protocol is not None
+        and type(protocol).__name__ == "WebSocketsSansIOProtocol"
+        and getattr(protocol, "handshake_complete", False)
+        and hasattr(protocol, "request")
+        and hasattr(protocol, "response")
+    ):
+        protocol.request = None
+        protocol.response = None
+
+
 def keep_transport(scope: Scope, send: Send) -> None:
     """What :class:`KeepTransport` keeps in a scope."""
     if scope["type"] == "websocket":

@@ -16,7 +16,7 @@ from ..session import Session
 from ..store.base import Store
 from .admission import Admission
 from .config import HubConfig
-from .handshake import token_of
+from .handshake import release_handshake, token_of
 from .metrics import Metrics
 from .ops import Op, operations, receive
 from .outage import StoreWatch
@@ -148,6 +148,7 @@ class Hub:
         that an idle connection is one suspended coroutine, not two (~0.5 KiB each)."""
         token, subprotocol = token_of(websocket)
         await websocket.accept(subprotocol=subprotocol)
+        release_handshake(websocket.scope)
         connection = Connection(self, websocket)
         connection.open(token)
         self.connections.add(connection)

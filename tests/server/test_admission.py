@@ -43,6 +43,9 @@ async def test_past_the_limit_a_socket_gets_1013_a_request_503_and_the_open_ones
             session = (await first.call("create", name="full"))["id"]
             await eventually(lambda: h.hub.admission.open == 2)
             assert await _refused(h.ws_url) == (CLOSE_FULL, FULL_REASON)
+            # The chat doors' sockets too (the admission gate; /ws is the socket lane's).
+            chat_ws = h.ws_url.removesuffix("/ws") + "/api/chat/ws"
+            assert await _refused(chat_ws) == (CLOSE_FULL, FULL_REASON)
             async with httpx2.AsyncClient(base_url=h.url) as http:
                 chat = await http.post("/api/chat", json={})
                 assert chat.status_code == 503
@@ -56,7 +59,7 @@ async def test_past_the_limit_a_socket_gets_1013_a_request_503_and_the_open_ones
                 assert ready.json()["status"] == "full"
                 assert ready.json()["admitted"] == 2
                 metrics = (await http.get("/metrics")).text
-                assert _refused_count(metrics, "websocket") == 1
+                assert _refused_count(metrics, "websocket") == 2
                 assert _refused_count(metrics, "http") == 1
                 assert "sessionhub_max_connections 2.0" in metrics
                 # The two admitted connections lost nothing.
