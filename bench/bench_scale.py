@@ -61,8 +61,10 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 SCRIPT = Path(__file__).resolve()
-#: ``serve --loop`` for the hubs started (``--hub-loop``).
+#: ``serve --loop`` for the hubs started (``--hub-loop``), and the checkout they run from
+#: (``--hub-repo``: another tree's code, e.g. an older commit's, against this one).
 LOOP = ["auto"]
+HUB_REPO = [REPO]
 POSTGRES = os.environ.get("SESSIONHUB_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
@@ -187,11 +189,13 @@ def tree_cpu_s(pid: int) -> float:
 async def start_hub(tmp: Path, workers: int, db: str | None) -> Server:
     port = free_port()
     cmd = [sys.executable, "-m", "hub.apps.cli", "serve", "--port", str(port), "--log-level", "warning"]
-    cmd += ["--db", db or str(tmp / f"hub-{uuid.uuid4().hex[:6]}.db"), "--loop", LOOP[0]]
+    cmd += ["--db", db or str(tmp / f"hub-{uuid.uuid4().hex[:6]}.db")]
+    if LOOP[0] != "auto":
+        cmd += ["--loop", LOOP[0]]
     if workers > 1:
         cmd += ["--workers", str(workers)]
     proc = await asyncio.create_subprocess_exec(
-        *cmd, cwd=REPO, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        *cmd, cwd=HUB_REPO[0], stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     server = Server("hub", proc, port)
@@ -324,7 +328,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             if "one" in args.sections:
                 for n in args.one:
                     print(f"== run {run + 1}: {n:,} subscribers, one process", flush=True)
-                    for name in ("baseline", "hub"):
+                    for name in args.servers:
                         server = await (
                             Server.start_baseline() if name == "baseline" else start_hub(tmp, 1, None)
                         )
@@ -380,6 +384,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--events", type=int, default=10, help="appends delivered to everyone (default 10)")
     p.add_argument("--runs", type=int, default=1, help="runs (default 1); medians printed at the end")
     p.add_argument("--sections", default="one,workers", help="one, workers (default both)")
+    p.add_argument("--servers", default="baseline,hub", help="of baseline, hub (default both)")
+    p.add_argument("--hub-repo", default=None, help="run the hub from this checkout (default this one)")
     p.add_argument("--hub-loop", default="auto", help="serve --loop: auto, asyncio, uvloop (default auto)")
     p.add_argument("--json", action="store_true", help="print one JSON line at the end")
     p.add_argument("--worker", choices=["sub"], help=argparse.SUPPRESS)
@@ -391,6 +397,7 @@ def parse_args() -> argparse.Namespace:
     args = p.parse_args()
     args.one = [int(x) for x in args.one.split(",") if x.strip()]
     args.sections = [x.strip() for x in args.sections.split(",") if x.strip()]
+    args.servers = [x.strip() for x in args.servers.split(",") if x.strip()]
     return args
 
 
@@ -400,6 +407,8 @@ def main() -> int:
         return asyncio.run(subscriber_worker(args))
     raise_nofile()
     LOOP[0] = args.hub_loop
+    if args.hub_repo:
+        HUB_REPO[0] = Path(args.hub_repo).resolve()
     machine = machine_info()
     print(
         f"machine: {machine['nproc']} CPU, {machine['mem_gib']} GiB, Python {machine['python']}, "
