@@ -22,7 +22,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .outage import CLOSE_TRY_AGAIN_LATER
 
-__all__ = ["CLOSE_FULL", "FULL_REASON", "PROBES", "Admission", "AdmissionGate", "refuse_websocket"]
+__all__ = [
+    "CLOSE_FULL",
+    "FULL_REASON",
+    "PROBES",
+    "Admission",
+    "AdmissionGate",
+    "refuse_websocket",
+    "route_path",
+]
 
 #: The close code of a WebSocket refused at the limit (RFC 6455's "try again later").
 CLOSE_FULL = CLOSE_TRY_AGAIN_LATER
@@ -32,6 +40,13 @@ FULL_REASON = "the hub is at its connection limit; reconnect later or to another
 PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
 #: Seconds a refused HTTP client is told to wait.
 RETRY_AFTER = 1
+
+
+def route_path(scope: Scope) -> str:
+    """The path below the mount point, as Starlette's router matches it."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root) else path
 
 
 class Admission:
@@ -60,7 +75,7 @@ class AdmissionGate:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         hub = getattr(scope["app"].state, "hub", None) if "app" in scope else None
-        if kind not in ("http", "websocket") or hub is None or scope["path"] in PROBES:
+        if kind not in ("http", "websocket") or hub is None or route_path(scope) in PROBES:
             await self.app(scope, receive, send)
             return
         admission: Admission = hub.admission

@@ -17,18 +17,11 @@ from collections.abc import Awaitable, Callable
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from .admission import Admission, refuse_websocket
+from .admission import Admission, refuse_websocket, route_path
 from .config import HubConfig
 from .handshake import HostCheck, keep_transport
 
 __all__ = ["SocketLane"]
-
-
-def _route_path(scope: Scope) -> str:
-    """The path below the mount point, as Starlette's router matches it."""
-    path: str = scope["path"]
-    root: str = scope.get("root_path", "")
-    return path[len(root) :] if root and path.startswith(root) else path
 
 
 class SocketLane:
@@ -48,7 +41,7 @@ class SocketLane:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         hub = getattr(scope["app"].state, "hub", None) if "app" in scope else None
-        if scope["type"] != "websocket" or hub is None or _route_path(scope) != self.path:
+        if scope["type"] != "websocket" or hub is None or route_path(scope) != self.path:
             await self.app(scope, receive, send)
             return
         if await self.host.refused(scope, receive, send):
