@@ -25,18 +25,19 @@ __all__ = ["SocketLane"]
 
 
 class SocketLane:
-    """ASGI middleware: a WebSocket to ``path`` goes to ``endpoint`` directly."""
+    """ASGI middleware: a WebSocket to ``path`` is served by the hub directly, unless
+    ``turned_away`` refuses it (the endpoint's own checks: Origin, drain, outage)."""
 
     def __init__(
         self,
         app: ASGIApp,
         config: HubConfig,
-        endpoint: Callable[[WebSocket], Awaitable[None]],
+        turned_away: Callable[[WebSocket], Awaitable[bool]],
         path: str = "/ws",
     ) -> None:
         self.app = app
         self.host = HostCheck(app, config)
-        self.endpoint = endpoint
+        self.turned_away = turned_away
         self.path = path
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -54,6 +55,8 @@ class SocketLane:
         keep_transport(scope, send)
         admission.open += 1
         try:
-            await self.endpoint(WebSocket(scope, receive, send))
+            websocket = WebSocket(scope, receive, send)
+            if not await self.turned_away(websocket):
+                await hub.serve(websocket)
         finally:
             admission.open -= 1
