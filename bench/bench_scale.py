@@ -244,6 +244,7 @@ async def measure(server: Server, subs: int, procs: int, events: int) -> dict[st
                     stdin=asyncio.subprocess.PIPE,
                     stdout=asyncio.subprocess.PIPE,
                     cwd=REPO,
+                    limit=1 << 28,  # the result line carries every latency
                 )
             )
         readies = []
