@@ -12,7 +12,10 @@ each door, the same turns:
 - ``api_chat``: ``POST /api/chat``, the AI SDK UI message stream over SSE (the baseline);
 - ``aisdk_ws``: ``/api/chat/ws``, the AI SDK 7 ``WebSocketChatTransport`` frames;
 - ``agui``: ``POST /agui``, AG-UI events over SSE;
-- ``cf_agents``: ``/agents/bench/{name}``, Cloudflare's ``cf_agent_use_chat_response`` frames.
+- ``cf_agents``: ``/agents/bench/{name}``, Cloudflare's ``cf_agent_use_chat_response`` frames;
+- ``agui_follow``: the same ``POST /agui`` run, read by a second reader that follows the
+  thread (``GET /agui/{thread}/stream?follow=1``, attached before the run): what a
+  follower gets, found in the session's log.
 
 1. Latency: ``--latency-turns`` turns one after another; p50/p95 of the time from the
    worker's first delta to its text at the client (target: <= 2 ms added at p50 over
@@ -44,7 +47,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from bench_chat import TURNS_PER_WORKER, _free_port, _now, _pct, _start_hub, _workers  # noqa: E402
 
-DOORS = ("api_chat", "aisdk_ws", "agui", "cf_agents")
+DOORS = ("api_chat", "aisdk_ws", "agui", "cf_agents", "agui_follow")
 
 
 def _user() -> dict[str, Any]:
@@ -107,6 +110,39 @@ async def _agui(http: Any, base: str, _ws: Any) -> Reply:
     return reply
 
 
+async def _agui_follow(http: Any, base: str, _ws: Any) -> Reply:
+    reply = Reply()
+    thread = uuid.uuid4().hex
+    body = {
+        "threadId": thread,
+        "runId": uuid.uuid4().hex,
+        "messages": [{"id": uuid.uuid4().hex, "role": "user", "content": "go"}],
+    }
+
+    async def run() -> None:
+        async with http.stream("POST", f"{base}/agui", json=body) as response:
+            await response.aread()
+
+    posted: asyncio.Task[None] | None = None
+    async with http.stream("GET", f"{base}/agui/{thread}/stream?follow=1") as response:
+        async for line in response.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            if posted is None:
+                if event["type"] == "RUN_FINISHED":  # the attach's sync run: now the run
+                    posted = asyncio.create_task(run())
+                continue
+            if event["type"] == "TEXT_MESSAGE_CONTENT":
+                reply.text(event["delta"])
+            if event["type"] == "RUN_FINISHED":
+                reply.finished = True
+                break
+    if posted is not None:
+        await posted
+    return reply
+
+
 async def _aisdk_ws(_http: Any, base: str, ws: Any) -> Reply:
     from websockets.asyncio.client import connect
 
@@ -166,6 +202,7 @@ CLIENTS: dict[str, Callable[[Any, str, Any], Awaitable[Reply]]] = {
     "aisdk_ws": _aisdk_ws,
     "agui": _agui,
     "cf_agents": _cf_agents,
+    "agui_follow": _agui_follow,
 }
 
 

@@ -177,9 +177,11 @@ class RemoteSessions:
         parent_session_id: str | None = None,
         model: str | None = None,
         source: str | None = None,
+        template: str | None = None,
     ) -> SessionInfo:
+        fields: dict[str, Any] = {"template": template} if template is not None else {}
         data = await self._call(
-            "create", name=name, parent_session_id=parent_session_id, model=model, source=source
+            "create", name=name, parent_session_id=parent_session_id, model=model, source=source, **fields
         )
         return _convert(data, SessionInfo)
 

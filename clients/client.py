@@ -29,6 +29,7 @@ from protocol.clientconn import StreamKey
 from .api import RemoteSession, RemoteSessions
 from .errors import ConnectionLost, HubError, TokenExpired
 from .link import END, MAX_FRAME_BYTES, End, HubLink, Subscription, closed_error
+from .remotethreads import RemoteThreads
 from .turns import Turn, iterate_turns
 
 __all__ = ["MAX_FRAME_BYTES", "HubClient"]
@@ -55,6 +56,12 @@ class HubClient(HubLink):
     def sessions(self) -> RemoteSessions:
         """``SessionManager`` over this client's socket (the same method names and types)."""
         return RemoteSessions(self)
+
+    @functools.cached_property
+    def threads(self) -> RemoteThreads:
+        """LangGraph threads and their checkpoints through the hub (``manager.threads``
+        over this socket; ``clients.langgraph.HubCheckpointSaver(hub)``)."""
+        return RemoteThreads(self)
 
     # -- lifecycle -----------------------------------------------------------------------
     async def __aenter__(self) -> Self:

@@ -285,6 +285,11 @@ class HubLink:
     def _open_error(self, exc: BaseException) -> SessionHubError:
         if isinstance(exc, InvalidStatus) and exc.response.status_code in (401, 403):
             return HubError("forbidden", f"the hub refused the connection: {exc}")
+        if isinstance(exc, InvalidStatus) and exc.response.status_code == 404:
+            return ConnectionLost(
+                f"no hub endpoint at {self.url} (HTTP 404): the hub's WebSocket is /ws, "
+                "e.g. ws://127.0.0.1:8000/ws"
+            )
         if isinstance(exc, ConnectionClosed):
             return ConnectionLost(f"the hub at {self.url} closed the connection while it opened: {exc}")
         return ConnectionLost(f"cannot connect to the hub at {self.url}: {exc}")

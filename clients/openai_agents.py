@@ -27,50 +27,29 @@ import copy
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 try:
     from agents.items import TResponseInputItem
     from agents.memory.session_settings import SessionSettings, coerce_session_settings, resolve_session_limit
+    from agents.run_context import RunContextWrapper
     from agents.usage import Usage
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
-    raise ImportError(
-        'clients.openai_agents needs the openai-agents package: pip install "sessionhub[openai-agents]"'
-    ) from exc
+    from .framework_records import missing_package
+
+    raise missing_package(__name__, "openai-agents", "openai-agents") from exc
 
 from protocol import Conflict, InvalidInput, Message, SessionInfo
+
+from .framework_records import SUMMARY_PREFIX, kept_records, parsed_arguments, tool_name
+from .sessionsapi import SessionsAPI
 
 __all__ = ["METADATA_KEY", "HubAgentSession", "SessionsAPI"]
 
 #: The key of a message's ``metadata`` under which the original items are kept.
 METADATA_KEY = "openai_agents"
 
-# The id prefix of the synthetic message standing for a compacted span (hub.store.overlays; the
-# client does not import the engine).
-_SUMMARY_PREFIX = "compaction_"
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
-
-
-class SessionsAPI(Protocol):
-    """What ``HubAgentSession`` needs: ``HubClient.sessions`` and ``SessionManager`` have it."""
-
-    async def create(self, name: str) -> SessionInfo: ...
-
-    async def upsert(self, session_id: str, message: Message | Mapping[str, Any]) -> str: ...
-
-    async def append_all(
-        self, session_id: str, messages: Sequence[Message | Mapping[str, Any]]
-    ) -> str | None: ...
-
-    async def get_history(self, session_id: str, leaf_id: str | None = None) -> list[Message]: ...
-
-    async def delete_messages(self, session_id: str, ids: Sequence[str]) -> list[str]: ...
-
-    async def clear_messages(self, session_id: str) -> None: ...
-
-    async def add_usage(
-        self, session_id: str, input_tokens: int, output_tokens: int, cost: float
-    ) -> SessionInfo: ...
 
 
 # -- items <-> messages --------------------------------------------------------------------
@@ -107,13 +86,7 @@ def _text_parts(content: Any) -> list[dict[str, Any]]:
 
 def _call_input(item: Mapping[str, Any]) -> Any:
     if item.get("type") == "function_call":
-        arguments = item.get("arguments")
-        if isinstance(arguments, str):
-            try:
-                return json.loads(arguments)
-            except ValueError:
-                return arguments
-        return arguments
+        return parsed_arguments(item.get("arguments"))
     if "input" in item:  # custom_tool_call
         return item["input"]
     return {k: v for k, v in item.items() if k not in ("type", "id", "call_id", "status")}
@@ -171,19 +144,14 @@ def _message(items: list[dict[str, Any]], message_id: str | None = None) -> dict
 
 
 def _own_items(message: Message) -> list[dict[str, Any]] | None:
-    meta = message.metadata
-    if isinstance(meta, Mapping):
-        mine = meta.get(METADATA_KEY)
-        if isinstance(mine, Mapping) and isinstance(mine.get("items"), list):
-            return [dict(i) for i in mine["items"] if isinstance(i, Mapping)]
-    return None
+    return kept_records(message, METADATA_KEY, "items")
 
 
 def _foreign_items(message: Message) -> list[dict[str, Any]]:
     """Items for a message another writer made: its text, and its tool parts as calls and
     outputs, so the agent sees what a person or another client added."""
     role = message.role if message.role in _ROLES else "user"
-    if message.id.startswith(_SUMMARY_PREFIX):
+    if message.id.startswith(SUMMARY_PREFIX):
         # A user item: every model the SDK talks to accepts one anywhere in the input, while
         # several refuse a system message after the first.
         role = "user"
@@ -196,17 +164,15 @@ def _foreign_items(message: Message) -> list[dict[str, Any]]:
             texts.clear()
 
     for part in message.parts:
-        kind = part.get("type")
-        call_id = part.get("toolCallId")
-        if kind == "text" and isinstance(part.get("text"), str):
+        call_id, name = part.get("toolCallId"), tool_name(part)
+        if part.get("type") == "text" and isinstance(part.get("text"), str):
             texts.append(part["text"])
-        elif isinstance(kind, str) and (kind.startswith("tool-") or kind == "dynamic-tool") and call_id:
+        elif name is not None:
             flush()
-            name = part.get("toolName") if kind == "dynamic-tool" else kind[len("tool-") :]
             if "input" in part:
                 arguments = part["input"] if isinstance(part["input"], str) else json.dumps(part["input"])
                 items.append(
-                    {"type": "function_call", "call_id": call_id, "name": str(name), "arguments": arguments}
+                    {"type": "function_call", "call_id": call_id, "name": name, "arguments": arguments}
                 )
             if "output" in part:
                 output = part["output"] if isinstance(part["output"], str) else json.dumps(part["output"])
@@ -241,7 +207,11 @@ class HubAgentSession:
     """The Agents SDK ``Session`` protocol over one sessionhub session.
 
     The session must exist in the hub's registry (``await sessions.create(name)`` gives
-    one); every method raises :class:`~protocol.SessionNotFound` otherwise. Writes from one
+    one); every method raises :class:`~protocol.SessionNotFound` otherwise. Each method takes
+    the SDK's optional ``wrapper`` keyword (the run's ``RunContextWrapper``), so the Runner,
+    which passes it only to sessions whose four methods all take it, treats this one as
+    context-aware; the hub does not read it: access is scoped by the hub's tokens (a token for
+    one tenant's session reaches that session only), checked on every call. Writes from one
     ``HubAgentSession`` are serialized; two writers on one session should each append
     whole turns, as two SQLite sessions on one table would.
     """
@@ -278,7 +248,9 @@ class HubAgentSession:
         info = await sessions.create(name)
         return cls(info.id, sessions=sessions, session_settings=session_settings)
 
-    async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
+    async def get_items(
+        self, limit: int | None = None, *, wrapper: RunContextWrapper[Any] | None = None
+    ) -> list[TResponseInputItem]:
         """The latest ``limit`` items (default: ``session_settings.limit``, else all), oldest
         first, overlays applied. As the SDK's SQLite session: ``0`` gives none, a negative
         limit all."""
@@ -292,7 +264,9 @@ class HubAgentSession:
             items = items[-session_limit:]
         return cast(list[TResponseInputItem], copy.deepcopy(items))
 
-    async def add_items(self, items: list[TResponseInputItem]) -> None:
+    async def add_items(
+        self, items: list[TResponseInputItem], *, wrapper: RunContextWrapper[Any] | None = None
+    ) -> None:
         """Append the items on the active branch: a call or output continuing the newest
         tool step is merged into its message, everything else is a new message. Bad input
         (an item that is not an object) raises :class:`~protocol.InvalidInput` before
@@ -332,7 +306,7 @@ class HubAgentSession:
             if fresh:
                 await self.sessions.append_all(self.session_id, [_message(group) for group in fresh])
 
-    async def pop_item(self) -> TResponseInputItem | None:
+    async def pop_item(self, *, wrapper: RunContextWrapper[Any] | None = None) -> TResponseInputItem | None:
         """Remove and return the newest item, or None when there is none. The newest item of a
         tool step is taken out of its message (the message goes when it holds no more)."""
         async with self._lock:
@@ -341,7 +315,7 @@ class HubAgentSession:
                 items = _items_of(message)
                 if not items:
                     continue  # a message with nothing an agent reads (a data part, say)
-                if message.id.startswith(_SUMMARY_PREFIX):
+                if message.id.startswith(SUMMARY_PREFIX):
                     raise Conflict(
                         "the newest item is a compaction summary; it cannot be popped "
                         "(the messages it summarizes are still stored)"
@@ -354,7 +328,7 @@ class HubAgentSession:
                 return cast(TResponseInputItem, newest)
             return None
 
-    async def clear_session(self) -> None:
+    async def clear_session(self, *, wrapper: RunContextWrapper[Any] | None = None) -> None:
         """Delete every message (and overlay) of the session; the session stays registered."""
         async with self._lock:
             await self.sessions.clear_messages(self.session_id)

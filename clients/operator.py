@@ -94,6 +94,20 @@ def parse_urls(text: str) -> str | list[str]:
     return urls[0] if len(urls) == 1 else urls
 
 
+async def note_ignored_token(hub: Any, token: str | None, url: str | Sequence[str]) -> None:
+    """Say so when ``--token`` is given to a hub that checks none (no ``--auth-secret``): its
+    ``auth`` answers no subject and no expiry. One line on stderr; the command goes on."""
+    if token is None:
+        return
+    granted = await hub.request("auth", token=token)
+    if isinstance(granted, dict) and granted.get("sub") is None and granted.get("exp") is None:
+        where = url if isinstance(url, str) else ", ".join(url)
+        print(
+            f"sessionhub: the hub at {where} checks no tokens (no --auth-secret): --token is ignored",
+            file=sys.stderr,
+        )
+
+
 async def run_tail(
     url: str | Sequence[str],
     session_id: str | None,
@@ -109,6 +123,7 @@ async def run_tail(
 
     stream = out or sys.stdout
     async with HubClient(url, token=token) as hub:
+        await note_ignored_token(hub, token, url)
         async for event in hub.subscribe(session_id, after_seq=after):
             if raw:
                 stream.write(msgspec.json.encode(event).decode() + "\n")
@@ -134,10 +149,35 @@ async def run_sessions(
 
     stream = out or sys.stdout
     async with HubClient(url, token=token) as hub:
+        await note_ignored_token(hub, token, url)
         for info in await hub.sessions.list():
             stream.write((msgspec.json.encode(info).decode() if raw else _session_line(info)) + "\n")
         # Here, not at the interpreter's exit: a closed pipe is then a BrokenPipeError the
         # command turns into its exit code (hub/apps/cli.py).
+        stream.flush()
+    return 0
+
+
+async def run_session_action(
+    url: str | Sequence[str], args: Any, *, token: str | None = None, out: TextIO | None = None
+) -> int:
+    """``sessions create NAME [--template T]`` (prints the new id, for scripts), ``rename ID
+    NAME``, ``end ID [--reason R]`` and ``delete ID``: the admin ops of api.md §9."""
+    from .client import HubClient
+
+    stream = out or sys.stdout
+    async with HubClient(url, token=token) as hub:
+        await note_ignored_token(hub, token, url)
+        if args.action == "create":
+            info = await hub.sessions.create(args.name, model=args.model, template=args.template)
+            stream.write(info.id + "\n")
+        elif args.action == "rename":
+            stream.write(_session_line(await hub.sessions.rename(args.session_id, args.name)) + "\n")
+        elif args.action == "end":
+            stream.write(_session_line(await hub.sessions.end(args.session_id, args.reason)) + "\n")
+        else:
+            await hub.sessions.delete(args.session_id)
+            stream.write(f"deleted {args.session_id}\n")
         stream.flush()
     return 0
 
@@ -154,6 +194,8 @@ def failure(
     ``tail`` or ``sessions``; ``(1, None)`` for an exception that is not the hub's answer
     (a bug: the caller re-raises it). Exit codes: ``hub.apps.cli.EXIT_CODES``."""
     url = url if isinstance(url, str) else ", ".join(url)
+    if isinstance(exc, ConnectionLost) and str(exc).startswith("no hub endpoint at"):
+        return 3, f"{exc} (--url)"
     if isinstance(exc, ConnectionLost):
         return 3, f"cannot reach the hub at {url} ({exc}); is `sessionhub serve` running there? (--url)"
     if isinstance(exc, SessionHubError) and exc.code == "forbidden":
@@ -176,6 +218,8 @@ def failure(
             f"(epoch {exc.epoch}); pass --after {exc.last_seq} to follow "
             f"from now, or --after {max(exc.first_seq - 1, 0)} for everything it still has"
         )
+    if isinstance(exc, SessionHubError) and exc.code == "invalid":
+        return 2, f"the hub at {url} refused the arguments: {exc}"
     if isinstance(exc, SessionHubError):
         return 1, f"the hub answered {exc.code}: {exc}"
     return 1, None

@@ -26,7 +26,8 @@ class MessageStream:
     """A message being streamed (``async with session.stream_message(...) as st``).
 
     ``text``/``reasoning`` append to the message's last part of that kind, ``tool_part``
-    sets a tool part (by ``toolCallId``). Deltas are sent at once without waiting for their
+    sets a tool part (by ``toolCallId``), ``part`` appends any other part, ``reset_step``
+    drops the current step's parts. Deltas are sent at once without waiting for their
     replies (at most ``window`` in flight); leaving the block waits for them all and finishes
     the message, or aborts it when the block raised."""
 
@@ -55,6 +56,16 @@ class MessageStream:
 
     async def tool_part(self, part: Mapping[str, Any]) -> None:
         await self._delta(kind="tool", part=dict(part))
+
+    async def part(self, part: Mapping[str, Any]) -> None:
+        """Append any other part: ``step-start``, ``file``, ``source-*``, ``data-*`` (one
+        with an ``id`` replaces its namesake), ``custom``, ``reasoning-file``."""
+        await self._delta(kind="part", part=dict(part))
+
+    async def reset_step(self) -> None:
+        """Drop the current step's parts (those after the last ``step-start``): the AI
+        SDK's ``reset-step``, for a step that is retried."""
+        await self._delta(kind="reset")
 
     async def __aenter__(self) -> MessageStream:
         return self

@@ -166,13 +166,15 @@ class Turn:
         while not self.stopped.is_set():
             getting = asyncio.ensure_future(self._steering.get())
             stopping = asyncio.ensure_future(self.stopped.wait())
-            done, _ = await asyncio.wait({getting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            stopping.cancel()
-            if getting in done:
-                yield getting.result()
-            else:
-                getting.cancel()
+            try:
+                done, _ = await asyncio.wait({getting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopping.cancel()
+                if not getting.done():
+                    getting.cancel()
+            if getting not in done or getting.cancelled():
                 return
+            yield getting.result()
 
     def steered(self) -> list[Message]:
         """The steering messages that came and were not iterated yet (without waiting)."""
@@ -220,8 +222,11 @@ class Turn:
                 return
             if isinstance(exc, Exception):
                 # Said first, so the chat's error chunk carries the reason, not "aborted".
+                # The hub's own errors say what failed (their code is in the chat's error);
+                # anything else is named by its type, which is what there is to go on.
+                reason = str(exc) if isinstance(exc, SessionHubError) else f"{type(exc).__name__}: {exc}"
                 with contextlib.suppress(SessionHubError):
-                    await self.fail(f"{type(exc).__name__}: {exc}")
+                    await self.fail(reason)
             with contextlib.suppress(SessionHubError):
                 await stream.__aexit__(type(exc), exc, exc.__traceback__)
             raise

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, Self
+from typing import Any, Literal, Self
+
+from protocol import ContextError
 
 from .compaction import CompactFunction
 from .context import ContextConfig
@@ -59,12 +61,17 @@ class SessionBuilder:
         description: str | None = None,
         max_tokens: int | None = None,
         provider: object | None = None,
+        when_changed: Literal["wait", "remind"] = "wait",
     ) -> Self:
         """Add a context block. Without a provider the block is a writable row of the store,
         keyed ``<label>_<session id>`` (or ``<label>`` for the default session); on a
-        manager, every session gets the block (a provider given here is shared by all)."""
+        manager, every session gets the block (a provider given here is shared by all).
+        ``when_changed="remind"``: a change after the prompt froze reaches the model through
+        ``reminder()`` instead of a prompt rewrite (docs/context.md)."""
         self._check_unbuilt()
-        self._config.contexts.append(ContextConfig(label, description, max_tokens, provider))
+        if when_changed not in ("wait", "remind"):
+            raise ContextError(f"when_changed is 'wait' or 'remind', not {when_changed!r}")
+        self._config.contexts.append(ContextConfig(label, description, max_tokens, provider, when_changed))
         return self
 
     def with_cached_prompt(self, provider: object | None = None) -> Self:
@@ -89,6 +96,11 @@ class SessionBuilder:
         if token_counter is not None:
             self._config.token_counter = token_counter
         return self
+
+    @property
+    def can_compact(self) -> bool:
+        """Whether ``compact`` can run: a compaction function was given (``on_compaction``)."""
+        return self._config.compact_fn is not None
 
     def on_compaction_error(self, handler: CompactionErrorHandler) -> Self:
         """Called (sync or async) when an automatic compaction fails; appends never do."""

@@ -13,17 +13,25 @@ re-renders it. With a prompt store the frozen prompt survives restarts byte for 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
 from protocol import ContextBlock, ContextError
 
-from .contextprompt import SEPARATOR, context_entry_key, render_system_prompt
+from .contextprompt import (
+    REMINDER_PREAMBLE,
+    SEPARATOR,
+    context_entry_key,
+    prompt_renders_block,
+    render_section,
+    render_system_prompt,
+)
 from .contexttools import context_tools
 from .tokens import estimate_string_tokens
 from .tools import Tool
@@ -81,6 +89,11 @@ class ContextConfig:
     description: str | None = None
     max_tokens: int | None = None
     provider: Any = None
+    #: What the model sees when the block's value moves on after the prompt was frozen
+    #: (agents 0.32): ``"wait"``, nothing until ``refresh_system_prompt()``; ``"remind"``,
+    #: :meth:`ContextBlocks.reminder` gives its current value to send after the cached
+    #: prefix, the frozen prompt (and the provider's prefix cache) staying as they are.
+    when_changed: Literal["wait", "remind"] = "wait"
 
 
 class ContextBlocks:
@@ -120,12 +133,7 @@ class ContextBlocks:
         if not isinstance(config.label, str) or not config.label:
             raise ContextError("A context block needs a non-empty string label")
         if config.provider is None and self._default_provider is not None:
-            return ContextConfig(
-                config.label,
-                config.description,
-                config.max_tokens,
-                self._default_provider(config.label),
-            )
+            return dataclasses.replace(config, provider=self._default_provider(config.label))
         return config
 
     def _config(self, label: str) -> ContextConfig | None:
@@ -183,7 +191,7 @@ class ContextBlocks:
         if not self._loaded:
             raise ContextError("Context blocks not loaded. Call load() first.")
         if self._snapshot is None:
-            self._snapshot = render_system_prompt(self._blocks.values())
+            self._snapshot = render_system_prompt(self._blocks.values(), self._remind)
         return self._snapshot
 
     async def freeze_system_prompt(self) -> str:
@@ -212,14 +220,44 @@ class ContextBlocks:
         async with self._prompt_lock:
             before = self._snapshot
             if before is None and self._loaded:
-                before = render_system_prompt(self._blocks.values())
+                before = render_system_prompt(self._blocks.values(), self._remind)
             await self.load()
-            self._snapshot = render_system_prompt(self._blocks.values())
+            self._snapshot = render_system_prompt(self._blocks.values(), self._remind)
             if self.prompt_store is not None:
                 await self._store_prompt(self._snapshot)
             elif self._on_change is not None and (before or "") != self._snapshot:
                 await self._on_change("prompt.updated", {"prompt": self._snapshot})
             return self._snapshot
+
+    @property
+    def _remind(self) -> set[str]:
+        return {c.label for c in self._configs if c.when_changed == "remind"}
+
+    async def reminder(self) -> str | None:
+        """The current values of the ``when_changed="remind"`` blocks that the frozen prompt
+        no longer shows, rendered for the host to send after the cached prefix (at the end
+        of the conversation, not in the system prompt); None when nothing changed or nothing
+        is frozen yet. Each call re-reads those blocks; the comparison is against the frozen
+        prompt itself (so it holds across restarts), and a reminder comes back on every call
+        until ``refresh_system_prompt()`` folds the value in. As agents 0.32's ``reminder()``."""
+        await self.ensure_loaded()
+        frozen: str | None = None
+        if self.prompt_store is not None:
+            stored = await call(self.prompt_store.get)
+            frozen = None if stored is None else str(stored)
+        if frozen is None:
+            frozen = self._snapshot
+        if frozen is None:
+            return None
+        sections = []
+        for config in self._configs:
+            if config.when_changed != "remind":
+                continue
+            block = await self._load_block(config)
+            self._blocks[config.label] = block
+            if not prompt_renders_block(frozen, block):
+                sections.append(render_section(block))
+        return "\n\n".join([REMINDER_PREAMBLE, *sections]) if sections else None
 
     async def _store_prompt(self, prompt: str) -> None:
         await call(self.prompt_store.set, prompt)
@@ -235,7 +273,7 @@ class ContextBlocks:
             if stored is not None:
                 return str(stored)
         await self.ensure_loaded()
-        return render_system_prompt(self._blocks.values())
+        return render_system_prompt(self._blocks.values(), self._remind)
 
     # -- writes --------------------------------------------------------------------------
     async def _changed(self, provider: Any, type_: str, data: dict[str, Any]) -> None:

@@ -11,13 +11,21 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from protocol import ContextBlock
 
 from .tokens import JS_WHITESPACE
 
-__all__ = ["SEPARATOR", "context_entry_key", "render_system_prompt", "usage_percent"]
+__all__ = [
+    "REMINDER_PREAMBLE",
+    "SEPARATOR",
+    "context_entry_key",
+    "prompt_renders_block",
+    "render_section",
+    "render_system_prompt",
+    "usage_percent",
+]
 
 SEPARATOR = "═" * 46
 
@@ -90,18 +98,37 @@ def _tag(block: ContextBlock) -> str:
     return "[writable]"
 
 
-def render_system_prompt(blocks: Iterable[ContextBlock]) -> str:
-    """The system prompt for these blocks, in order."""
+def render_section(block: ContextBlock) -> str:
+    """One block's section of the prompt: its header between two rules, then its content."""
+    header = block.label.upper()
+    if block.description:
+        header += f" ({block.description})"
+    if block.max_tokens:
+        pct = usage_percent(block.tokens, block.max_tokens)
+        header += f" [{pct}% — {block.tokens}/{block.max_tokens} tokens]"
+    header += " " + _tag(block)
+    return f"{SEPARATOR}\n{header}\n{SEPARATOR}\n{block.content}"
+
+
+def render_system_prompt(blocks: Iterable[ContextBlock], remind: Collection[str] = ()) -> str:
+    """The system prompt for these blocks, in order. An empty read-only block is left out,
+    unless it is a ``remind`` block (``when_changed="remind"``): those always render, so
+    that :func:`prompt_renders_block` can tell its section apart (agents 0.32)."""
     sections = []
     for block in blocks:
-        if block.content == "" and not (block.writable or block.is_searchable or block.is_skill):
-            continue
-        header = block.label.upper()
-        if block.description:
-            header += f" ({block.description})"
-        if block.max_tokens:
-            pct = usage_percent(block.tokens, block.max_tokens)
-            header += f" [{pct}% — {block.tokens}/{block.max_tokens} tokens]"
-        header += " " + _tag(block)
-        sections.append(f"{SEPARATOR}\n{header}\n{SEPARATOR}\n{block.content}")
+        shown = block.content != "" or block.writable or block.is_searchable or block.is_skill
+        if shown or block.label in remind:
+            sections.append(render_section(block))
     return "\n\n".join(sections)
+
+
+#: What a reminder says before the blocks that changed (agents 0.32's REMINDER_PREAMBLE).
+REMINDER_PREAMBLE = (
+    "These context blocks changed after the system prompt was written. "
+    "Their current values below replace the ones in the system prompt."
+)
+
+
+def prompt_renders_block(prompt: str, block: ContextBlock) -> bool:
+    """Whether ``prompt`` holds ``block``'s section exactly as it renders now."""
+    return f"\n\n{render_section(block)}\n\n{SEPARATOR}\n" in f"\n\n{prompt}\n\n{SEPARATOR}\n"

@@ -2,8 +2,11 @@
 
 A dump is one JSON object per line. The first is the header, ``{"sessionhub_dump": 1,
 "sessions": N}``; then, per session, a ``session`` line (its registry row, context blocks
-and frozen prompt), its ``message`` lines in storage order (every branch; a parent always
-comes before its children), its ``compaction`` lines, and an ``end`` line. The event log
+and frozen prompt), its ``file`` lines (each file its messages reference, once per dump: a ``file`` line with
+its hash, media type and size, then ``file_data`` lines of base64, at most
+:data:`FILE_LINE_BYTES` each), its ``message`` lines in storage order (every branch; a parent always
+comes before its children), its ``compaction`` lines, its LangGraph ``checkpoint`` lines (a
+thread's, by namespace then id, with their writes; the bytes base64), and an ``end`` line. The event log
 is not exported: an import writes a fresh one (see :meth:`Store.import_sessions
 <hub.store.base.Store.import_sessions>` for its events). Export, import into an empty store
 and export again gives the same bytes, on either store. See docs/operations.md.
@@ -13,7 +16,10 @@ Engine level: nothing here imports the server.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
+import hashlib
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, Final
@@ -21,9 +27,13 @@ from typing import Any, Final
 import msgspec
 
 from protocol import Compaction, InvalidInput, SessionInfo, SessionNotFound, coerce_message
+from protocol.graphstate import CheckpointRecord
 
 from .dumpcheck import check_dumps, nul_problem, time_problem, usage_problem
-from .store.base import DumpedMessage, SessionDump, Store
+from .store.attachments import CHUNK, attach_files, check_sha256, has_files
+from .store.base import DumpedFile, DumpedMessage, SessionDump, Store
+from .store.clientwrites import WRITER
+from .store.graphpolicy import check_record, check_writes
 
 __all__ = [
     "DUMP_VERSION",
@@ -38,6 +48,9 @@ __all__ = [
 
 #: The version of the format this sessionhub writes and reads.
 DUMP_VERSION: Final = 1
+#: The bytes of a file one ``file_data`` line carries (base64: a third more): a line fits
+#: a WebSocket export's batch (hub/server/ops.py).
+FILE_LINE_BYTES: Final = 96 << 10
 
 _encode = msgspec.json.Encoder(order="deterministic").encode
 _decode = msgspec.json.Decoder().decode
@@ -72,6 +85,12 @@ def session_lines(dump: SessionDump) -> Iterator[str]:
             "system_prompt": dump.system_prompt,
         }
     )
+    for file in dump.files:
+        meta = {"sha256": file.sha256, "mediaType": file.media_type, "size": len(file.data)}
+        yield _line({"type": "file", "session_id": sid, **meta})
+        for start in range(0, len(file.data), FILE_LINE_BYTES):
+            piece = base64.b64encode(file.data[start : start + FILE_LINE_BYTES]).decode()
+            yield _line({"type": "file_data", "session_id": sid, "sha256": file.sha256, "data": piece})
     for m in dump.messages:
         yield _line(
             {
@@ -84,6 +103,9 @@ def session_lines(dump: SessionDump) -> Iterator[str]:
         )
     for c in dump.compactions:
         yield _line({"type": "compaction", "session_id": sid, "compaction": msgspec.to_builtins(c)})
+    for r in dump.checkpoints:
+        # A LangGraph checkpoint: its bytes base64, as on the wire.
+        yield _line({"type": "checkpoint", "session_id": sid, "checkpoint": msgspec.to_builtins(r)})
     yield _line({"type": "end", "session_id": sid, "messages": len(dump.messages)})
 
 
@@ -109,9 +131,23 @@ async def export_lines(store: Store, session_ids: Sequence[str] | None = None) -
         infos = await store.list_sessions()
         ids = [i.id for i in sorted(infos, key=lambda i: (i.created_at, i.id))]
     yield header(len(ids))
+    carried: set[str] = set()
     for sid in ids:
-        for line in session_lines(await store.dump_session(sid)):
+        dumped = await store.dump_session(sid)
+        for sha in await store.session_files(sid):
+            if sha not in carried:
+                carried.add(sha)
+                dumped.files.append(await _read_file(store, sha))
+        for line in session_lines(dumped):
             yield line
+
+
+async def _read_file(store: Store, sha: str) -> DumpedFile:
+    info = await store.file_info(sha)
+    if info is None:  # referenced, so stored: unless collected by hand meanwhile
+        raise SessionNotFound(f"file {sha}")
+    chunks = [await store.read_file_chunk(sha, n) for n in range(-(-info.size // CHUNK))]
+    return DumpedFile(sha256=sha, media_type=info.media_type, data=b"".join(c or b"" for c in chunks))
 
 
 # -- reading -------------------------------------------------------------------------------
@@ -167,6 +203,17 @@ def _session(obj: dict[str, Any], n: int) -> SessionDump:
     return SessionDump(info=info, messages=[], compactions=[], context=context, system_prompt=prompt)
 
 
+def _checkpoint(obj: dict[str, Any], session_id: str, n: int) -> CheckpointRecord:
+    try:
+        record = check_record(msgspec.convert(obj.get("checkpoint"), CheckpointRecord))
+        check_writes(record.writes)
+    except (msgspec.ValidationError, InvalidInput) as exc:
+        raise DumpError(n, f"bad checkpoint: {exc}") from None
+    if record.thread_id != session_id:
+        raise DumpError(n, f"checkpoint of thread {record.thread_id!r} inside session {session_id!r}")
+    return record
+
+
 class _Reader:
     """Builds sessions line by line, checking each as it comes: a dump that reads to its end
     holds nothing a store would refuse, so writing it cannot fail half way on its content."""
@@ -181,6 +228,9 @@ class _Reader:
         #: the first inside the one transaction.
         self.sessions: dict[str, int] = {}
         self.done: list[SessionDump] = []
+        #: The file being read: hash, media type, size, the bytes so far; its line.
+        self.file: tuple[str, str, int, bytearray] | None = None
+        self.file_line = 0
 
     def feed(self, raw: str | bytes) -> SessionDump | None:
         """One line; returns a session once its ``end`` line is read."""
@@ -238,6 +288,13 @@ class _Reader:
         if kind == "message":
             self._message(obj, current, n)
             return None
+        if kind == "file":
+            self._file(obj, current, n)
+            return None
+        if kind == "file_data":
+            self._file_data(obj, n)
+            return None
+        self._file_done(n)
         if kind == "compaction":
             try:
                 c = msgspec.convert(obj.get("compaction"), Compaction)
@@ -250,6 +307,9 @@ class _Reader:
             self.compaction_ids.add(c.id)
             current.compactions.append(c)
             return None
+        if kind == "checkpoint":
+            current.checkpoints.append(_checkpoint(obj, current.info.id, n))
+            return None
         if kind == "end":
             count = obj.get("messages")
             if count is not None and count != len(current.messages):
@@ -260,7 +320,43 @@ class _Reader:
             return current
         raise DumpError(n, f"unknown line type {kind!r}")
 
+    def _file(self, obj: dict[str, Any], current: SessionDump, n: int) -> None:
+        self._file_done(n)
+        sha = _field(obj, "sha256", str, n)
+        try:
+            check_sha256(sha)
+        except InvalidInput as exc:
+            raise DumpError(n, str(exc)) from None
+        media = _field(obj, "mediaType", str, n)
+        size = _field(obj, "size", int, n)
+        if size < 0:
+            raise DumpError(n, "'size' is negative")
+        self.file = (sha, media, size, bytearray())
+        self.file_line = n
+        current.files.append(DumpedFile(sha256=sha, media_type=media, data=b""))
+
+    def _file_data(self, obj: dict[str, Any], n: int) -> None:
+        if self.file is None or obj.get("sha256") != self.file[0]:
+            raise DumpError(n, "a file_data line that follows no file line of its file")
+        try:
+            self.file[3].extend(base64.b64decode(_field(obj, "data", str, n), validate=True))
+        except (binascii.Error, ValueError):
+            raise DumpError(n, "'data' is not base64") from None
+        if len(self.file[3]) > self.file[2]:
+            raise DumpError(n, f"file {self.file[0]} holds more than its {self.file[2]} bytes")
+
+    def _file_done(self, n: int) -> None:
+        """The file being read, complete and true to its hash (checked before what follows)."""
+        if self.file is None or self.current is None:
+            return
+        sha, media, size, data = self.file
+        self.file = None
+        if len(data) != size or hashlib.sha256(data).hexdigest() != sha:
+            raise DumpError(self.file_line, f"file {sha}: its data lines do not hold its {size} bytes")
+        self.current.files[-1] = DumpedFile(sha256=sha, media_type=media, data=bytes(data))
+
     def _message(self, obj: dict[str, Any], current: SessionDump, n: int) -> None:
+        self._file_done(n)
         raw_message = obj.get("message")
         if not isinstance(raw_message, dict):
             raise DumpError(n, "'message' is missing or not an object")
@@ -312,8 +408,30 @@ async def import_dumps(store: Store, dumps: Sequence[SessionDump], *, replace: b
     :func:`check_dumps` (the dumps of :func:`parse_dump` pass it; those built elsewhere are
     checked the same way)."""
     check_dumps(dumps)
+    # The files first, each once (content-addressed: one already stored is only touched);
+    # the messages' references to them are then checked in the import's transaction.
+    for file in {f.sha256: f for d in dumps for f in d.files}.values():
+        await store.put_file(file.sha256, file.media_type, file.data)
+    await _attach(store, dumps)
     stored = await store.import_sessions(dumps, replace=replace)
     return ImportResult(sessions=[i.id for i in stored], messages=sum(len(d.messages) for d in dumps))
+
+
+async def _attach(store: Store, dumps: Sequence[SessionDump]) -> None:
+    """Inline ``data:`` file parts (a UIMessage array, a dump written by hand) stored and
+    referenced as an append does it, and every reference checked to be stored; an import is
+    an admin's, so no reference is refused for its reader (the writer is trusted)."""
+    token = WRITER.set(None)
+    try:
+        for d in dumps:
+            given = [m.message for m in d.messages]
+            if has_files(given):
+                attached = await attach_files(store, given)
+                d.messages = [
+                    msgspec.structs.replace(m, message=a) for m, a in zip(d.messages, attached, strict=True)
+                ]
+    finally:
+        WRITER.reset(token)
 
 
 # -- other formats -------------------------------------------------------------------------

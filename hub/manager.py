@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import builtins
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Self
 
@@ -21,9 +21,11 @@ from protocol import (
 from .builder import SessionBuilder, SessionConfig
 from .context import ContextConfig
 from .events import follow
+from .graphthreads import GraphThreads
 from .retention import prune_cutoff
 from .session import MessageInput, Session, check_ids, check_parent
 from .store.base import LATEST, REGISTRY, Parent, ParentArg, PruneResult, Store, check_session_id
+from .templates import Template, Templates, template_key
 from .tools import Tool
 
 __all__ = ["SessionManager"]
@@ -48,12 +50,31 @@ class SessionManager(SessionBuilder):
         self._sessions: dict[str, Session] = {}
         self._config = SessionConfig()
         self._history_label: str | None = None
+        self._templates: Templates | None = None
+        self._threads: GraphThreads | None = None
 
     # -- builder (propagated to every session; the shared methods are SessionBuilder's) ----
     def with_searchable_history(self, label: str) -> Self:
         """Give every session a searchable block over all sessions' conversations."""
         self._history_label = label
         return self
+
+    def with_templates(self, templates: Iterable[Template], default: str | None = None) -> Self:
+        """Sessions get the blocks of the template ``create`` names (``default`` when it
+        names none), after the blocks every session has (``with_context``)."""
+        self._templates = Templates(templates, default)
+        return self
+
+    @property
+    def templates(self) -> Templates | None:
+        return self._templates
+
+    @property
+    def threads(self) -> GraphThreads:
+        """LangGraph threads (sessions) and their checkpoints (``clients.langgraph``)."""
+        if self._threads is None:
+            self._threads = GraphThreads(self)
+        return self._threads
 
     async def _require(self, session_id: str) -> SessionInfo:
         check_session_id(session_id)
@@ -69,14 +90,41 @@ class SessionManager(SessionBuilder):
         parent_session_id: str | None = None,
         model: str | None = None,
         source: str | None = None,
+        template: str | None = None,
     ) -> SessionInfo:
-        """Register a new session with a random UUID id."""
-        return await self.store.create_session(
+        """Register a new session with a random UUID id, built from ``template`` (one of
+        :meth:`with_templates`'; None: the default). An unknown template is
+        :class:`~protocol.errors.InvalidInput` and creates nothing."""
+        if self._templates is None:
+            if template is not None:
+                raise InvalidInput(f"unknown template {template!r}: this hub has no templates")
+            chosen = None
+        else:
+            chosen = self._templates.pick(template)
+        info = await self.store.create_session(
             name,
             parent_session_id=_opt_str(parent_session_id, "parent_session_id"),
             model=_opt_str(model, "model"),
             source=_opt_str(source, "source"),
         )
+        if chosen is not None:
+            await self._start_template(info.id, chosen)
+        return info
+
+    async def _start_template(self, session_id: str, template: Template) -> None:
+        await self.store.set_context_value(template_key(session_id), template.name)
+        session = self.get_session(session_id)
+        for block in template.blocks:
+            if block.content is not None and block.provider is None:
+                await session.replace_context_block(block.label, block.content)
+
+    async def _copy_template(self, source_id: str, info: SessionInfo) -> SessionInfo:
+        """A fork or a continuation keeps the template of the session it came from."""
+        if self._templates is not None:
+            name = await self.store.get_context_value(template_key(source_id))
+            if name is not None:
+                await self.store.set_context_value(template_key(info.id), name)
+        return info
 
     async def get(self, session_id: str) -> SessionInfo | None:
         check_session_id(session_id)
@@ -102,8 +150,11 @@ class SessionManager(SessionBuilder):
         """Delete the session with its messages, overlays, event log and the context rows
         its store-backed blocks and cached prompt kept (departure: the original left them)."""
         check_session_id(session_id)
-        keys = [f"{c.label}_{session_id}" for c in self._config.contexts if c.provider is None]
-        keys.append(f"_system_prompt_{session_id}")
+        labels = {c.label for c in self._config.contexts if c.provider is None}
+        if self._templates is not None:
+            labels |= self._templates.store_labels()
+        keys = [f"{label}_{session_id}" for label in sorted(labels)]
+        keys += [f"_system_prompt_{session_id}", template_key(session_id)]
         await self.store.delete_session(session_id, context_keys=keys)
         self._sessions.pop(session_id, None)
 
@@ -127,6 +178,20 @@ class SessionManager(SessionBuilder):
             )
             # The session's own copy: configuring it further changes no other session.
             session._config = self._config.copy(*history)
+            if self._templates is not None:
+                templates = self._templates
+
+                async def resolve() -> SessionConfig:
+                    # The template's blocks sit between the manager's and the history's.
+                    name = await self.store.get_context_value(template_key(session_id))
+                    template = templates.recorded(name)
+                    if template is None:
+                        return self._config.copy(*history)
+                    config = self._config.copy(*template.contexts(), *history)
+                    config.cached_prompt = config.cached_prompt or template.cached_prompt
+                    return config
+
+                session._resolve_config = resolve
             self._sessions[session_id] = session
         return session
 
@@ -208,7 +273,9 @@ class SessionManager(SessionBuilder):
         check_session_id(session_id)
         if not isinstance(at_message_id, str):
             raise InvalidInput("at_message_id must be a string")
-        return await self.store.fork_session(session_id, at_message_id, name)
+        return await self._copy_template(
+            session_id, await self.store.fork_session(session_id, at_message_id, name)
+        )
 
     async def add_compaction(self, session_id: str, summary: str, from_id: str, to_id: str) -> Compaction:
         check_session_id(session_id)
@@ -223,7 +290,8 @@ class SessionManager(SessionBuilder):
         whose first message carries ``summary``; returns the new session. A session that
         has ended already is :class:`~protocol.errors.Conflict` (nothing is written)."""
         check_session_id(session_id)
-        return await self.store.split_session(session_id, summary, _opt_str(name, "name"))
+        info = await self.store.split_session(session_id, summary, _opt_str(name, "name"))
+        return await self._copy_template(session_id, info)
 
     async def add_usage(
         self, session_id: str, input_tokens: int, output_tokens: int, cost: float

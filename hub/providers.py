@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .store.base import LogEntry, Store
 
-__all__ = ["ReadonlyText", "StoreContextProvider", "StoreSearchProvider"]
+__all__ = ["FileText", "ReadonlyText", "StoreContextProvider", "StoreSearchProvider"]
 
 
 class ReadonlyText:
@@ -21,6 +21,21 @@ class ReadonlyText:
 
     def get(self) -> str | None:
         return self.text
+
+
+class FileText:
+    """A read-only block kept in a file, read at each load of the blocks (so an edit shows
+    at the next ``refresh_system_prompt``). A missing file is an empty block."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def get(self) -> str | None:
+        try:
+            with open(self.path, encoding="utf-8") as file:
+                return file.read()
+        except FileNotFoundError:
+            return None
 
 
 class StoreContextProvider:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Self
 
 import msgspec
@@ -78,6 +79,8 @@ class Session(SessionBuilder):
         self._ready = asyncio.Lock()
         self._compacting = asyncio.Lock()
         self._warned_null = False
+        #: Set by a manager with templates: the config, read from the store on first use.
+        self._resolve_config: Callable[[], Awaitable[SessionConfig]] | None = None
 
     @classmethod
     def create(cls, store: Store) -> Session:
@@ -107,6 +110,9 @@ class Session(SessionBuilder):
             return self._context
         async with self._ready:
             if self._context is None:
+                if self._resolve_config is not None:
+                    self._config = await self._resolve_config()
+                    self._resolve_config = None
                 prompt_store = None
                 if self._config.cached_prompt:
                     prompt_store = self._config.prompt_provider or self._store_provider(
@@ -115,7 +121,7 @@ class Session(SessionBuilder):
                 configs = [
                     c
                     if c.provider is not None
-                    else ContextConfig(c.label, c.description, c.max_tokens, self._store_provider(c.label))
+                    else dataclasses.replace(c, provider=self._store_provider(c.label))
                     for c in self._config.contexts
                 ]
                 blocks = ContextBlocks(
@@ -131,6 +137,14 @@ class Session(SessionBuilder):
                         blocks.restore_loaded_skills(restored)
                 self._context = blocks
         return self._context
+
+    def _has_context(self) -> bool:
+        return bool(
+            self._config.contexts
+            or self._config.cached_prompt
+            or self._context is not None
+            or self._resolve_config is not None
+        )
 
     async def _log_change(self, type_: str, data: dict[str, Any]) -> None:
         await self.store.log_event(LogEntry(session_id=self.session_id, type=type_, data=data))
@@ -169,7 +183,7 @@ class Session(SessionBuilder):
         """What follows clearing the messages (also when the manager cleared them): loaded
         skills are forgotten and the frozen prompt re-rendered, if the session has context;
         then the ``status`` of :meth:`after_change`."""
-        if self._config.contexts or self._config.cached_prompt or self._context is not None:
+        if self._has_context():
             blocks = await self._blocks()
             blocks.clear_skill_state()
             await blocks.refresh_system_prompt()
@@ -303,7 +317,7 @@ class Session(SessionBuilder):
             except Conflict as exc:
                 await self._log_change("error", {"error": str(exc)})
                 return None
-            if self._config.contexts or self._config.cached_prompt or self._context is not None:
+            if self._has_context():
                 await (await self._blocks()).refresh_system_prompt()
             after = await self.estimate_tokens(leaf_id)
             await self._status("idle", after, compacted={"tokens_before": before})
@@ -433,6 +447,12 @@ class Session(SessionBuilder):
     async def refresh_system_prompt(self) -> str:
         """Reload every block, re-render and persist the frozen prompt."""
         return await (await self._blocks()).refresh_system_prompt()
+
+    async def reminder(self) -> str | None:
+        """What the ``when_changed="remind"`` blocks say now that the frozen prompt does not,
+        for the host to send after the cached prefix (None: nothing changed);
+        :meth:`~hub.context.ContextBlocks.reminder`, docs/context.md."""
+        return await (await self._blocks()).reminder()
 
     async def tools(self) -> list[Tool]:
         """``set_context`` / ``load_context`` / ``unload_context`` / ``search_context``, as the

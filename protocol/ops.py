@@ -121,6 +121,14 @@ DECLARED: dict[type[f.Request], Op] = {
     # -- export and import: every session (or those named), judged on "*" ----------------
     f.Export: Op("admin", session=None),
     f.Import: Op("admin", session=None),
+    # -- LangGraph checkpoints (the session is the thread) ----------------------------------
+    f.CheckpointPut: Op("write"),  # the first put registers the session
+    f.CheckpointWrites: Op("write"),
+    f.CheckpointGet: Op("read"),
+    f.CheckpointList: Op("read"),  # session_id null: every thread, on "*"
+    f.CheckpointDelete: Op("write"),
+    f.CheckpointPrune: Op("write"),
+    f.CheckpointDeleteRuns: Op("write", session=None),  # runs span threads: on "*"
 }
 
 #: The declarations by op name (the request's ``op`` tag).

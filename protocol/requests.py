@@ -15,6 +15,8 @@ from typing import Any, Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from .graphstate import CheckpointRecord, CheckpointWrite
+
 __all__ = ["REQUEST_TYPES", "Msg", "ParentId", "Request"]
 
 Msg = dict[str, Any]
@@ -33,6 +35,8 @@ class Create(_Req, tag="create"):
     parent_session_id: str | None = None
     model: str | None = None
     source: str | None = None
+    #: One of the hub's session templates (docs/configuration.md); None: its default.
+    template: str | None = None
 
 
 class Get(_Req, tag="get"):
@@ -429,6 +433,67 @@ class Import(_Req, tag="import"):
     replace: bool = False
 
 
+# -- LangGraph checkpoints (clients.langgraph; the session is the thread) -------------------
+
+
+class CheckpointPut(_Req, tag="checkpoint_put"):
+    """Store a checkpoint (``checkpoint.thread_id`` is ``session_id``; the first put
+    registers the session) and project ``messages`` (UIMessages, oldest first) into its
+    tree; the reply is null."""
+
+    session_id: str
+    checkpoint: CheckpointRecord
+    messages: list[Msg] | None = None
+    #: ``messages`` is the conversation's tail: refused (``conflict``, nothing written) when
+    #: the tree holds none of it, and the client sends the whole conversation.
+    partial: bool = False
+
+
+class CheckpointWrites(_Req, tag="checkpoint_writes"):
+    session_id: str
+    ns: str
+    checkpoint_id: str
+    writes: list[CheckpointWrite]
+    replace: bool = False
+
+
+class CheckpointGet(_Req, tag="checkpoint_get"):
+    """The checkpoint with its writes (the namespace's newest without an id), or null."""
+
+    session_id: str
+    ns: str = ""
+    checkpoint_id: str | None = None
+
+
+class CheckpointList(_Req, tag="checkpoint_list"):
+    """Newest first; ``session_id`` null: every thread (read on ``*``)."""
+
+    session_id: str | None = None
+    ns: str | None = None
+    before: str | None = None
+    limit: int | None = None
+    filter: dict[str, Any] | None = None
+
+
+class CheckpointDelete(_Req, tag="checkpoint_delete"):
+    """Delete the thread's checkpoints and writes (its session and messages stay)."""
+
+    session_id: str
+
+
+class CheckpointPrune(_Req, tag="checkpoint_prune"):
+    """``keep_latest``: all but each namespace's newest checkpoint; else all of them."""
+
+    session_id: str
+    keep_latest: bool = True
+
+
+class CheckpointDeleteRuns(_Req, tag="checkpoint_delete_runs"):
+    """Delete the checkpoints of these runs, in every thread (write on ``*``)."""
+
+    run_ids: list[str]
+
+
 Request = (
     Create
     | Get
@@ -486,6 +551,13 @@ Request = (
     | SteerTurn
     | Export
     | Import
+    | CheckpointPut
+    | CheckpointWrites
+    | CheckpointGet
+    | CheckpointList
+    | CheckpointDelete
+    | CheckpointPrune
+    | CheckpointDeleteRuns
 )
 
 REQUEST_TYPES: dict[str, type[_Req]] = {str(t.__struct_config__.tag): t for t in Request.__args__}

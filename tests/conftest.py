@@ -37,6 +37,10 @@ BACKENDS = ("sqlite", "postgres")
 
 #: Every table of the Postgres schema, emptied before each test.
 PG_TABLES = (
+    "file_refs",
+    "file_uploads",
+    "file_chunks",
+    "files",
     "sessions",
     "messages",
     "compactions",
@@ -45,6 +49,8 @@ PG_TABLES = (
     "context_blocks",
     "search_entries",
     "session_stats",
+    "graph_checkpoints",
+    "graph_writes",
 )
 
 

@@ -7,7 +7,16 @@
 
 import { HubClient, LiveMessages } from "./sessionhub.js";
 
-const TOOL_STAGE = { "input-streaming": 0, "input-available": 1, "output-available": 2, "output-error": 2 };
+// How far a tool part has come: input, approval asked, approval answered, output (uistream.py's).
+const TOOL_STAGE = {
+  "input-streaming": 0,
+  "input-available": 1,
+  "approval-requested": 2,
+  "approval-responded": 3,
+  "output-available": 4,
+  "output-error": 4,
+  "output-denied": 4,
+};
 const isToolPart = (p) => typeof p?.type === "string" && (p.type.startsWith("tool-") || p.type === "dynamic-tool");
 
 /**
@@ -34,7 +43,13 @@ export class UIMessageChunks {
       this.metadataSent = true;
       chunks.push({ type: "message-metadata", messageMetadata: message.metadata });
     }
-    (message.parts ?? []).forEach((part, i) => {
+    const parts = message.parts ?? [];
+    if (parts.length < this.sent.length) {
+      // A reset step dropped parts: end what is open, and forget them.
+      chunks.push(...this._closeOpen(this.sent.length));
+      this.sent.length = parts.length;
+    }
+    parts.forEach((part, i) => {
       if (i >= this.sent.length) {
         chunks.push(...this._closeOpen(i));
         this.sent.push({});
@@ -113,13 +128,20 @@ export class UIMessageChunks {
       chunks.push({ type: "tool-input-available", ...common, input: part.input });
       sent.stage = 1;
     }
-    if (stage >= 2 && sent.stage < 2) {
-      if (part.state === "output-error") {
+    const approval = part.approval !== null && typeof part.approval === "object" ? part.approval : {};
+    if (stage >= 2 && sent.stage < 2 && approval.id != null) {
+      chunks.push({ type: "tool-approval-request", approvalId: String(approval.id), toolCallId: common.toolCallId });
+    }
+    sent.stage = Math.max(sent.stage, Math.min(stage, 3));
+    if (stage >= 4 && sent.stage < 4) {
+      if (part.state === "output-denied") {
+        chunks.push({ type: "tool-output-denied", toolCallId: common.toolCallId });
+      } else if (part.state === "output-error") {
         chunks.push({ type: "tool-output-error", toolCallId: common.toolCallId, errorText: String(part.errorText ?? "") });
       } else {
         chunks.push({ type: "tool-output-available", toolCallId: common.toolCallId, output: part.output });
       }
-      sent.stage = 2;
+      sent.stage = 4;
     }
     return chunks;
   }

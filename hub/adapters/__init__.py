@@ -7,6 +7,7 @@ one module each (docs/architecture.md, "Where to add a protocol adapter").
 - :mod:`.cf_agents`: Cloudflare's ``cf_agent_*`` chat at ``/agents/{agent}/{name}``;
 - :mod:`.agui`: AG-UI 1.0 at ``/agui`` (the last three share :mod:`.replychunks`: a
   turn's chunks numbered once per node);
+- :mod:`.files_http`: files in messages over HTTP (``POST /files``, ``GET /files/{sha256}``);
 - :mod:`.mcp`: the Model Context Protocol at ``/mcp`` (its tools and resources:
   :mod:`.mcp_tools`), when the optional ``mcp`` package is installed.
 
@@ -34,13 +35,14 @@ def adapters() -> list[Adapter]:
     # Imported on call: the adapters import the server's value modules (hub.server.config,
     # ...), and hub.server's package imports create_app, which calls this; imported at the
     # top, `import hub.adapters.mcp` before `import hub.server` would meet a half-made module.
-    from . import agui, aisdk_chat, aisdk_ws, cf_agents, mcp
+    from . import agui, aisdk_chat, aisdk_ws, cf_agents, files_http, mcp
 
     found = [
         aisdk_chat.adapter(),
         aisdk_ws.adapter(),
         cf_agents.adapter(),
         agui.adapter(),
+        files_http.adapter(),
         mcp.adapter(),
     ]
     return [a for a in found if a is not None]

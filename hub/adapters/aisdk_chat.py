@@ -43,9 +43,8 @@ from protocol import frames as f
 
 from ..server.turnframes import TurnOutcome
 from .answers import answer_all, continued_turn, pending_answers
-from .body import BodyError, parse_body, read_body
 from .caller import caller, cors_headers
-from .chats import ChatBody, ensure_session, error_code, in_flight, json_error, refused
+from .chats import ChatBody, body_of, ensure_session, error_code, in_flight, json_error, refused
 from .port import Adapter, ChatHost, ChatTurn, host_of
 from .sse import SseFeed
 from .uistream import UIMessageEncoder, render, sse_text
@@ -222,11 +221,9 @@ async def _post(request: Request) -> Response | SseFeed:
         who = caller(request.headers, hub.config)
     except Forbidden:
         return refused(request.headers, cors)
-    try:
-        data = await read_body(request.receive, request.headers, hub.config.max_body_bytes)
-        body: ChatBody = parse_body(data, ChatBody)
-    except BodyError as exc:
-        return json_error(exc.code, str(exc), cors, exc.status)
+    body = await body_of(request, hub, cors, ChatBody)
+    if isinstance(body, JSONResponse):
+        return body
     if not body.messages:
         return json_error("invalid", "`messages` is empty: nothing to answer", cors)
     v7 = wants_v7(request)
@@ -312,11 +309,9 @@ async def _steer(request: Request) -> Response:
         who.check("steer_turn", session_id)
     except Forbidden:
         return refused(request.headers, cors)
-    try:
-        data = await read_body(request.receive, request.headers, hub.config.max_body_bytes)
-        body: SteerBody = parse_body(data, SteerBody)
-    except BodyError as exc:
-        return json_error(exc.code, str(exc), cors, exc.status)
+    body = await body_of(request, hub, cors, SteerBody)
+    if isinstance(body, JSONResponse):
+        return body
     message = body.message
     if message is None and body.text is not None:
         message = {"id": uuid.uuid4().hex, "role": "user", "parts": [{"type": "text", "text": body.text}]}

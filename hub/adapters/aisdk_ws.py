@@ -48,7 +48,7 @@ from ..auth import Grant, verify_token
 from ..server.handshake import origin_allowed, token_of
 from ..server.outbox import Outbox
 from .answers import answer_all, continued_turn, pending_answers
-from .caller import Caller
+from .caller import Caller, writing
 from .chats import ChatBody, ensure_session, error_code
 from .port import Adapter, ChatHost, ChatTurn, host_of
 from .replychunks import TurnChunks, turn_chunks
@@ -212,7 +212,7 @@ class Socket:
 
     def caller(self) -> Caller:
         """This socket's token as the HTTP doors' :class:`~hub.adapters.caller.Caller`."""
-        return Caller(self.hub.config.auth_secret is not None, self.grant)
+        return writing(Caller(self.hub.config.auth_secret is not None, self.grant), self.hub.config)
 
     def _allowed(self, op: str, session_id: str) -> bool:
         secret = self.hub.config.auth_secret

@@ -18,8 +18,9 @@ from protocol import Forbidden
 
 from ..auth import Grant, verify_token
 from ..server.config import HubConfig
+from ..store.clientwrites import WRITER, Writer
 
-__all__ = ["Caller", "bearer", "caller", "cors_headers", "origin_allowed"]
+__all__ = ["Caller", "bearer", "caller", "cors_headers", "origin_allowed", "writing"]
 
 
 def bearer(headers: Headers) -> str | None:
@@ -52,10 +53,19 @@ ANYONE = Caller(False, None)
 
 def caller(headers: Headers, config: HubConfig) -> Caller:
     """The request's caller; :class:`~protocol.Forbidden` for a missing or bad token when
-    the hub has an auth secret (checked before the body is read)."""
+    the hub has an auth secret (checked before the body is read). It is also the writer
+    of what the request appends (:func:`writing`)."""
     if config.auth_secret is None:
-        return ANYONE
-    return Caller(True, verify_token(config.auth_secret, bearer(headers)))
+        return writing(ANYONE, config)
+    return writing(Caller(True, verify_token(config.auth_secret, bearer(headers))), config)
+
+
+def writing(who: Caller, config: HubConfig) -> Caller:
+    """``who``, made the writer of what this task (and the tasks it starts) writes: a message
+    may reference a stored file only if its writer may read it (hub/store/attachments.py),
+    and loses the metadata keys the hub reserves (hub/store/clientwrites.py)."""
+    WRITER.set(Writer(who.auth, who.grant, frozenset(config.reserved_metadata_keys)))
+    return who
 
 
 def origin_allowed(headers: Headers, config: HubConfig) -> bool:

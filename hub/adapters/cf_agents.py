@@ -55,9 +55,10 @@ from protocol import frames as f
 from ..server.handshake import origin_allowed, token_of
 from .aisdk_ws import CLOSE_GOING_AWAY, Socket
 from .caller import caller, cors_headers
+from .cf_rooms import Room, enter, leave, relay_of
+from .cf_rooms import frame as _frame
 from .chats import ChatBody, ensure_session, error_code, json_error, refused
 from .port import Adapter, ChatHost, ChatTurn, host_of
-from .replychunks import TurnChunks, turn_chunks
 
 __all__ = ["adapter", "session_of"]
 
@@ -69,145 +70,38 @@ def session_of(agent: str, name: str) -> str:
     return f"{agent}:{name}"
 
 
-def _frame(kind: str, **fields: Any) -> str:
-    return json.dumps({"type": kind, **fields}, separators=(",", ":"))
-
-
-class Room:
-    """The sockets of one session on this node, and the reply they are being sent."""
-
-    def __init__(self, session_id: str) -> None:
-        self.session_id = session_id
-        self.sockets: set[CfSocket] = set()
-        self.relays: dict[int, Relay] = {}  # id(turn) -> its relay to this room
-
-
-_ROOMS: dict[str, Room] = {}
-#: The transcript sends in flight (see :meth:`Relay.done`).
-_PENDING: set[asyncio.Task[None]] = set()
-
-
-class Relay:
-    """One turn's chunks to a room: live to every socket that is not replaying, and the
-    chunks so far to one that asks to resume. ``request_id`` is what the frames carry: the
-    id of the chat request that started it, or the reply's id for a turn from another door."""
-
-    def __init__(self, room: Room, chunks: TurnChunks, request_id: str, message_ids: list[str]) -> None:
-        self.room, self.chunks, self.request_id, self.message_ids = room, chunks, request_id, message_ids
-        self.sent = 0  # chunks sent live so far
-        self.live: set[CfSocket] = set(room.sockets)
-        chunks.listeners.append(self)
-
-    def _chunk(self, index: int, *, replay: bool = False) -> str:
-        fields: dict[str, Any] = {
-            "id": self.request_id,
-            "body": self.chunks.texts[index],
-            "done": False,
-            "seq": index,
-        }
-        if replay:
-            fields["replay"] = True
-        return _frame("cf_agent_use_chat_response", **fields)
-
-    def _end(self) -> str:
-        items = self.chunks.items
-        last = items[-1].get("type") if items else None
-        outcome = {"finish": "completed", "abort": "aborted"}.get(str(last), "error")
-        fields: dict[str, Any] = {"id": self.request_id, "body": "", "done": True, "outcome": outcome}
-        if self.message_ids:
-            fields["messageIds"] = self.message_ids
-        if outcome == "error":
-            fields["error"] = True
-            fields["body"] = (
-                str(items[-1].get("errorText", "the turn failed")) if items else "the turn failed"
-            )
-        return _frame("cf_agent_use_chat_response", **fields)
-
-    def deliver(self, first: int, last: bool) -> None:
-        texts = self.chunks.texts
-        frames = [self._chunk(i) for i in range(self.sent, len(texts))]
-        self.sent = len(texts)
-        if last:
-            frames.append(self._end())
-        for socket in list(self.live):
-            for frame in frames:
-                socket.push(frame)
-        if last:
-            self.done()
-
-    def resume(self, socket: CfSocket) -> None:
-        """Everything so far as replay, the marker, then live with the others."""
-        for i in range(self.sent):
-            socket.push(self._chunk(i, replay=True))
-        socket.push(
-            _frame(
-                "cf_agent_use_chat_response",
-                id=self.request_id,
-                body="",
-                done=False,
-                replay=True,
-                replayComplete=True,
-            )
-        )
-        self.live.add(socket)
-
-    def done(self) -> None:
-        with contextlib.suppress(ValueError):
-            self.chunks.listeners.remove(self)
-        turn = self.chunks.turn
-        if self.room.relays.get(id(turn)) is self:
-            del self.room.relays[id(turn)]
-        # Held until done: the loop keeps only a weak reference to a task.
-        task = asyncio.get_running_loop().create_task(self._transcript())
-        _PENDING.add(task)
-        task.add_done_callback(_PENDING.discard)
-
-    async def _transcript(self) -> None:
-        """The stored transcript to every socket once the reply is whole."""
-        sockets = list(self.room.sockets)
-        if not sockets:
-            return
-        try:
-            messages = await sockets[0].history()
-        except SessionHubError:
-            return
-        frame = _frame("cf_agent_chat_messages", messages=messages)
-        for socket in sockets:
-            socket.push(frame)
-
-
-def relay_of(
-    room: Room, hub: ChatHost, turn: ChatTurn, request_id: str | None, message_ids: list[str]
-) -> Relay:
-    relay = room.relays.get(id(turn))
-    if relay is None or relay.chunks.turn is not turn:
-        relay = room.relays[id(turn)] = Relay(
-            room, turn_chunks(hub, turn), request_id or turn.reply_id, message_ids
-        )
-    return relay
-
-
 class CfSocket(Socket):
     """One ``/agents/{agent}/{name}`` connection."""
 
-    def __init__(self, hub: ChatHost, websocket: WebSocket, room: Room, agent: str, name: str) -> None:
+    def __init__(self, hub: ChatHost, websocket: WebSocket, session_id: str, agent: str, name: str) -> None:
         super().__init__(hub, websocket)
-        self.room, self.agent, self.name = room, agent, name
+        self.agent, self.name = agent, name
+        self._session_id = session_id
+        self.room: Room | None = None
+        #: The transcript this tab shows, as far as the hub knows (see :mod:`.cf_rooms`).
+        self.transcript: str | None = None
 
     @property
     def session_id(self) -> str:
-        return self.room.session_id
+        return self._session_id
+
+    @property
+    def joined(self) -> Room:
+        assert self.room is not None, "a socket serves frames only once in its room"
+        return self.room
 
     async def history(self) -> list[dict[str, Any]]:
-        try:
-            return [m.to_dict() for m in await self.hub.manager.get_history(self.session_id)]
-        except SessionNotFound:
-            return []
+        return await self.joined.history()
 
-    def _others(self, frame: str) -> None:
-        for socket in list(self.room.sockets):
+    async def _tell_others(self) -> None:
+        """The transcript to the other tabs, which (and this one) now show it."""
+        room = self.joined
+        messages = await self.history()
+        text = _frame("cf_agent_chat_messages", messages=messages)
+        for socket in list(room.sockets):
             if socket is not self:
-                socket.push(frame)
+                socket.push(text)
+        room.shown(messages)
 
     async def greet(self) -> None:
         self.push(_frame("cf_agent_identity", name=self.name, agent=self.agent))
@@ -218,10 +112,12 @@ class CfSocket(Socket):
         if not self._allowed("get_history", self.session_id):
             self._denied(None)
             return
-        self.push(_frame("cf_agent_chat_messages", messages=await self.history(), connect=True))
+        messages = await self.history()
+        self.push(_frame("cf_agent_chat_messages", messages=messages, connect=True))
+        self.joined.shown(messages, [self])
         turn = await self._turn()
         if turn is not None:
-            relay = relay_of(self.room, self.hub, turn, None, [])
+            relay = relay_of(self.joined, self.hub, turn, None, [])
             self.push(_frame("cf_agent_stream_resuming", id=relay.request_id))
 
     async def _turn(self) -> ChatTurn | None:
@@ -241,7 +137,7 @@ class CfSocket(Socket):
 
     async def handle(self, text: str) -> None:
         if len(text) > self.hub.config.max_body_bytes:
-            self._bad_frame(text, f"the frame is over max_body_bytes ({self.hub.config.max_body_bytes})")
+            self._badframe(text, f"the frame is over max_body_bytes ({self.hub.config.max_body_bytes})")
             return
         try:
             frame = json.loads(text)
@@ -289,7 +185,7 @@ class CfSocket(Socket):
             else:
                 log.info("a cf_agent frame was refused: %s", exc)
 
-    def _bad_frame(self, text: str, why: str) -> None:
+    def _badframe(self, text: str, why: str) -> None:
         try:
             request_id = json.loads(text).get("id")
         except (ValueError, AttributeError):
@@ -332,8 +228,8 @@ class CfSocket(Socket):
         )
         turn = await self.hub.turns.start(self.session_id, messages[-1].id, trigger)
         user_ids = [m.id for m in messages if m.role == "user"][-1:]
-        self._others(_frame("cf_agent_chat_messages", messages=await self.history()))
-        relay_of(self.room, self.hub, turn, request_id, user_ids).deliver(0, False)
+        await self._tell_others()
+        relay_of(self.joined, self.hub, turn, request_id, user_ids).deliver(0, False)
 
     async def _resume_request(self, frame: dict[str, Any]) -> None:
         self._need("get_history")
@@ -343,12 +239,12 @@ class CfSocket(Socket):
         if turn is None:
             self.push(_frame("cf_agent_stream_resume_none", reason="idle", **extra))
             return
-        relay = relay_of(self.room, self.hub, turn, None, [])
+        relay = relay_of(self.joined, self.hub, turn, None, [])
         self.push(_frame("cf_agent_stream_resuming", id=relay.request_id, **extra))
 
     async def _resume_ack(self, frame: dict[str, Any]) -> None:
         self._need("get_history")
-        for relay in list(self.room.relays.values()):
+        for relay in list(self.joined.relays.values()):
             if relay.request_id == frame.get("id"):
                 relay.live.discard(self)
                 relay.resume(self)
@@ -357,7 +253,7 @@ class CfSocket(Socket):
 
     async def _cancel(self, frame: dict[str, Any]) -> None:
         self._need("stop_turn")
-        for relay in list(self.room.relays.values()):
+        for relay in list(self.joined.relays.values()):
             if relay.request_id == frame.get("id"):
                 with contextlib.suppress(SessionHubError):  # ended meanwhile
                     await self.hub.turns.stop(self.session_id, None, "stopped by the user")
@@ -365,9 +261,19 @@ class CfSocket(Socket):
 
     async def _clear(self) -> None:
         self._need("clear_messages")
-        with contextlib.suppress(SessionNotFound):
-            await self.hub.manager.clear_messages(self.session_id)
-        self._others(_frame("cf_agent_chat_clear"))
+        room = self.joined
+        # Marked before the write: the room's log follower may see the clear before this
+        # goes on, and must not tell these tabs again.
+        others = [socket for socket in room.sockets if socket is not self]
+        room.shown([])
+        try:
+            with contextlib.suppress(SessionNotFound):
+                await self.hub.manager.clear_messages(self.session_id)
+        except BaseException:
+            room.shown(None)
+            raise
+        for socket in others:
+            socket.push(_frame("cf_agent_chat_clear"))
 
     async def _messages(self, frame: dict[str, Any]) -> None:
         messages = frame.get("messages")
@@ -381,7 +287,7 @@ class CfSocket(Socket):
             self.hub, self.caller(), ChatBody(id=self.session_id, messages=messages), source="agents"
         )
         await self.hub.manager.append_all(self.session_id, coerced, None)
-        self._others(_frame("cf_agent_chat_messages", messages=await self.history()))
+        await self._tell_others()
 
     async def _answer(self, frame: dict[str, Any], *, approval: bool) -> bool:
         """A tool result or approval for the reply in flight (answers.py): the responder
@@ -417,9 +323,7 @@ class CfSocket(Socket):
             )
         else:
             return False
-        relay = self.room.relays[id(turn)] = Relay(
-            self.room, turn_chunks(self.hub, turn, primed=True), turn.reply_id, []
-        )
+        relay = relay_of(self.joined, self.hub, turn, None, [], primed=True)
         await self.hub.turns.answer_tool(answer)
         relay.deliver(0, False)
         return True
@@ -438,16 +342,14 @@ class CfSocket(Socket):
                         coerce_message(message)
                     )
                     updated = _frame("cf_agent_message_updated", message=message)
-                    for socket in list(self.room.sockets):
+                    for socket in list(self.joined.sockets):
                         socket.push(updated)
+                    self.joined.shown(await self.history())
                     return
 
     def close(self) -> None:
-        for relay in self.room.relays.values():
-            relay.live.discard(self)
-        self.room.sockets.discard(self)
-        if not self.room.sockets and not self.room.relays:
-            _ROOMS.pop(self.room.session_id, None)
+        if self.room is not None:
+            leave(self.room, self)
 
 
 async def _endpoint(websocket: WebSocket) -> None:
@@ -461,13 +363,13 @@ async def _endpoint(websocket: WebSocket) -> None:
     if hub.closing:
         await websocket.close(CLOSE_GOING_AWAY, "server shutting down; resume elsewhere")
         return
-    session_id = session_of(agent, name)
-    room = _ROOMS.get(session_id) or _ROOMS.setdefault(session_id, Room(session_id))
-    socket = CfSocket(hub, websocket, room, agent, name)
+    socket = CfSocket(hub, websocket, session_of(agent, name), agent, name)
     socket.token = token or websocket.query_params.get("token")
-    room.sockets.add(socket)
     drainer = asyncio.create_task(socket.drain())
     try:
+        # Only a socket that may read the chat is in its room: the room tells it everything.
+        if socket._allowed("get_history", socket.session_id):
+            socket.room = await enter(hub, socket.session_id, socket)
         await socket.greet()
         await socket.serve(drainer)
     except WebSocketDisconnect:

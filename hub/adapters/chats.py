@@ -10,7 +10,7 @@ refusal that is not in its own protocol's form as :func:`json_error` does.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 from starlette.datastructures import Headers
@@ -27,10 +27,13 @@ from protocol import (
     SummarizerError,
 )
 
+from .body import BodyError, parse_body, read_body
 from .caller import Caller, caller
 from .port import ChatHost, ChatTurn
 
-__all__ = ["ChatBody", "ensure_session", "error_code", "in_flight", "json_error", "refused"]
+__all__ = ["ChatBody", "body_of", "ensure_session", "error_code", "in_flight", "json_error", "refused"]
+
+B = TypeVar("B")
 
 
 class ChatBody(msgspec.Struct, kw_only=True):
@@ -98,6 +101,17 @@ async def ensure_session(hub: ChatHost, who: Caller, body: ChatBody, source: str
     except InvalidInput:
         if await hub.manager.get(body.id) is None:
             raise  # not the race: the create itself was refused
+
+
+async def body_of(request: Request, hub: ChatHost, cors: dict[str, str], kind: type[B]) -> B | JSONResponse:
+    """The request's JSON body as ``kind``, read within ``max_body_bytes`` (its declared
+    length checked first); else the JSON error to answer. Check the token before this."""
+    try:
+        data = await read_body(request.receive, request.headers, hub.config.max_body_bytes)
+        parsed: B = parse_body(data, kind)
+    except BodyError as exc:
+        return json_error(exc.code, str(exc), cors, exc.status)
+    return parsed
 
 
 def refused(headers: Headers, cors: dict[str, str]) -> JSONResponse:

@@ -1,29 +1,34 @@
-"""What the hub's MCP server offers: its tools and resources, over the port's
-:class:`~hub.adapters.port.Served` (the door, HTTP and tokens, is :mod:`.mcp`).
+"""What the hub's MCP server offers: its tools, its resources (:mod:`.mcp_resources`) and
+following them live (:mod:`.mcp_listen`), over the port's :class:`~hub.adapters.port.Served`
+(the door, HTTP and tokens, is :mod:`.mcp`).
 
 Tools: the context tools of the hub's sessions (``set_context``, ``load_context``,
 ``unload_context``, ``search_context``) and the manager's ``session_search``, with the
 original's names, descriptions and results, each taking a ``session_id``; plus
-``list_sessions``, ``get_history``, ``append_message`` and ``search``. Resources: each
-session's frozen system prompt and its context blocks. Each call needs the scope that the
-equivalent WebSocket op needs, checked against the request's caller (:data:`CALLER`, a
-:class:`~hub.adapters.caller.Caller` the door sets for the tasks that serve the request).
+``list_sessions``, ``get_history``, ``append_message`` and ``search``. Each call needs the
+scope that the equivalent WebSocket op needs, checked against the caller of the request
+it serves (:func:`~.mcp_resources.access_of`); a refusal names that scope.
+
+Two SDK servers share these handlers: :attr:`McpServer.server` (``/mcp``, stateless on
+2025-11-25) and :attr:`McpServer.stateful_server` (``/mcp/stateful``), which also serves
+``resources/subscribe`` and announces resource list changes in its ``initialize``.
 """
 
 from __future__ import annotations
 
-import contextvars
+import contextlib
 import json
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, unquote
 
-from protocol import InvalidInput, Message, SessionHubError
+from protocol import InvalidInput, Message, SessionHubError, SessionNotFound
 
 from ..store.base import LATEST
 from ..tools import Tool, dispatch
-from .caller import ANYONE, Caller
+from .caller import Caller
+from .mcp_listen import Listening, rpc_error
+from .mcp_resources import PROBE, access_of, list_resources, need, read_resource, session_json, templates
 
 if TYPE_CHECKING:
     import mcp_types as types
@@ -32,20 +37,9 @@ if TYPE_CHECKING:
 
     from .port import Served
 
-__all__ = ["CALLER", "RESOURCE_SESSIONS", "URI_PREFIX", "McpServer"]
-
-URI_PREFIX = "sessionhub://sessions/"
-#: A session id that is never registered (registered ids are UUIDs): the context tools'
-#: names and descriptions come from the manager's templates, which every session shares,
-#: read through this one.
-_PROBE = "_sessionhub_mcp_probe"
-#: How many sessions (most recently updated first) ``resources/list`` names.
-RESOURCE_SESSIONS = 100
+__all__ = ["McpServer"]
 
 _SESSION_ID = {"type": "string", "description": "The id of the hub session to act on."}
-
-#: Who calls, for the request being served (:mod:`.mcp` sets it before the SDK runs it).
-CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("sessionhub_mcp_caller")
 
 
 def _text_of(message: Message) -> str:
@@ -82,13 +76,19 @@ def _string(arguments: dict[str, Any], name: str, *, required: bool = True) -> s
     return value
 
 
+_Run = Callable[[Caller, dict[str, Any]], Awaitable[str]]
+
+
 class McpServer:
-    """The SDK's low-level MCP server (:attr:`server`) over the hub in :attr:`hub` (set by
-    the door for the app's lifespan)."""
+    """The SDK's low-level MCP servers (:attr:`server`, :attr:`stateful_server`) over the
+    hub in :attr:`hub` and following it through :attr:`listening` (both set by the door
+    for the app's lifespan)."""
 
     def __init__(self) -> None:
         self.hub: Served | None = None
-        self.server: Server[Any] = self._build_server()
+        self.listening: Listening | None = None
+        self.server: Server[Any] = self._build_server(stateful=False)
+        self.stateful_server: Server[Any] = self._build_server(stateful=True)
 
     def served(self) -> Served:
         """The running hub; :class:`~protocol.SessionHubError` outside the app's lifespan."""
@@ -96,10 +96,32 @@ class McpServer:
             raise SessionHubError("the hub is not running")
         return self.hub
 
-    def _build_server(self) -> Server[Any]:
-        from mcp.server.lowlevel import Server
+    def _listen(self) -> Listening:
+        if self.listening is None:
+            raise SessionHubError("the hub is not running")
+        return self.listening
 
-        return Server(
+    def _build_server(self, *, stateful: bool) -> Server[Any]:
+        from mcp.server.lowlevel import NotificationOptions, Server
+        from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+        class HubServer(Server[Any]):
+            """What ``initialize`` (2025-11-25) announces: a stateful session is sent the
+            resource list's changes too (the SDK's default announces none); a stateless
+            one cannot subscribe (its handler answers so, naming /mcp/stateful)."""
+
+            def create_initialization_options(self, notification_options: Any = None, *args: Any) -> Any:
+                announced = notification_options or NotificationOptions(resources_changed=stateful)
+                return super().create_initialization_options(announced, *args)
+
+            def get_capabilities(self, *args: Any, **kwargs: Any) -> types.ServerCapabilities:
+                capabilities = super().get_capabilities(*args, **kwargs)
+                modern = kwargs.get("protocol_version") in MODERN_PROTOCOL_VERSIONS
+                if not stateful and not modern and capabilities.resources is not None:
+                    capabilities.resources.subscribe = False
+                return capabilities
+
+        return HubServer(
             "sessionhub",
             instructions=(
                 "Memory and history of sessionhub sessions: call list_sessions to find a session, "
@@ -110,13 +132,16 @@ class McpServer:
             on_list_resources=self._list_resources,
             on_list_resource_templates=self._list_templates,
             on_read_resource=self._read_resource,
+            on_subscriptions_listen=self._subscriptions_listen,
+            on_subscribe_resource=self._subscribe,
+            on_unsubscribe_resource=self._unsubscribe,
         )
 
     async def _context_tools(self) -> list[Tool]:
         hub = self.served()
-        return await hub.manager.get_session(_PROBE).tools()
+        return await hub.manager.get_session(PROBE).tools()
 
-    def _own_tools(self) -> dict[str, tuple[str, dict[str, Any], Callable[[dict[str, Any]], Awaitable[str]]]]:
+    def _own_tools(self) -> dict[str, tuple[str, dict[str, Any], _Run]]:
         return {
             "list_sessions": (
                 "List the hub's sessions, most recently updated first (JSON: id, name, model, "
@@ -201,57 +226,54 @@ class McpServer:
 
         arguments = dict(params.arguments or {})
         try:
-            text = await self._run_tool(params.name, arguments)
+            text = await self._run_tool(access_of(ctx), params.name, arguments)
             failed = text.startswith("Error:")
         except SessionHubError as exc:
             text, failed = f"{exc.code}: {exc}", True
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=failed)
 
-    async def _run_tool(self, name: str, arguments: dict[str, Any]) -> str:
+    async def _run_tool(self, access: Caller, name: str, arguments: dict[str, Any]) -> str:
         hub = self.served()
-        access = CALLER.get(ANYONE)
         own = self._own_tools().get(name)
         if own is not None:
-            return await own[2](arguments)
+            return await own[2](access, arguments)
+        context = {t.name for t in await self._context_tools()}
         if name == "session_search":
             arguments.pop("session_id", None)
-            access.check("run_tool", None)  # the manager's tool: as run_tool without a session
+            # The manager's tool: as run_tool without a session.
+            need(access, "run_tool", None, "tool session_search")
             return await dispatch(hub.manager.tools(), name, arguments)
-        session_id = _string(arguments, "session_id")
-        assert session_id is not None
-        del arguments["session_id"]
-        access.check("run_tool", session_id)
-        session = await hub.session(session_id)
-        return await dispatch(await session.tools(), name, arguments)
+        session_id = arguments.pop("session_id", None)
+        if session_id is not None and not isinstance(session_id, str):
+            raise InvalidInput('argument "session_id" must be a string')
+        if session_id is not None:
+            need(access, "run_tool", session_id, f"tool {name}")
+        if name in context:
+            if session_id is None:
+                raise InvalidInput('missing required argument "session_id"')
+            return await dispatch(await (await hub.session(session_id)).tools(), name, arguments)
+        # A block configured on one session alone adds tools only it has.
+        tools: list[Tool] = []
+        if session_id is not None:
+            with contextlib.suppress(SessionNotFound):
+                tools = await (await hub.session(session_id)).tools()
+        if name in {t.name for t in tools}:
+            return await dispatch(tools, name, arguments)
+        known = [*sorted(context | {t.name for t in tools}), "session_search", *self._own_tools()]
+        return f'Error: unknown tool "{name}". The tools are: {", ".join(known)}'
 
-    async def _list_sessions(self, arguments: dict[str, Any]) -> str:
-        CALLER.get(ANYONE).check("list", None)
+    async def _list_sessions(self, access: Caller, arguments: dict[str, Any]) -> str:
+        need(access, "list", None, "tool list_sessions")
         sessions = await self.served().manager.list()
-        return json.dumps(
-            [
-                {
-                    "id": s.id,
-                    "name": s.name,
-                    "parent_session_id": s.parent_session_id,
-                    "model": s.model,
-                    "input_tokens": s.input_tokens,
-                    "output_tokens": s.output_tokens,
-                    "end_reason": s.end_reason,
-                    "created_at": s.created_at.isoformat(),
-                    "updated_at": s.updated_at.isoformat(),
-                }
-                for s in sessions
-            ],
-            ensure_ascii=False,
-        )
+        return json.dumps([session_json(s) for s in sessions], ensure_ascii=False)
 
-    async def _get_history(self, arguments: dict[str, Any]) -> str:
+    async def _get_history(self, access: Caller, arguments: dict[str, Any]) -> str:
         session_id = _string(arguments, "session_id")
         assert session_id is not None
-        CALLER.get(ANYONE).check("get_history", session_id)
+        need(access, "get_history", session_id, "tool get_history")
         return _history_text(await self.served().manager.get_history(session_id))
 
-    async def _append_message(self, arguments: dict[str, Any]) -> str:
+    async def _append_message(self, access: Caller, arguments: dict[str, Any]) -> str:
         session_id = _string(arguments, "session_id")
         text = _string(arguments, "text")
         role = _string(arguments, "role", required=False) or "user"
@@ -260,7 +282,7 @@ class McpServer:
         assert session_id is not None and text is not None
         if role not in ("user", "assistant", "system"):
             raise InvalidInput(f"role must be user, assistant or system; got {role!r}")
-        CALLER.get(ANYONE).check("append", session_id)
+        need(access, "append", session_id, "tool append_message")
         message = {
             "id": message_id or uuid.uuid4().hex,
             "role": role,
@@ -271,13 +293,13 @@ class McpServer:
         )
         return f"Appended message {appended}."
 
-    async def _search(self, arguments: dict[str, Any]) -> str:
+    async def _search(self, access: Caller, arguments: dict[str, Any]) -> str:
         query = _string(arguments, "query")
         assert query is not None
         limit = arguments.get("limit", 20)
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise InvalidInput('argument "limit" must be a positive integer')
-        CALLER.get(ANYONE).check("search", None)
+        need(access, "search", None, "tool search")
         results = await self.served().manager.search(query, limit)
         return json.dumps(
             [
@@ -293,98 +315,41 @@ class McpServer:
             ensure_ascii=False,
         )
 
-    # -- resources -----------------------------------------------------------------------
-    async def _labels(self) -> list[str]:
-        blocks = await self.served().manager.get_session(_PROBE).get_context_blocks()
-        return [b.label for b in blocks]
-
+    # -- resources, and following them --------------------------------------------------
     async def _list_resources(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
-        import mcp_types as types
-
-        access = CALLER.get(ANYONE)
-        hub = self.served()
-        labels = await self._labels()
-        resources: list[types.Resource] = []
-
-        for info in (await hub.manager.list())[:RESOURCE_SESSIONS]:
-            base = URI_PREFIX + quote(info.id, safe="")
-            if access.allows("freeze_system_prompt", info.id):
-                resources.append(
-                    types.Resource(
-                        name=f"{info.name} · system prompt",
-                        uri=f"{base}/prompt",
-                        description=f"The frozen system prompt of session {info.id}",
-                        mime_type="text/plain",
-                    )
-                )
-            if not access.allows("get_context_block", info.id):
-                continue
-            for label in labels:
-                resources.append(
-                    types.Resource(
-                        name=f"{info.name} · {label}",
-                        uri=f"{base}/blocks/{quote(label, safe='')}",
-                        description=f'Context block "{label}" of session {info.id}',
-                        mime_type="text/plain",
-                    )
-                )
-        return types.ListResourcesResult(resources=resources)
+        return await list_resources(self.served(), access_of(ctx))
 
     async def _list_templates(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourceTemplatesResult:
-        import mcp_types as types
-
-        return types.ListResourceTemplatesResult(
-            resource_templates=[
-                types.ResourceTemplate(
-                    name="system prompt",
-                    uri_template=URI_PREFIX + "{session_id}/prompt",
-                    description="A session's frozen system prompt",
-                    mime_type="text/plain",
-                ),
-                types.ResourceTemplate(
-                    name="context block",
-                    uri_template=URI_PREFIX + "{session_id}/blocks/{label}",
-                    description="One context block of a session",
-                    mime_type="text/plain",
-                ),
-            ]
-        )
+        return templates()
 
     async def _read_resource(
         self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
     ) -> types.ReadResourceResult:
         import mcp_types as types
-        from mcp.shared.exceptions import MCPError
 
         uri = str(params.uri)
-        access = CALLER.get(ANYONE)
-        rest = uri[len(URI_PREFIX) :].split("/") if uri.startswith(URI_PREFIX) else []
         try:
-            if len(rest) == 2 and rest[1] == "prompt":
-                session_id = unquote(rest[0])
-                # Reading it freezes it (and stores it, with a cached prompt): the WebSocket's
-                # freeze_system_prompt, with its scope.
-                access.check("freeze_system_prompt", session_id)
-                text = await (await self.served().session(session_id)).freeze_system_prompt()
-            elif len(rest) == 3 and rest[1] == "blocks":
-                session_id, label = unquote(rest[0]), unquote(rest[2])
-                access.check("get_context_block", session_id)
-                block = await (await self.served().session(session_id)).get_context_block(label)
-                if block is None:
-                    raise InvalidInput(f'session {session_id} has no context block "{label}"')
-                text = block.content
-            else:
-                raise InvalidInput(
-                    f"unknown resource {uri!r}; expected {URI_PREFIX}<id>/prompt or .../blocks/<label>"
-                )
+            mime, text = await read_resource(self.served(), access_of(ctx), uri)
         except SessionHubError as exc:
-            raise MCPError(
-                code=-32602 if isinstance(exc, InvalidInput) else -32603, message=f"{exc.code}: {exc}"
-            ) from None
-        return types.ReadResourceResult(
-            contents=[types.TextResourceContents(uri=uri, mime_type="text/plain", text=text)]
-        )
+            raise rpc_error(exc) from None
+        content = types.TextResourceContents(uri=uri, mime_type=mime, text=text)
+        return types.ReadResourceResult(contents=[content])
+
+    async def _subscriptions_listen(
+        self, ctx: ServerRequestContext[Any], params: types.SubscriptionsListenRequestParams
+    ) -> types.SubscriptionsListenResult:
+        return await self._listen().listen(ctx, params)
+
+    async def _subscribe(
+        self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams
+    ) -> types.EmptyResult:
+        return await self._listen().subscribe(ctx, params)
+
+    async def _unsubscribe(
+        self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
+    ) -> types.EmptyResult:
+        return await self._listen().unsubscribe(ctx, params)

@@ -49,8 +49,12 @@ class SseFeed:
         held: Held,
         on_drop: Callable[[str], None],
         on_close: Callable[[], None],
+        farewell: str | None = None,
     ) -> None:
         self.headers = headers
+        #: Sent instead of cutting a reader dropped as ``behind`` (it still reads, only too
+        #: slowly): a last event that says why, within ``send_timeout``, or the cut after all.
+        self.farewell = farewell
         self.send_timeout = send_timeout
         self.keepalive = keepalive
         self.on_drop = on_drop
@@ -89,7 +93,7 @@ class SseFeed:
             await send({"type": "http.response.start", "status": 200, "headers": self._raw_headers()})
             while await self._send_next(send):
                 pass
-            if self.dropped is not None:
+            if self.dropped is not None and not await self._say_farewell(send):
                 await _cut(scope)
         finally:
             listener.cancel()
@@ -122,6 +126,18 @@ class SseFeed:
         finally:
             self._sending = None
         return more
+
+    async def _say_farewell(self, send: Send) -> bool:
+        if self.farewell is None or self.dropped != "behind" or self._gone:
+            return False
+        try:
+            async with asyncio.timeout(self.send_timeout):
+                await send(
+                    {"type": "http.response.body", "body": self.farewell.encode("ascii"), "more_body": False}
+                )
+        except (TimeoutError, OSError):
+            return False
+        return True
 
     async def _listen(self, receive: Receive) -> None:
         # A reader that hangs up is done with, not dropped: nothing more is queued for it.

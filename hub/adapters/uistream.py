@@ -208,7 +208,10 @@ class UIMessageEncoder:
             return [*chunks, {"type": "start-step"}]
         if kind == "file":
             return [{"type": "file", "url": part.get("url", ""), "mediaType": part.get("mediaType", "")}]
-        if kind in ("source-url", "source-document") or (isinstance(kind, str) and kind.startswith("data-")):
+        if isinstance(kind, str) and kind.startswith("data-"):
+            sent.update(kind="data", json=copy.deepcopy(part))
+            return [dict(part)]
+        if kind in ("source-url", "source-document"):
             return [dict(part)]
         if kind in _V7_PARTS and self.v7:
             return [_v7_chunk(part)]
@@ -222,6 +225,10 @@ class UIMessageEncoder:
                 return []
             delta, sent["chars"] = text[sent["chars"] :], len(text)
             return [{"type": f"{sent['kind']}-delta", "id": sent["id"], "delta": delta}]
+        if sent.get("kind") == "data" and part != sent.get("json"):
+            # A data part replaced by its id: the SDK reconciles the chunk with the same id.
+            sent["json"] = copy.deepcopy(part)
+            return [dict(part)]
         if sent.get("kind") != "tool":
             return []
         return self._tool(sent, part)

@@ -195,11 +195,20 @@ async def open_backend(
 
 
 @contextlib.asynccontextmanager
-async def open_store(db: str | Path) -> AsyncIterator[Store]:
+async def open_store(db: str | Path, *, must_exist: bool = False) -> AsyncIterator[Store]:
     """The store ``db`` names (as ``--db``), for a one-off command (``prune``, ``export``,
     ``import``): no bus is recorded or started. On Postgres the writes still send their
-    doorbells, so hubs serving the database see imported sessions live."""
-    store = await _connect(resolve_db(db), None, notify=True, max_size=2)
+    doorbells, so hubs serving the database see imported sessions live. ``must_exist``
+    (commands that only read or trim): a SQLite file that is not there is refused, not
+    created empty, so a typo in ``--db`` is not a silent "nothing to do"."""
+    resolved = resolve_db(db)
+    local = not is_postgres(resolved) and str(resolved) != ":memory:"
+    if must_exist and local and not Path(resolved).is_file():  # noqa: ASYNC240 (one stat, before any I/O)
+        raise InvalidInput(
+            f"--db {str(db)!r}: no database there "
+            "(is the path right? `sessionhub serve --db PATH` creates one)"
+        )
+    store = await _connect(resolved, None, notify=True, max_size=2)
     try:
         yield store
     finally:
@@ -229,6 +238,8 @@ async def probe(db: str | Path, bus: str | None = None, *, bus_override: bool = 
     the bus), so that ``sessionhub serve`` can refuse to start with one clear line instead
     of a traceback."""
     try:
+        if is_postgres(resolve_db(db)):
+            await ensure_database(str(resolve_db(db)))
         async with open_backend(db, bus, bus_override=bus_override):
             pass
     except (InvalidInput, MissingExtra):
@@ -238,6 +249,31 @@ async def probe(db: str | Path, bus: str | None = None, *, bus_override: bool = 
         raise BackendUnavailable(
             f"cannot open the store {redact(str(db))} with bus {redact(ring)}: {type(exc).__name__}: {exc}"
         ) from exc
+
+
+async def ensure_database(dsn: str) -> bool:
+    """Create the database ``dsn`` names when the server has none of that name (a fresh
+    server has only ``postgres``); True when it was created. Connecting as the same role to
+    the ``postgres`` database does it, as ``createdb`` would."""
+    asyncpg = load("asyncpg", "postgres")
+    try:
+        connection = await asyncpg.connect(dsn)
+    except asyncpg.InvalidCatalogNameError:
+        pass
+    else:
+        await connection.close()
+        return False
+    parts = urlsplit(dsn)
+    name = parts.path.lstrip("/")
+    admin = await asyncpg.connect(urlunsplit(parts._replace(path="/postgres")))
+    try:
+        quoted = '"' + name.replace('"', '""') + '"'
+        with contextlib.suppress(asyncpg.DuplicateDatabaseError):  # another node won the race
+            await admin.execute(f"CREATE DATABASE {quoted}")
+    finally:
+        await admin.close()
+    print(f"sessionhub: created the database {name!r} on {parts.hostname or 'localhost'}", file=sys.stderr)
+    return True
 
 
 def redact(url: str) -> str:

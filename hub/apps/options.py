@@ -15,6 +15,7 @@ __all__ = [
     "TOKEN",
     "add_db_option",
     "age",
+    "age_or_zero",
     "positive",
     "secret_problem",
     "size",
@@ -73,6 +74,11 @@ def age(text: str) -> float:
         return parse_age(text).total_seconds()
     except InvalidInput as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def age_or_zero(text: str) -> float:
+    """:func:`age`, or ``0`` for none at all."""
+    return 0.0 if text.strip() == "0" else age(text)
 
 
 def whole(text: str) -> int:

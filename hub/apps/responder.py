@@ -1,7 +1,8 @@
 """The built-in responder: answers the hub's turns by streaming from an OpenAI-compatible
 ``/v1/chat/completions`` server (``stream: true``), as ``sessionhub respond`` runs it.
 
-For each turn it sends the session's frozen system prompt and the branch up to the turn;
+For each turn it sends the session's frozen system prompt and the branch up to the turn
+(its images as ``image_url`` parts, read from the hub's ``/files``: docs/files.md);
 with context blocks, the session's context tools too. The model's text and reasoning
 stream into the reply as they come; its tool calls run in the hub (``run_tool``, through
 ``dispatch``) and show up live as tool parts (``input-available``, then
@@ -16,12 +17,14 @@ retried fails the turn with the server's answer in the chat's ``error`` chunk.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx2
 
@@ -30,20 +33,81 @@ from protocol import Message
 from protocol.errors import SummarizerError
 
 from ..completions import ChatCompletions
+from ..store.attachments import FILE_PATH
 
-__all__ = ["ChatCompletionsResponder", "chat_messages", "run_responder"]
+__all__ = ["ChatCompletionsResponder", "chat_messages", "fetch_images", "image_refs", "run_responder"]
 
 log = logging.getLogger("sessionhub.responder")
 
 
-def chat_messages(history: Sequence[Message], system: str | None = None) -> list[dict[str, Any]]:
-    """A branch as chat-completions messages: text, and tool calls with their results."""
+#: An image larger than this is not sent to the model (vision APIs refuse bigger ones).
+MAX_IMAGE_BYTES = 20 << 20
+
+
+def image_refs(history: Sequence[Message]) -> list[str]:
+    """The hub file URLs of the images in the branch's user messages, each once."""
+    found: dict[str, None] = {}
+    for message in history:
+        if message.role == "assistant":
+            continue
+        for part in message.parts:
+            url = part.get("url")
+            media = str(part.get("mediaType", ""))
+            is_image = part.get("type") == "file" and media.startswith("image/")
+            if is_image and isinstance(url, str) and url.startswith(FILE_PATH):
+                found[url] = None
+    return list(found)
+
+
+async def fetch_images(hub_url: str, token: str | None, refs: Sequence[str]) -> dict[str, str]:
+    """Each image of ``refs`` as a ``data:`` URL, read from the hub's ``GET /files`` with the
+    responder's token (a model server cannot reach the hub's files); one that cannot be
+    read, or is too big, is left out (the model gets the rest of the message)."""
+    if not refs:
+        return {}
+    parts = urlsplit(hub_url)
+    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
+    base = urlunsplit((scheme, parts.netloc, "", "", ""))
+    headers = {} if token is None else {"authorization": f"Bearer {token}"}
+    out: dict[str, str] = {}
+    async with httpx2.AsyncClient(timeout=30) as http:
+        for ref in refs:
+            try:
+                async with http.stream("GET", base + ref, headers=headers) as r:
+                    if r.status_code != 200 or int(r.headers.get("content-length", 0)) > MAX_IMAGE_BYTES:
+                        log.warning("image %s not sent to the model (HTTP %d)", ref, r.status_code)
+                        continue
+                    data = await r.aread()
+                    media = r.headers.get("content-type", "image/png")
+            except httpx2.HTTPError as exc:
+                log.warning("image %s not sent to the model: %s", ref, exc)
+                continue
+            out[ref] = f"data:{media};base64," + base64.b64encode(data).decode()
+    return out
+
+
+def _user_content(message: Message, text: str, images: Mapping[str, str]) -> str | list[dict[str, Any]]:
+    """A user message's content: its text, or, with images, the API's list of parts."""
+    urls = [images[p["url"]] for p in message.parts if p.get("type") == "file" and p.get("url") in images]
+    if not urls:
+        return text
+    content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    content += [{"type": "image_url", "image_url": {"url": url}} for url in urls]
+    return content
+
+
+def chat_messages(
+    history: Sequence[Message], system: str | None = None, images: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """A branch as chat-completions messages: text, images (``images``: a file part's hub URL
+    -> the ``data:`` URL the model gets, see :func:`fetch_images`), and tool calls with
+    their results."""
     out: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
     for message in history:
         text = "".join(str(p.get("text", "")) for p in message.parts if p.get("type") == "text")
         if message.role != "assistant":
             role = message.role if message.role in ("system", "user") else "user"
-            out.append({"role": role, "content": text})
+            out.append({"role": role, "content": _user_content(message, text, images or {})})
             continue
         calls, results = [], []
         for part in message.parts:
@@ -125,21 +189,43 @@ class ChatCompletionsResponder:
             max_retries=max_retries,
             backoff=backoff,
             client=client,
-            name="responder",
+            name="model server",  # failures read "model server request to URL failed: ..."
         )
         self.url = self.api.url
         self.model = model
         self.temperature = temperature
         self.max_tokens = max_tokens
         self.max_tool_rounds = max_tool_rounds
+        #: The hub it answers (run_responder sets it): where the turns' images are read.
+        self.hub: HubClient | None = None
 
     async def answer(self, turn: Turn) -> None:
         """Stream the turn's reply; a failure aborts it with the reason shown in the chat."""
         session = turn.session
         system = await session.freeze_system_prompt()
         tools = await session.tools()
-        messages = chat_messages(turn.history, system)
+        refs = image_refs(turn.history)
+        hub = self.hub
+        images = await fetch_images(hub.url, hub.token, refs) if refs and hub is not None else {}
+        messages = chat_messages(turn.history, system, images)
         used = [0, 0]
+        try:
+            await self._answer(turn, tools, messages, used)
+        except Exception:
+            # A reply that failed before saying anything is not left as an empty message.
+            with contextlib.suppress(Exception):
+                reply = await session.get_message(turn.reply_id)
+                if reply is not None and not reply.parts:
+                    await turn.client.sessions.delete_messages(turn.session_id, [turn.reply_id])
+            raise
+
+    async def _answer(
+        self,
+        turn: Turn,
+        tools: list[RemoteTool],
+        messages: list[dict[str, Any]],
+        used: list[int],
+    ) -> None:
         async with self.api.connection() as client, turn.reply() as st:
             try:
                 for _ in range(self.max_tool_rounds + 1):
@@ -276,6 +362,7 @@ async def run_responder(
             slots.release()
 
     async with HubClient(url, token=token, name=name, role="worker") as hub:
+        responder.hub = hub
         turns = hub.turns()
         try:
             first = asyncio.ensure_future(anext(turns))

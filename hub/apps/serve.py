@@ -66,7 +66,10 @@ def add_options(serve: argparse.ArgumentParser) -> None:
         "--ping-timeout", type=float, default=20.0, help="drop a peer silent this long (default: 20)"
     )
     serve.add_argument(
-        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="how much to log; debug also prints the configuration in effect, secrets masked",
     )
     # uvloop and httptools (the `speed` extra) are used when installed; these pick one.
     serve.add_argument(
@@ -115,8 +118,25 @@ def add_options(serve: argparse.ArgumentParser) -> None:
         ("--tail-bytes-total", "256M", "events all streams keep in memory"),
         ("--replay-bytes", "8M", "backlog one connection's catching-up subscriptions hold"),
         ("--max-body-bytes", "4M", "largest HTTP request body (POST /api/chat, /mcp); past it: 413"),
+        ("--max-file-bytes", "25M", "largest file POST /files stores (docs/files.md); past it: 413"),
     ):
         serve.add_argument(flag, type=size, default=size(default), help=f"{what} (default: {default})")
+    serve.add_argument(
+        "--max-upload-bytes-per-token",
+        type=size,
+        default=None,
+        metavar="SIZE",
+        help="bytes of stored files one token's subject may have uploaded (POST /files; "
+        "default: no bound but --max-file-bytes)",
+    )
+    serve.add_argument(
+        "--reserved-metadata-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="a message metadata key clients may not set (stripped from every door's writes; "
+        "repeat for more; docs/engine.md)",
+    )
     serve.add_argument(
         "--max-in-flight",
         type=positive,
@@ -251,7 +271,17 @@ def run(args: argparse.Namespace) -> int:
         return 2
     config_, limit_line = made
     from .backends import BackendUnavailable, probe
+    from .listen import bind
 
+    # Tried before the store is touched: a taken port is one line (exit 3), nothing migrated.
+    # Released again for uvicorn to bind (given a socket, it would not log where it listens,
+    # the line operators and the tests wait for).
+    listening = bind(args.host, args.port)
+    if not isinstance(listening, str):
+        listening.close()
+    else:
+        print(f"sessionhub: {listening}", file=sys.stderr)
+        return 3
     try:
         # Reach the store and the bus once before uvicorn starts: a wrong --db or --bus is
         # one line and exit code 2, not a traceback from the app's startup.
@@ -297,6 +327,9 @@ def _hub_config(args: argparse.Namespace) -> tuple[HubConfig, str] | None:
             tail_bytes_total=args.tail_bytes_total,
             replay_bytes=args.replay_bytes,
             max_body_bytes=args.max_body_bytes,
+            max_file_bytes=args.max_file_bytes,
+            reserved_metadata_keys=tuple(args.reserved_metadata_key),
+            max_upload_bytes_per_token=args.max_upload_bytes_per_token,
             max_in_flight=args.max_in_flight,
             send_timeout=args.send_timeout,
             turn_timeout=args.turn_timeout,
@@ -319,12 +352,14 @@ def _serve(args: argparse.Namespace, config_: HubConfig, sock: socket.socket | N
     from ..server import create_app
 
     compaction = serve_compaction.serve_compaction(args)
+    from .serve_templates import configure_manager
+
     app = create_app(
         db=args.db,
         bus=args.bus,
         config=config_,
         worker_summarizer=None if compaction is None else compaction.workers,
-        configure_manager=None if compaction is None else compaction.configure,
+        configure_manager=configure_manager(args, compaction),
     )
 
     class HubServer(uvicorn.Server):

@@ -149,7 +149,8 @@ def serve_compaction(args: argparse.Namespace) -> ServeCompaction | None:
     if args.summarizer == "workers":
         summarize = workers = WorkerSummarizer(timeout=timeout)
     elif args.summarizer_url:
-        api_key = os.environ.get(API_KEY_ENV) or None
+        # `[compaction] api_key_env` of sessionhub.toml names another variable.
+        api_key = os.environ.get(getattr(args, "summarizer_api_key_env", None) or API_KEY_ENV) or None
         summarize = OpenAICompatible(args.summarizer_url, args.summarizer_model, api_key, timeout=timeout)
     else:
         return None

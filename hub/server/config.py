@@ -24,6 +24,16 @@ class HubConfig:
     #: declared ``Content-Length`` over it is answered 413 before a byte is read, a
     #: chunked body is cut at it. The MCP SDK's own default, so ``/mcp`` keeps its bound.
     max_body_bytes: int = 4 << 20
+    #: The largest file ``POST /files`` stores (docs/files.md): a declared length over it
+    #: is answered 413 unread, a body is cut at it as it streams in, and nothing is stored.
+    max_file_bytes: int = 25 << 20
+    #: Metadata keys a client's write may not set (docs/engine.md, "Client writes"): every
+    #: door strips them from the messages it writes, as agents 0.32 strips its
+    #: ``reservedMetadataKeys`` from client writes. The engine's own writes keep them.
+    reserved_metadata_keys: tuple[str, ...] = ()
+    #: The bytes of stored files one token's subject may have uploaded (docs/files.md):
+    #: an upload past it is 413 ``too_large``, nothing stored. None: no bound but the file's.
+    max_upload_bytes_per_token: int | None = None
     #: The largest message one stream may grow to (its text, UTF-8, and its tool parts,
     #: encoded): past it the stream ends ``too_large``, keeping what it had.
     max_stream_bytes: int = 16 << 20
@@ -89,6 +99,7 @@ class HubConfig:
         for name in (
             "max_frame_bytes",
             "max_body_bytes",
+            "max_file_bytes",
             "max_stream_bytes",
             "max_subscriptions",
             "queue_frames",

@@ -40,9 +40,11 @@ async def health(hub: Hub, *, ready: bool) -> JSONResponse:
     except SessionHubError as exc:  # the store's translated error, its cause in one line
         return _down(str(exc))
     admission = hub.admission
+    # `compaction`: whether `compact` can run here (the inspector offers it only then).
     body: dict[str, Any] = {
         "status": "ok",
         "connections": len(hub.connections),
+        "compaction": hub.manager.can_compact,
         "admitted": admission.open,
         "max_connections": admission.limit,
     }

@@ -40,6 +40,7 @@ from .. import dump
 from ..manager import SessionManager
 from ..session import Session
 from ..store.base import PruneResult, SessionDump, Store, session_stream
+from ..store.clientwrites import WRITER, Writer
 from ..tools import Tool, dispatch
 from .ports import Sessions
 from .socket_shell import Connection
@@ -92,6 +93,10 @@ def engine(op: str, call: Call) -> Op:
 
 async def _run(connection: Connection, op: str, call: Call, request: Any) -> None:
     started = time.perf_counter()
+    # The op's task is the writer the engine checks its messages for (clientwrites.py).
+    config = connection.hub.config
+    reserved = frozenset(config.reserved_metadata_keys)
+    WRITER.set(Writer(config.auth_secret is not None, connection.grant, reserved))
     try:
         result = await call(request)
         frame: Any = f.ReplyFrame(id=request.id, result=wire(result))
@@ -367,8 +372,25 @@ def operations(hub: Sessions, turns: Turns) -> dict[str, Op]:
         await hub.session(r.session_id)
         return await turns.steer(r)
 
+    async def checkpoint_put(r: f.CheckpointPut) -> None:
+        if r.checkpoint.thread_id != r.session_id:
+            raise InvalidInput("checkpoint.thread_id must be the request's session_id")
+        await m.threads.put(r.checkpoint, r.messages, partial=r.partial)
+
+    t = m.threads
     calls: dict[str, Call] = {
-        "create": lambda r: m.create(r.name, r.parent_session_id, r.model, r.source),
+        "checkpoint_put": checkpoint_put,
+        "checkpoint_writes": lambda r: t.put_writes(
+            r.session_id, r.ns, r.checkpoint_id, r.writes, replace=r.replace
+        ),
+        "checkpoint_get": lambda r: t.get(r.session_id, r.ns, r.checkpoint_id),
+        "checkpoint_list": lambda r: t.list(
+            r.session_id, ns=r.ns, before=r.before, limit=r.limit, filter=r.filter
+        ),
+        "checkpoint_delete": lambda r: t.delete_thread(r.session_id),
+        "checkpoint_prune": lambda r: t.prune(r.session_id, keep_latest=r.keep_latest),
+        "checkpoint_delete_runs": lambda r: t.delete_for_runs(r.run_ids),
+        "create": lambda r: m.create(r.name, r.parent_session_id, r.model, r.source, r.template),
         "get": lambda r: m.get(r.session_id),
         "list": lambda r: m.list(),
         "rename": lambda r: m.rename(r.session_id, r.name),
@@ -417,7 +439,16 @@ def operations(hub: Sessions, turns: Turns) -> dict[str, Op]:
     on_session("append_context_block", lambda s, r: s.append_context_block(r.label, r.content))
     on_session("freeze_system_prompt", lambda s, r: s.freeze_system_prompt())
     on_session("refresh_system_prompt", lambda s, r: s.refresh_system_prompt())
-    on_session("compact", lambda s, r: s.compact(r.leaf_id))
+
+    async def compact(s: Session, r: Any) -> Any:
+        if not m.can_compact:  # said for an operator, not as the engine's builder hint
+            raise InvalidInput(
+                "this hub has no summarizer, so it cannot compact: serve it with --summarizer workers, "
+                "--summarizer-url URL --summarizer-model MODEL, or [compaction] in sessionhub.toml"
+            )
+        return await s.compact(r.leaf_id)
+
+    on_session("compact", compact)
     on_session("estimate_tokens", lambda s, r: s.estimate_tokens(r.leaf_id))
     ops: dict[str, Op] = {name: engine(name, call) for name, call in calls.items()}
     ops |= {

@@ -5,7 +5,9 @@
 :meth:`Store.prune_events <hub.store.base.Store.prune_events>` with the policy. Several
 nodes on one database may all run it: each batch re-reads its stream under the stream's
 write lock (SQLite's write lock, a Postgres row lock), so nodes pruning at once share the
-work and never delete an event twice; no node is elected. See docs/operations.md.
+work and never delete an event twice; no node is elected. Each pass then collects the
+files nothing references any more (docs/files.md), as ``sessionhub gc`` does. See
+docs/operations.md.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -40,6 +42,7 @@ class Retention:
         keep_per_session: int | None = None,
         interval: float = 60.0,
         batch: int = 1000,
+        file_grace: timedelta = timedelta(hours=1),
     ) -> None:
         self.store = store
         self.older_than = older_than
@@ -54,6 +57,11 @@ class Retention:
         )
         self.pruned = Counter(
             "sessionhub_events_pruned", "Events pruned from the logs by this node", registry=registry
+        )
+        #: A file stored this recently stays, referenced or not (an upload awaits its message).
+        self.file_grace = file_grace
+        self.files_collected = Counter(
+            "sessionhub_files_collected", "Unreferenced files deleted by this node", registry=registry
         )
 
     @property
@@ -76,6 +84,10 @@ class Retention:
             older_than=prune_cutoff(self.older_than), keep_per_session=self.keep_per_session, batch=self.batch
         )
         self.pruned.inc(result.events)
+        # Pruning may drop the last reference to a file (a deleted message's event): what
+        # `sessionhub gc` collects goes in the same pass.
+        gone = await self.store.collect_files(datetime.now(UTC) - self.file_grace)
+        self.files_collected.inc(len(gone))
         self.passes += 1
         if result.events:
             log.info("pruned %d events from %d logs", result.events, result.streams)

@@ -83,6 +83,8 @@ class TurnAnswers(TurnNodes):
     """The tool answers and steering messages of the turns (see the module)."""
 
     def _turn_here(self, session_id: str, turn_id: str | None) -> LiveTurn | None:
+        """The session's turn in flight held by this node (posted here, or answered here for
+        another node); with ``turn_id``, only that one."""
         turn = self.in_flight(session_id)
         if turn is None:
             turn = next(

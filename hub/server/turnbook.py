@@ -50,6 +50,8 @@ class LiveTurn:
     #: Set by ``stop_turn``: the reason its ``turn.ended`` gives.
     stopped: str | None = None
     outcome: TurnOutcome | None = None
+    #: Its reply waits for the user (the last delta was ``await``): ``turn.awaiting`` logged.
+    awaiting: bool = False
     #: The tools of its reply the user answered (``a:<approval id>``, ``c:<call id>``): once each.
     answered: set[str] = field(default_factory=set)
     watchers: list[Watcher] = field(default_factory=list)

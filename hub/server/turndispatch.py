@@ -37,7 +37,7 @@ from .ports import ReplyWriter, Responder
 from .remoteturns import RemoteTurn
 from .turnanswers import TurnAnswers
 from .turnbook import TOO_LARGE, LiveTurn, in_flight_error, log, responder_label, wait_for
-from .turnframes import TurnOffer, TurnOutcome, TurnStatus, Watcher
+from .turnframes import TurnOffer, TurnOutcome, TurnStatus, Watcher, settled
 
 __all__ = ["LiveTurn", "TurnOffer", "TurnOutcome", "TurnStatus", "Turns", "Watcher"]
 
@@ -97,7 +97,12 @@ class Turns(TurnAnswers):
         self._follow(session_id)
         try:
             # ``node``: another node resuming the chat follows the turn while this one is heard.
-            started = {"message_id": turn.message_id, "trigger": trigger, "node": self._node_id()}
+            started = {
+                "message_id": turn.message_id,
+                "trigger": trigger,
+                "node": self._node_id(),
+                "state": "queued",
+            }
             seq = await self._log(turn, "turn.started", started)
         except BaseException:
             self._forget(turn)
@@ -266,7 +271,7 @@ class Turns(TurnAnswers):
         if turn is None or turn.responder is not connection:
             raise NotFound(f"no turn {request.turn_id!r} was given to this connection")
         label = responder_label(connection)
-        turn.error = f"responder {label} failed: {request.error}"
+        turn.error = f"responder {label!r} failed: {request.error}"
         origin = self._origin_of(turn)
         if origin is not None:
             self._relay(self._status(origin, turn, "failed", turn.error))
@@ -283,14 +288,7 @@ class Turns(TurnAnswers):
         """``stop_turn``: stop the session's turn in flight (``turn_id``: that one), on
         whichever node holds it. The reply ends as it stands (stream status ``stopped``),
         the responder is told first (``turn_stopped``), and the turn ends ``stopped``."""
-        turn = self.in_flight(session_id)
-        if turn is None:
-            turn = next(
-                (t for _, t in self.foreign.values() if t.session_id == session_id and t.outcome is None),
-                None,
-            )
-        if turn is not None and turn_id is not None and turn.turn_id != turn_id:
-            turn = None
+        turn = self._turn_here(session_id, turn_id)
         if turn is not None:
             await self._stop(turn, reason, by=None)
             return {**self._summary(turn.turn_id, turn.reply_id), "started": turn.started}
@@ -387,6 +385,7 @@ class Turns(TurnAnswers):
         if frame.action == "start" and turn.remote is not None and not turn.started:
             turn.started = True  # another node's responder started it
             turn.changed.set()
+        self._note_state(turn, frame)
         for watcher in list(turn.watchers):
             watcher(frame)
         if frame.action == "end" and turn.outcome is None:
@@ -401,6 +400,24 @@ class Turns(TurnAnswers):
             else:
                 self._finish(turn, TurnOutcome("failed", turn.error or "the responder aborted the reply"))
 
+    def _note_state(self, turn: LiveTurn, frame: f.StreamFrame) -> None:
+        """Log the turn's state as the original's channels name it (docs/engine.md, "Turn
+        states"): ``turn.running`` when its reply starts, ``turn.awaiting``
+        (``awaiting-input``) when the reply waits for the user (an ``await`` delta), and
+        ``turn.running`` again when it goes on. The posting node logs them, once each."""
+        if frame.action == "start":
+            self._spawn(self._log(turn, "turn.running", {"state": "running"}))
+            return
+        if frame.action != "delta" or not frame.deltas:
+            return
+        awaiting = frame.deltas[-1].get("kind") == "await"
+        if awaiting != turn.awaiting:
+            turn.awaiting = awaiting
+            if awaiting:
+                self._spawn(self._log(turn, "turn.awaiting", {"state": "awaiting-input"}))
+            else:
+                self._spawn(self._log(turn, "turn.running", {"state": "running"}))
+
     def fail(self, turn: LiveTurn, error: str) -> None:
         if turn.outcome is None:
             self._finish(turn, TurnOutcome("failed", error))
@@ -410,7 +427,7 @@ class Turns(TurnAnswers):
         turn.changed.set()
         self._release(turn)
         self._forget(turn)
-        data: dict[str, Any] = {"status": outcome.status}
+        data: dict[str, Any] = {"status": outcome.status, **settled(outcome.status)}
         if outcome.error is not None:
             data["error"] = outcome.error
         if outcome.reason is not None:

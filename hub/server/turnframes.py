@@ -28,6 +28,17 @@ class TurnOutcome:
     reason: str | None = None
 
 
+#: A settled turn's outcome as agents 0.32's channels name it (``TurnStatus``: ``queued``,
+#: ``running``, ``settled`` with an outcome), logged beside ``status`` on ``turn.ended``;
+#: ``turn.started`` says ``state: queued`` (docs/engine.md, "Turn states").
+SETTLED_OUTCOME: dict[str, str] = {"finished": "completed", "failed": "failed", "stopped": "aborted"}
+
+
+def settled(status: str) -> dict[str, str]:
+    """The state fields of a ``turn.ended`` of ``status``."""
+    return {"state": "settled", "outcome": SETTLED_OUTCOME.get(status, "failed")}
+
+
 #: Called with each stream frame of a turn's reply, then its outcome.
 Watcher = Callable[[f.StreamFrame | TurnOutcome], None]
 

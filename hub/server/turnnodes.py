@@ -22,7 +22,7 @@ from protocol.records import Event
 
 from .remoteturns import REFUSED, RemoteTurn, latest_turn_event
 from .turnbook import LiveTurn, TurnBook, in_flight_error, wait_for
-from .turnframes import TurnOffer, TurnStatus
+from .turnframes import TurnOffer, TurnStatus, settled
 
 __all__ = ["TurnNodes"]
 
@@ -70,7 +70,9 @@ class TurnNodes(TurnBook, ABC):
             raise Conflict(error)
 
     async def _refused(self, turn: LiveTurn, error: str) -> None:
-        await self._log(turn, "turn.ended", {"status": "failed", "error": error, REFUSED: True})
+        await self._log(
+            turn, "turn.ended", {"status": "failed", **settled("failed"), "error": error, REFUSED: True}
+        )
 
     def _open_elsewhere(self, event: Event) -> tuple[str, str] | None:
         """``(turn_id, node)`` of a ``turn.started`` still running on another node, else None."""

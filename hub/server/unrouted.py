@@ -8,7 +8,8 @@ from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.websockets import WebSocket
 
 __all__ = ["unrouted"]
 
@@ -29,4 +30,16 @@ def unrouted(paths: list[str]) -> list[BaseRoute]:
     wrong_method = _refuse(405, "invalid", "this method is not served here")
     routes: list[BaseRoute] = [Route(path, wrong_method, methods=_METHODS) for path in paths]
     routes.append(Route("/api/{rest:path}", _refuse(404, "not_found", "no such endpoint"), methods=_METHODS))
+    # A WebSocket on any other path: a 404 saying where the hub is, not the 403 a socket
+    # refused by the static files would get (which a client reads as "needs a token").
+    routes.append(WebSocketRoute("/{rest:path}", _no_hub_here))
     return routes
+
+
+async def _no_hub_here(websocket: WebSocket) -> None:
+    message = f"no hub endpoint at {websocket.url.path}: the hub's WebSocket is /ws"
+    body = JSONResponse({"error": {"code": "not_found", "message": message}}, status_code=404)
+    try:
+        await websocket.send_denial_response(body)
+    except RuntimeError:  # a server without the denial extension: a plain refusal
+        await websocket.close()

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, BinaryIO, Generic, Literal, TypeVar
 
 import msgspec
 
@@ -28,9 +28,11 @@ from protocol import (
     SearchResult,
     SessionInfo,
 )
+from protocol.graphstate import CheckpointRecord, CheckpointWrite
 from protocol.markers import LATEST, Parent, ParentArg
 
 from ..bus import Bus
+from .attachments import StoredFile
 from .policy import (
     COST_MAX,
     END_REASON,
@@ -52,6 +54,7 @@ __all__ = [
     "PROMPT_LABEL",
     "REGISTRY",
     "AppendResult",
+    "DumpedFile",
     "DumpedMessage",
     "LogEntry",
     "Parent",
@@ -59,6 +62,7 @@ __all__ = [
     "PruneResult",
     "SessionDump",
     "Store",
+    "StoredFile",
     "StreamPosition",
     "WriteTx",
     "check_limit",
@@ -104,6 +108,15 @@ class DumpedMessage(msgspec.Struct, kw_only=True):
     created_at: datetime
 
 
+class DumpedFile(msgspec.Struct, kw_only=True):
+    """A stored file a dump carries (hub/store/attachments.py): once per dump, with the
+    first session that references it."""
+
+    sha256: str
+    media_type: str
+    data: bytes
+
+
 class SessionDump(msgspec.Struct, kw_only=True):
     """Everything a session holds except its event log: the registry row, every message of
     every branch in storage order (a parent always comes before its children), the
@@ -115,6 +128,10 @@ class SessionDump(msgspec.Struct, kw_only=True):
     compactions: list[Compaction]
     context: dict[str, str]
     system_prompt: str | None = None
+    #: The files its messages reference that the dump carries with it (hub/dump.py).
+    files: list[DumpedFile] = msgspec.field(default_factory=list)
+    #: A LangGraph thread's checkpoints (with their writes), by namespace then id.
+    checkpoints: list[CheckpointRecord] = msgspec.field(default_factory=list)
 
 
 #: The context row key of a session's frozen prompt (also ``SessionManager.delete``'s).
@@ -397,6 +414,69 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def stream_position(self, stream: str) -> StreamPosition: ...
 
+    # -- LangGraph checkpoints (protocol/graphstate.py, the rules in graphpolicy) ----------
+    # A thread is a session: each change is one transaction with its event on the
+    # session's stream; the bytes are stored as given, never decoded.
+    @abc.abstractmethod
+    async def put_checkpoint(
+        self,
+        record: CheckpointRecord,
+        *,
+        name: str,
+        messages: Sequence[Message | Mapping[str, Any]] = (),
+        partial: bool = False,
+    ) -> bool:
+        """Store (or replace) the checkpoint and log ``checkpoint.put``; the thread's first
+        put registers its session (named ``name``, source ``langgraph``). ``messages`` are
+        projected into its tree in the same transaction (``graphpolicy``); True if that
+        appended any. ``partial``: they are the conversation's tail, and a tree that holds
+        none of them is :class:`~protocol.errors.Conflict` (nothing written)."""
+
+    @abc.abstractmethod
+    async def put_checkpoint_writes(
+        self,
+        session_id: str,
+        ns: str,
+        checkpoint_id: str,
+        writes: Sequence[CheckpointWrite],
+        *,
+        replace: bool,
+    ) -> None:
+        """Store a task's pending writes (``replace``: over the same ``(task_id, idx)``,
+        else a duplicate is ignored) and log ``checkpoint.writes``."""
+
+    @abc.abstractmethod
+    async def get_checkpoint(
+        self, session_id: str, ns: str, checkpoint_id: str | None
+    ) -> CheckpointRecord | None:
+        """That checkpoint (the namespace's newest for None) with its writes, or None."""
+
+    @abc.abstractmethod
+    async def list_checkpoints(
+        self,
+        session_id: str | None,
+        *,
+        ns: str | None = None,
+        before: str | None = None,
+        limit: int | None = None,
+        filter: Mapping[str, Any] | None = None,
+    ) -> list[CheckpointRecord]:
+        """Newest first, with their writes; None for the session or the namespace: all."""
+
+    @abc.abstractmethod
+    async def delete_checkpoints(self, session_id: str, *, keep_latest: bool = False) -> int:
+        """Delete the thread's checkpoints and writes (``keep_latest``: all but each
+        namespace's newest); how many checkpoints went."""
+
+    @abc.abstractmethod
+    async def delete_checkpoint_runs(self, run_ids: Sequence[str]) -> int:
+        """Delete the checkpoints (and writes) whose metadata's ``run_id`` is listed."""
+
+    @abc.abstractmethod
+    async def copy_checkpoints(self, source: str, target: str, *, name: str) -> int:
+        """Copy every checkpoint and write of ``source`` onto ``target`` (registered if
+        need be), in one transaction; none when the source has none."""
+
     # -- retention (docs/operations.md) ----------------------------------------------------
     @abc.abstractmethod
     async def prune_events(
@@ -417,6 +497,43 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def count_events(self) -> int:
         """Events held in every log (from the streams' first and last seqs: no scan)."""
+
+    # -- files (hub/store/attachments.py, docs/files.md) ------------------------------------
+    @abc.abstractmethod
+    async def put_file(
+        self, sha256: str, media_type: str, data: bytes | BinaryIO, *, subject: str | None = None
+    ) -> StoredFile:
+        """Store a file under its SHA-256 (checked against the bytes: InvalidInput if they
+        differ), once: the same bytes again only touch it. ``subject`` (a token's) is
+        recorded as an uploader, who may reference and read it."""
+
+    @abc.abstractmethod
+    async def file_info(self, sha256: str) -> StoredFile | None: ...
+
+    @abc.abstractmethod
+    async def read_file_chunk(self, sha256: str, n: int) -> bytes | None:
+        """Chunk ``n`` (:data:`~.attachments.CHUNK` bytes each) of a stored file."""
+
+    @abc.abstractmethod
+    async def file_sessions(self, sha256: str) -> list[str]:
+        """The sessions whose messages reference the file."""
+
+    @abc.abstractmethod
+    async def file_uploaded_by(self, sha256: str, subject: str) -> bool: ...
+
+    @abc.abstractmethod
+    async def uploaded_bytes(self, subject: str) -> int:
+        """The bytes of the stored files ``subject`` uploaded (each file once)."""
+
+    @abc.abstractmethod
+    async def session_files(self, session_id: str) -> list[str]:
+        """The files the session's messages reference, by hash."""
+
+    @abc.abstractmethod
+    async def collect_files(self, older_than: datetime) -> list[str]:
+        """Delete the files that no message and no event references, stored (or sent again)
+        before ``older_than``; their hashes. One transaction, so a file referenced
+        meanwhile either stays or fails that write."""
 
     # -- export and import (hub/dump.py) ---------------------------------------------------
     @abc.abstractmethod

@@ -2,12 +2,16 @@
 
 The real client drives it first: ``@ag-ui/client`` 1.0's ``HttpAgent``, every event checked
 by ``@ag-ui/core``'s schemas and the client's own order verifier, on Node 22
-(tests/js7/agui.test.mjs). Then raw HTTP for the doors: tokens, bounds, bad bodies.
+(tests/js7/agui.test.mjs): runs, re-attach, follow mode across runs, STATE_DELTA, stop. Then
+raw HTTP for the doors: tokens, bounds, bad bodies and states, a follower too far behind, a
+draining hub, an expired token. A follower on another node: tests/adapters/test_doors_on_nodes.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -35,16 +39,27 @@ def _run(thread: str, *texts: str) -> dict[str, Any]:
 
 
 async def test_the_ag_ui_client_against_the_hub(tmp_path: Path) -> None:
-    async with (
-        served(db=tmp_path / "hub.db") as h,
-        responder(h.ws_url, lambda: len(h.hub.turns.responders) == 1),
-    ):
-        await run_node_tests(
-            node22(),
-            JS7 / "agui.test.mjs",
-            {"SESSIONHUB_URL": h.url, "SESSIONHUB_WS_URL": h.ws_url},
-            passes=4,
-        )
+    """Runs, re-attach, follow mode across runs, STATE_DELTA and stop (tests/js7/agui.test.mjs),
+    on a hub whose sessions have a read-only block (soul) and a writable one (memory)."""
+    store = await SqliteStore.open(tmp_path / "hub.db")
+    manager = (
+        SessionManager(store)
+        .with_context("soul", provider=ReadonlyText("kind"))
+        .with_context("memory", max_tokens=50)
+    )
+    try:
+        async with (
+            served(manager=manager) as h,
+            responder(h.ws_url, lambda: len(h.hub.turns.responders) == 1),
+        ):
+            await run_node_tests(
+                node22(),
+                JS7 / "agui.test.mjs",
+                {"SESSIONHUB_URL": h.url, "SESSIONHUB_WS_URL": h.ws_url},
+                passes=7,
+            )
+    finally:
+        await store.close()
 
 
 @pytest.mark.parametrize(
@@ -146,8 +161,7 @@ async def _state_run(store: SqliteStore) -> None:
             body = {**_run(thread, "hi"), "state": state}
             async with http.stream("POST", "/agui", json=body) as r:
                 lines = [line async for line in r.aiter_lines()]
-            if r.status_code != 200:
-                return r.status_code, [json.loads("".join(lines))]
+            assert r.status_code == 200, lines
             return 200, [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
 
         status, events = await run({"contextBlocks": {"memory": "likes tea", "soul": "kind"}})
@@ -161,15 +175,116 @@ async def _state_run(store: SqliteStore) -> None:
         session = h.hub.manager.get_session(thread)
         assert (await session.get_context_block("memory")).content == "likes tea"  # type: ignore[union-attr]
 
-        # All or none: notes is fine, the read-only soul is not, and memory is too long.
+        # All or none: notes is fine, the read-only soul is not, and memory is too long. The
+        # refusal is AG-UI's own: one RUN_ERROR with the hub's code, and no run.
         for bad in (
             {"contextBlocks": {"notes": "n", "soul": "cruel"}},
             {"contextBlocks": {"notes": "n", "memory": "word " * 200}},
             {"contextBlocks": {"nope": "x"}},
             {"contextBlocks": {"notes": 5}},
+            {"contextBlocks": ["notes"]},
+            "not an object",
         ):
-            status, (answer,) = await run(bad)
-            assert status == 400 and answer["error"]["code"] == "invalid", (bad, answer)
+            status, events = await run(bad)
+            assert [(e["type"], e.get("code")) for e in events] == [("RUN_ERROR", "invalid")], (bad, events)
         blocks = {b.label: b.content for b in await session.get_context_blocks()}
         assert blocks == {"soul": "kind", "memory": "likes tea", "notes": ""}
         assert len(await h.hub.manager.get_history(thread)) == 2  # only the first run's
+
+
+async def test_follow_and_stop_check_their_scopes(tmp_path: Path) -> None:
+    """Following needs ``read`` on the thread, stopping ``write``; a token for another
+    thread reaches neither."""
+    config = HubConfig(auth_secret=SECRET)
+    async with served(db=tmp_path / "hub.db", config=config) as h, httpx2.AsyncClient(base_url=h.url) as http:
+        thread = "t-" + uuid.uuid4().hex
+        await h.hub.store.create_session("chat", session_id=thread)
+
+        def auth(scopes: dict[str, str]) -> dict[str, str]:
+            return {"authorization": f"Bearer {issue_token(SECRET, scopes)}"}
+
+        follow = f"/agui/{thread}/stream?follow=1"
+        assert (await http.get(follow)).status_code == 401
+        assert (await http.get(follow, headers=auth({"t-other": "admin"}))).status_code == 403
+        async with http.stream("GET", follow, headers=auth({thread: "read"})) as r:
+            assert r.status_code == 200
+            events = []
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:])["type"])
+                    if events[-1] == "RUN_FINISHED":
+                        break
+        assert events == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "STATE_SNAPSHOT", "RUN_FINISHED"]
+        # A follow stream does not outlive its token: it ends, typed, when the token expires.
+        short = {"authorization": f"Bearer {issue_token(SECRET, {thread: 'read'}, ttl=1.5)}"}
+        async with http.stream("GET", follow, headers=short) as r:
+            assert r.status_code == 200
+            async with asyncio.timeout(5):
+                kinds = [json.loads(line[6:]) async for line in r.aiter_lines() if line.startswith("data: ")]
+        assert (kinds[-1]["type"], kinds[-1]["code"]) == ("RUN_ERROR", "unauthorized")
+        stop = f"/agui/{thread}/stop"
+        assert (await http.post(stop)).status_code == 401
+        for scopes in ({thread: "read"}, {"t-other": "admin"}):
+            answer = await http.post(stop, headers=auth(scopes))
+            assert answer.status_code == 403 and answer.json()["error"]["code"] == "forbidden"
+        nothing = await http.post(stop, headers=auth({thread: "write"}))
+        assert nothing.status_code == 404 and nothing.json()["error"]["code"] == "not_found"
+
+
+async def test_a_follower_too_far_behind_is_ended_and_the_others_get_everything(tmp_path: Path) -> None:
+    """Each follower's queue is bounded (``outbox_bytes``): one that does not read is ended
+    (a ``RUN_ERROR`` of code ``slow_consumer``, or its connection cut when it takes not even
+    that), counted in ``sessionhub_sse_dropped``; a reader that keeps up gets the whole run."""
+    config = HubConfig(outbox_bytes=256 << 10, send_timeout=1.0)
+    async with (
+        served(db=tmp_path / "hub.db", config=config) as h,
+        responder(h.ws_url, lambda: len(h.hub.turns.responders) == 1),
+        httpx2.AsyncClient(base_url=h.url, timeout=30) as http,
+    ):
+        thread = "t-" + uuid.uuid4().hex
+        await h.hub.store.create_session("chat", session_id=thread)
+        dropped = h.hub.metrics.sse_dropped
+
+        def drops() -> float:
+            return float(sum(dropped.labels(r)._value.get() for r in ("behind", "timeout")))
+
+        before = drops()
+        async with http.stream("GET", f"/agui/{thread}/stream?follow=1") as stalled:
+            assert stalled.status_code == 200
+            async with http.stream("POST", "/agui", json=_run(thread, "big 8192")) as posted:
+                kinds = [
+                    json.loads(line[6:])["type"]
+                    async for line in posted.aiter_lines()
+                    if line[:6] == "data: "
+                ]
+            assert kinds[-1] == "RUN_FINISHED"
+            assert drops() > before  # the stalled follower, not the POST's reader
+            tail, cut = b"", False
+            try:
+                async for piece in stalled.aiter_bytes():
+                    tail = (tail + piece)[-4096:]
+            except httpx2.HTTPError:
+                cut = True
+            assert cut or b'"code":"slow_consumer"' in tail, tail[-300:]
+
+
+async def test_a_draining_hub_ends_its_followers(tmp_path: Path) -> None:
+    """A follow stream never ends by itself, and uvicorn waits for every response to end:
+    the hub's drain (``sessionhub serve`` on SIGINT runs it first) ends each follower with
+    ``RUN_ERROR {code: "unavailable"}`` (no id: the reader's ``Last-Event-ID`` still names
+    its last event)."""
+    async with served(db=tmp_path / "hub.db") as h, httpx2.AsyncClient(base_url=h.url, timeout=30) as http:
+        async with http.stream("GET", "/agui/t-drain/stream?follow=1") as r:
+            assert r.status_code == 200
+            lines = r.aiter_lines()
+            async for line in lines:
+                if '"RUN_FINISHED"' in line:
+                    break
+            started = time.monotonic()
+            draining = asyncio.create_task(h.hub.drain())
+            rest = [line async for line in lines]
+            await draining
+        assert time.monotonic() - started < 3
+        last = json.loads(next(line for line in reversed(rest) if line.startswith("data: "))[6:])
+        assert (last["type"], last["code"]) == ("RUN_ERROR", "unavailable")
+        assert not any(line.startswith("id: ") for line in rest)

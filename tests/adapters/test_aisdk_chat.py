@@ -40,7 +40,7 @@ async def test_the_ai_sdk_against_the_hub(tmp_path: Path) -> None:
     ):
         env = {"SESSIONHUB_URL": h.url, "SESSIONHUB_WS_URL": h.ws_url}
         flags = tuple(_websocket_flags(node_path))
-        await run_node_tests(node_path, JS / "chat.test.mjs", env, passes=8, flags=flags, timeout=90)
+        await run_node_tests(node_path, JS / "chat.test.mjs", env, passes=9, flags=flags, timeout=90)
 
 
 async def test_no_responder_ends_with_an_error_chunk(tmp_path: Path) -> None:

@@ -131,7 +131,7 @@ async def test_the_ai_sdk_7_transport_against_the_hub(tmp_path: Path) -> None:
             node22(),
             JS7 / "chat-ws.test.mjs",
             {"SESSIONHUB_URL": h.url, "SESSIONHUB_WS_URL": h.ws_url},
-            passes=9,
+            passes=10,
         )
 
 

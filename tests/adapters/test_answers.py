@@ -40,6 +40,14 @@ async def _post(http: httpx2.AsyncClient, h: Served, body: dict[str, Any], **hea
         return [c async for c in sse_chunks(r)]
 
 
+async def _ended(h: Served, session_id: str) -> None:
+    async with asyncio.timeout(10):
+        while not any(
+            e.type == "turn.ended" for e in await h.hub.manager.get_session(session_id).read_events()
+        ):
+            await asyncio.sleep(0.02)
+
+
 def _page_copy(h: Served, session_id: str, reply_id: str) -> dict[str, Any]:
     current = h.hub.streams.current(session_id, reply_id)
     assert current is not None
@@ -160,11 +168,8 @@ async def test_answer_tool_and_a_client_tool_result_over_the_socket(tmp_path: Pa
         assert done["reply_id"] == reply_id
         with pytest.raises((Conflict, NotFound)):
             await session.answer_tool(tool_call_id=call_id, output="Porto")
-        for _ in range(200):
-            stored = await h.hub.manager.get_session("c3").get_message(reply_id)
-            if stored is not None and h.hub.turns.in_flight("c3") is None:
-                break
-            await asyncio.sleep(0.02)
+        await _ended(h, "c3")  # the reply is stored whole by then
+        stored = await h.hub.manager.get_session("c3").get_message(reply_id)
         assert stored is not None
         tool = next(p for p in stored.parts if p.get("toolCallId") == call_id)
         assert tool["state"] == "output-available" and tool["output"] == "Lisbon"

@@ -2,7 +2,8 @@
 
 Cloudflare's own client code drives it first: ``agents`` 0.32's ``AgentClient`` and the
 ``WebSocketChatTransport`` of ``agents/chat/transport`` (what ``useAgentChat`` uses), on
-Node 22 (tests/js7/cf-agents.test.mjs). Then raw frames for the tokens and bad input.
+Node 22 (tests/js7/cf-agents.test.mjs). Then raw frames for the tokens and bad input. Tabs
+on two hub nodes: tests/adapters/test_doors_on_nodes.py.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import httpx2
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
+from hub.adapters import cf_rooms
 from hub.adapters.cf_agents import session_of
 from hub.auth import issue_token
 from hub.server import HubConfig
 from tests.adapters.test_aisdk_ws import SECRET
 from tests.support.chatkit import responder
-from tests.support.hubtest import served
+from tests.support.hubtest import eventually, served
 from tests.support.nodetests import JS7, node22, run_node_tests
 
 
@@ -185,3 +187,34 @@ async def test_a_tool_approval_and_a_client_tool_result_reach_the_responder(
             assert (
                 "".join(c.get("delta", "") for c in rest if c["type"] == "text-delta") == "You are in Lisbon."
             )
+
+
+async def test_a_socket_without_read_hears_nothing_of_the_chat(tmp_path: Path) -> None:
+    """A socket whose token does not reach the session is not in its room: another tab's
+    messages and clears are not sent to it."""
+    config = HubConfig(auth_secret=SECRET)
+    async with served(db=tmp_path / "hub.db", config=config) as h:
+        name = uuid.uuid4().hex
+        sid = session_of("chat-agent", name)
+        await h.hub.store.create_session("chat", session_id=sid)
+        url = f"ws://127.0.0.1:{h.port}/agents/chat-agent/{name}"
+        writer = issue_token(SECRET, {sid: "write"})
+        stranger = issue_token(SECRET, {"chat-agent:else": "admin"})
+        async with connect(f"{url}?token={stranger}") as outsider, connect(f"{url}?token={writer}") as tab:
+            await _until(outsider, "cf_agent_state_error")
+            await _until(tab, "cf_agent_chat_messages")
+            message = {"id": "m1", "role": "user", "parts": [{"type": "text", "text": "secret"}]}
+            await tab.send(json.dumps({"type": "cf_agent_chat_messages", "messages": [message]}))
+            await tab.send(json.dumps({"type": "cf_agent_chat_clear"}))
+            await tab.send(json.dumps({"type": "cf_agent_stream_resume_request", "probeId": "p"}))
+            await _until(tab, "cf_agent_stream_resume_none")  # the tab's frames were all handled
+            await asyncio.sleep(0.1)  # and the log follower's, which come after a short wait
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.2):
+                    await outsider.recv()
+            room = cf_rooms._ROOMS[sid]
+            follower = room.follower
+            assert follower is not None and not follower.done()
+        assert await h.hub.manager.get_history(sid) == []
+        # The last tab gone, its room goes, and the room's log follower with it.
+        await eventually(lambda: sid not in cf_rooms._ROOMS and follower.done())

@@ -5,14 +5,9 @@ whose manager has context blocks (SQLite file and Postgres)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
-import re
-import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +15,6 @@ import httpx2
 import mcp_types as types
 import pytest
 from mcp.client.session import ClientSession
-from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from clients import HubClient
@@ -28,58 +22,15 @@ from hub import FileSkillProvider, SessionManager, Store, StoreSearchProvider
 from hub.auth import issue_token
 from hub.server import HubConfig
 from tests.support.hubtest import served, text
+from tests.support.mcpkit import ROOT, body, mcp_client, serve_process
 
-ROOT = Path(__file__).resolve().parents[2]
 SECRET = "mcp-test-secret-of-at-least-32-bytes!"
-
-
-@contextlib.asynccontextmanager
-async def mcp_client(url: str, token: str | None = None) -> AsyncIterator[ClientSession]:
-    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
-    async with (
-        httpx2.AsyncClient(headers=headers, timeout=10) as http,
-        streamable_http_client(url, http_client=http) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
-        yield session
-
-
-def body(result: types.CallToolResult) -> str:
-    assert len(result.content) == 1
-    first = result.content[0]
-    assert isinstance(first, types.TextContent)
-    return first.text
 
 
 async def ok(session: ClientSession, name: str, arguments: dict[str, Any]) -> str:
     result = await session.call_tool(name, arguments)
     assert not result.is_error, body(result)
     return body(result)
-
-
-@contextlib.asynccontextmanager
-async def serve_process(db: Path, *extra: str) -> AsyncIterator[int]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "hub.apps.cli", "serve", "--db", str(db), "--port", "0", *extra,
-        stderr=subprocess.PIPE, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
-    assert proc.stderr is not None
-    try:
-        async with asyncio.timeout(20):
-            while True:
-                line = (await proc.stderr.readline()).decode()
-                assert line, "server exited before listening"
-                found = re.search(r"http://127\.0\.0\.1:(\d+)", line)
-                if found:
-                    port = int(found.group(1))
-                    break
-        yield port
-    finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGINT)
-        async with asyncio.timeout(20):
-            await proc.wait()
 
 
 # -- a real `sessionhub serve`, with tokens ------------------------------------------------
@@ -159,18 +110,32 @@ async def test_serve_process_tools_events_and_scopes(tmp_path: Path) -> None:
             reader = issue_token(SECRET, {info.id: "read"})
             async with mcp_client(url, reader) as mcp:
                 assert "m2" in await ok(mcp, "get_history", {"session_id": info.id})
-                for name, arguments in [
-                    ("append_message", {"session_id": info.id, "text": "no"}),
-                    ("get_history", {"session_id": other.id}),
-                    ("list_sessions", {}),
-                    ("search", {"query": "friday"}),
-                    ("session_search", {"query": "friday", "session_id": info.id}),
+                everyone = "every session (*)"
+                for name, arguments, needed in [
+                    (
+                        "append_message",
+                        {"session_id": info.id, "text": "no"},
+                        f"write scope on session {info.id}",
+                    ),
+                    ("get_history", {"session_id": other.id}, f"read scope on session {other.id}"),
+                    ("list_sessions", {}, f"read scope on {everyone}"),
+                    ("search", {"query": "friday"}, f"read scope on {everyone}"),
+                    (
+                        "session_search",
+                        {"query": "friday", "session_id": info.id},
+                        f"write scope on {everyone}",
+                    ),
                 ]:
                     refused = await mcp.call_tool(name, arguments)
-                    assert refused.is_error and body(refused) == "forbidden: forbidden", name
+                    assert refused.is_error, name
+                    assert body(refused) == f"forbidden: tool {name} needs the {needed}"
                 resources = (await mcp.list_resources()).resources
-                # Reading the prompt freezes it (a write), and serve has no blocks: nothing to list.
-                assert {r.uri for r in resources} == set()
+                # Reading the prompt freezes it (a write), and serve has no blocks: the list
+                # (of this session only) and this session's history.
+                assert {r.uri for r in resources} == {
+                    "sessionhub://sessions",
+                    f"sessionhub://sessions/{info.id}/history",
+                }
                 with pytest.raises(MCPError, match="forbidden"):
                     await mcp.read_resource(f"sessionhub://sessions/{other.id}/prompt")
 
@@ -285,6 +250,7 @@ async def test_context_tools_match_the_sessions_own(store: Store, tmp_path: Path
                 await mcp.read_resource(f"{base}/blocks/nothing")
             templates = (await mcp.list_resource_templates()).resource_templates
             assert [t.uri_template for t in templates] == [
+                "sessionhub://sessions/{session_id}/history",
                 "sessionhub://sessions/{session_id}/prompt",
                 "sessionhub://sessions/{session_id}/blocks/{label}",
             ]
@@ -298,9 +264,14 @@ async def test_scope_is_per_session(tmp_path: Path) -> None:
         async with mcp_client(f"{hub.url}/mcp", token) as mcp:
             assert await ok(mcp, "append_message", {"session_id": mine.id, "text": "hi", "message_id": "a"})
             refused = await mcp.call_tool("append_message", {"session_id": theirs.id, "text": "hi"})
-            assert refused.is_error and body(refused) == "forbidden: forbidden"
+            assert refused.is_error
+            assert (
+                body(refused)
+                == f"forbidden: tool append_message needs the write scope on session {theirs.id}"
+            )
             uris = {r.uri for r in (await mcp.list_resources()).resources}
-            assert uris == {f"sessionhub://sessions/{mine.id}/prompt"}
+            base = f"sessionhub://sessions/{mine.id}"
+            assert uris == {"sessionhub://sessions", f"{base}/history", f"{base}/prompt"}
         assert await manager.get_message_count(theirs.id) == 0
 
 

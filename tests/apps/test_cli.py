@@ -54,8 +54,11 @@ def one_line(result: subprocess.CompletedProcess[str]) -> str:
 
 
 @contextlib.asynccontextmanager
-async def serve(*args: str, env: dict[str, str] | None = None) -> AsyncIterator[str]:
-    """A real ``sessionhub serve`` on a free port; yields its WebSocket URL once it listens."""
+async def serve(
+    *args: str, env: dict[str, str] | None = None, lines: list[str] | None = None
+) -> AsyncIterator[str]:
+    """A real ``sessionhub serve`` on a free port; yields its WebSocket URL once it listens
+    (the stderr lines until then go to ``lines``)."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "hub.apps.cli", "serve", "--port", "0", *args,
         stderr=subprocess.PIPE, env=environ(env),
@@ -66,6 +69,8 @@ async def serve(*args: str, env: dict[str, str] | None = None) -> AsyncIterator[
             while True:
                 line = (await proc.stderr.readline()).decode()
                 assert line, "serve exited before listening"
+                if lines is not None:
+                    lines.append(line.rstrip("\n"))
                 found = re.search(r"Uvicorn running on http://127\.0\.0\.1:(\d+)", line)
                 if found:
                     break

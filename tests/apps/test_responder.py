@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import pytest
 
 from hub import ReadonlyText, SessionManager, SqliteStore
 from hub.apps.responder import ChatCompletionsResponder, run_responder
+from hub.templates import Template, TemplateBlock
 from tests.support.chatkit import sse_chunks
 from tests.support.hubtest import served
 
@@ -47,6 +49,11 @@ class ModelServer:
                 name, _, value = line.partition(":")
                 if name.lower() == "content-length":
                     length = int(value)
+            if not head.startswith(b"POST"):
+                # `sessionhub respond` checks the server answers (GET /models): this one has none.
+                writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                await writer.drain()
+                return
             body = json.loads(await reader.readexactly(length))
             self.requests.append(body)
             behaviour = self.script.pop(0) if self.script else _text("(no more script)")
@@ -134,15 +141,20 @@ async def model_server(*script: Writer) -> AsyncIterator[ModelServer]:
 
 @contextlib.asynccontextmanager
 async def chat_backend(
-    tmp_path: Path, responder: ChatCompletionsResponder
+    tmp_path: Path, responder: ChatCompletionsResponder, *, template: bool = False
 ) -> AsyncIterator[tuple[Any, SessionManager]]:
-    """A hub whose sessions have a read-only soul and a writable memory, and the responder."""
+    """A hub whose sessions have a read-only soul and a writable memory (given by the
+    manager, or by its default template: sessionhub.toml's way), and the responder."""
     store = await SqliteStore.open(tmp_path / "hub.db")
-    manager = (
-        SessionManager(store)
-        .with_context("soul", provider=ReadonlyText("You are terse."))
-        .with_context("memory", description="Learned facts", max_tokens=100)
-    )
+    manager = SessionManager(store)
+    soul = ReadonlyText("You are terse.")
+    if template:
+        blocks = (TemplateBlock("soul", provider=soul), TemplateBlock("memory", "Learned facts", 100))
+        manager.with_templates([Template("t", blocks)], default="t")
+    else:
+        manager.with_context("soul", provider=soul).with_context(
+            "memory", description="Learned facts", max_tokens=100
+        )
     try:
         async with served(manager=manager) as h:
             ready = asyncio.Event()
@@ -204,11 +216,12 @@ async def test_text_streams_with_the_frozen_prompt_and_usage(tmp_path: Path) -> 
             assert (info.input_tokens, info.output_tokens) == (12, 3)
 
 
-async def test_a_tool_call_round_trip(tmp_path: Path) -> None:
+@pytest.mark.parametrize("template", [False, True], ids=["manager", "template"])
+async def test_a_tool_call_round_trip(tmp_path: Path, template: bool) -> None:
     script = (_tool_call("set_context", {"label": "memory", "content": "User likes tea."}), _text("Noted."))
     async with model_server(*script) as model:
         responder = ChatCompletionsResponder(model.base_url, "tiny", max_retries=0)
-        async with chat_backend(tmp_path, responder) as (h, manager):
+        async with chat_backend(tmp_path, responder, template=template) as (h, manager):
             chunks = await _chat(h.url, "s-tool", "remember I like tea")
             types = _types(chunks)
             assert types[:4] == ["start", "tool-input-start", "tool-input-available", "tool-output-available"]
@@ -222,11 +235,23 @@ async def test_a_tool_call_round_trip(tmp_path: Path) -> None:
             assert tool["input"] == {"label": "memory", "content": "User likes tea."}
             assert text == {"type": "text", "text": "Noted."}
             # The second request carries the call and its result.
+            assert "You are terse." in model.requests[0]["messages"][0]["content"]
             follow_up = model.requests[1]["messages"]
             assert follow_up[-2]["tool_calls"][0]["id"] == "call-7"
             assert follow_up[-1] == {"role": "tool", "tool_call_id": "call-7", "content": tool["output"]}
             info = await manager.get("s-tool")
             assert info is not None and info.input_tokens == 20 + 10
+
+
+async def _roles(manager: SessionManager, session_id: str) -> list[str]:
+    return [m.role for m in await manager.get_session(session_id).get_history()]
+
+
+async def _until(read: Callable[[], Awaitable[Any]], expected: Any) -> None:
+    """The responder cleans up after the chat has seen the error: wait for it (bounded)."""
+    async with asyncio.timeout(5):
+        while await read() != expected:
+            await asyncio.sleep(0.01)
 
 
 async def test_a_500_then_success_is_retried(tmp_path: Path) -> None:
@@ -243,12 +268,18 @@ async def test_a_500_then_success_is_retried(tmp_path: Path) -> None:
 async def test_a_400_fails_the_turn_with_the_servers_answer(tmp_path: Path) -> None:
     async with model_server(_status(400, "model 'tiny' does not exist")) as model:
         responder = ChatCompletionsResponder(model.base_url, "tiny", max_retries=3, backoff=0.01)
-        async with chat_backend(tmp_path, responder) as (h, _):
+        async with chat_backend(tmp_path, responder) as (h, manager):
             chunks = await _chat(h.url, "s-400", "hi")
             error = chunks[-2]
             assert isinstance(error, dict) and error["type"] == "error"
             assert "HTTP 400: model 'tiny' does not exist" in error["errorText"]
+            # Who failed, named once, and the model server by its URL (no exception's type).
+            assert error["errorText"].startswith(
+                f"responder 'llm' failed: model server request to {model.base_url}/chat/completions failed"
+            ), error["errorText"]
             assert len(model.requests) == 1  # not retried
+            # The failed reply said nothing: no empty assistant message is left in the tree.
+            await _until(lambda: _roles(manager, "s-400"), ["user"])
 
 
 async def test_a_timeout_is_retried_then_reported(tmp_path: Path) -> None:
@@ -260,8 +291,10 @@ async def test_a_timeout_is_retried_then_reported(tmp_path: Path) -> None:
             assert isinstance(error, dict) and error["type"] == "error"
             assert "failed after 2 attempts: timed out after 0.3s" in error["errorText"]
             assert len(model.requests) == 2
-            # The aborted reply is kept, empty, with the turn's outcome in the log.
+            # The aborted reply, empty, is deleted; the turn's outcome stays in the log.
+            await _until(lambda: _roles(manager, "s-slow"), ["user"])
             events = await manager.get_session("s-slow").read_events()
+            assert "message.deleted" in [e.type for e in events]
             ended = [e for e in events if e.type == "turn.ended"]
             assert ended and ended[-1].data["status"] == "failed"
 
@@ -301,7 +334,9 @@ def test_respond_command_says_when_the_hub_is_unreachable() -> None:
     )
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("sessionhub: cannot connect to the hub"), done.stderr
+    # The model server is checked first (before the hub): it is named in the one line.
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("sessionhub: cannot reach the model server at http://127.0.0.1:9/v1"), lines
 
 
 async def test_stopping_the_chat_stops_the_model_request(tmp_path: Path) -> None:
@@ -353,3 +388,43 @@ async def test_stopping_the_chat_stops_the_model_request(tmp_path: Path) -> None
         assert ended[-1]["status"] == "stopped" and ended[-1]["reason"] == "stopped by the user"
         stream_ended = [e.data for e in await session.read_events() if e.type == "stream.ended"]
         assert stream_ended[-1]["status"] == "stopped"
+
+
+async def test_an_image_reaches_the_model_as_an_image_url_part(tmp_path: Path) -> None:
+    import base64
+    import hashlib
+    import os
+
+    image = os.urandom(3000)
+    inline = "data:image/png;base64," + base64.b64encode(image).decode()
+    async with model_server(_text("A cat.")) as model:
+        responder = ChatCompletionsResponder(model.base_url, "vision", max_retries=0)
+        async with chat_backend(tmp_path, responder) as (h, manager):
+            body = {
+                "id": "s-img",
+                "messages": [
+                    {
+                        "id": "u1",
+                        "role": "user",
+                        "parts": [
+                            {"type": "text", "text": "what is this?"},
+                            {"type": "file", "mediaType": "image/png", "url": inline, "filename": "c.png"},
+                        ],
+                    }
+                ],
+            }
+            async with (
+                httpx2.AsyncClient(timeout=30) as http,
+                http.stream("POST", f"{h.url}/api/chat", json=body) as r,
+            ):
+                assert r.status_code == 200
+                _ = [c async for c in sse_chunks(r)]
+            stored = (await manager.get_session("s-img").get_history())[0]
+            assert stored.parts[1]["url"] == f"/files/{hashlib.sha256(image).hexdigest()}"
+            assert model.requests[0]["messages"][-1] == {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "what is this?"},
+                    {"type": "image_url", "image_url": {"url": inline}},
+                ],
+            }

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import socket
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
@@ -17,8 +14,9 @@ from typing import Any, cast
 import pytest
 from agents import Agent, Runner, Usage, function_tool, set_tracing_disabled
 from agents.items import ModelResponse, TResponseInputItem
-from agents.memory import SQLiteSession
+from agents.memory import Session, SQLiteSession
 from agents.models.interface import Model
+from agents.run_context import RunContextWrapper
 from openai.types.responses import (
     ResponseFunctionToolCall,
     ResponseOutputMessage,
@@ -29,6 +27,7 @@ from clients import HubClient
 from clients.openai_agents import METADATA_KEY, HubAgentSession
 from hub import SessionManager, Store
 from protocol import Conflict, InvalidInput, SessionNotFound
+from tests.support.frameworks import add_as_other_writers, import_without
 from tests.support.hubtest import served
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -254,28 +253,7 @@ async def test_compaction_returns_one_summary_item(store: Store) -> None:
 async def test_messages_from_other_writers_read_as_items(store: Store) -> None:
     manager = SessionManager(store)
     session = await HubAgentSession.create(manager, "mixed")
-    await manager.append(
-        session.session_id,
-        {"id": "h1", "role": "user", "parts": [{"type": "text", "text": "typed in the inspector"}]},
-    )
-    await manager.append(
-        session.session_id,
-        {
-            "id": "h2",
-            "role": "assistant",
-            "parts": [
-                {"type": "step-start"},
-                {
-                    "type": "tool-lookup",
-                    "toolCallId": "t9",
-                    "state": "output-available",
-                    "input": {"q": 1},
-                    "output": {"n": 2},
-                },
-                {"type": "text", "text": "done"},
-            ],
-        },
-    )
+    await add_as_other_writers(manager, session.session_id)
     assert await session.get_items() == [
         {"role": "user", "content": "typed in the inspector"},
         {"type": "function_call", "call_id": "t9", "name": "lookup", "arguments": '{"q": 1}'},
@@ -366,19 +344,19 @@ SCRIPT: list[tuple[str, Any]] = [
 ]
 
 
-async def run_script(session: Any) -> list[Any]:
+async def run_script(session: Any, **keywords: Any) -> list[Any]:
+    """SCRIPT on ``session``; ``keywords`` (the SDK's ``wrapper=``) go to every call."""
     results: list[Any] = []
     for op, argument in SCRIPT:
         if op == "add":
-            results.append(await session.add_items(argument))
+            results.append(await session.add_items(argument, **keywords))
         elif op == "get":
-            results.append(
-                await session.get_items() if argument is None else await session.get_items(limit=argument)
-            )
+            limit = {} if argument is None else {"limit": argument}
+            results.append(await session.get_items(**limit, **keywords))
         elif op == "pop":
-            results.append(await session.pop_item())
+            results.append(await session.pop_item(**keywords))
         else:
-            results.append(await session.clear_session())
+            results.append(await session.clear_session(**keywords))
     return results
 
 
@@ -389,13 +367,49 @@ async def test_parity_with_sqlite_session(store: Store, tmp_path: Path) -> None:
     finally:
         reference.close()
     session = await HubAgentSession.create(SessionManager(store), "parity")
+    assert isinstance(session, Session)  # the SDK's runtime-checkable protocol
     assert await run_script(session) == expected
+    # The same with the run's wrapper on every call, as the Runner passes it (SQLiteSession
+    # takes none: the results must not depend on it).
+    with_wrapper = await HubAgentSession.create(SessionManager(store), "parity, wrapper")
+    assert await run_script(with_wrapper, wrapper=RunContextWrapper(context={"tenant": "acme"})) == expected
     # session_settings.limit is the default limit, as in the SDK.
     limited = HubAgentSession(
         session.session_id, sessions=SessionManager(store), session_settings={"limit": 1}
     )
     assert limited.session_settings is not None and limited.session_settings.limit == 1
     assert await limited.get_items() == [user("fresh")]
+
+
+class RecordingSession(HubAgentSession):
+    """Records the wrapper each call gets, to see what the Runner passes."""
+
+    wrappers: list[tuple[str, Any]]
+
+    async def get_items(
+        self, limit: int | None = None, *, wrapper: RunContextWrapper[Any] | None = None
+    ) -> list[TResponseInputItem]:
+        self.wrappers.append(("get_items", wrapper and wrapper.context))
+        return await super().get_items(limit, wrapper=wrapper)
+
+    async def add_items(
+        self, items: list[TResponseInputItem], *, wrapper: RunContextWrapper[Any] | None = None
+    ) -> None:
+        self.wrappers.append(("add_items", wrapper and wrapper.context))
+        await super().add_items(items, wrapper=wrapper)
+
+
+async def test_the_runner_passes_its_context_wrapper(store: Store) -> None:
+    manager = SessionManager(store)
+    created = await HubAgentSession.create(manager, "tenant")
+    session = RecordingSession(created.session_id, sessions=manager)
+    session.wrappers = []
+    tenant = {"tenant": "acme"}
+    await Runner.run(
+        Agent(name="a", model=OfflineModel([says("ok", "msg_t")])), "hi", session=session, context=tenant
+    )
+    assert session.wrappers and all(context is tenant for _, context in session.wrappers)
+    assert {name for name, _ in session.wrappers} == {"get_items", "add_items"}
 
 
 async def test_session_settings_limit_drives_the_runner(store: Store) -> None:
@@ -443,9 +457,6 @@ async def test_runner_over_hub_client(hub_client: HubClient, tmp_path: Path) -> 
 
 
 def test_import_without_the_package_names_the_extra() -> None:
-    code = "import sys; sys.modules['agents'] = None; import clients.openai_agents"
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, env={**os.environ}
-    )
+    done = import_without("agents", "clients.openai_agents")
     assert done.returncode != 0
     assert 'pip install "sessionhub[openai-agents]"' in done.stderr

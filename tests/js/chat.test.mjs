@@ -245,3 +245,39 @@ for (const [kind, make] of Object.entries(transports)) {
     }
   });
 }
+
+test("AI SDK 6 DefaultChatTransport: a tool approval round trip continues the same message", { skip }, async () => {
+  const transport = new DefaultChatTransport({ api: `${base}/api/chat` });
+  const chatId = randomUUID();
+  const ask = user("approve the deploy");
+  const first = await read(await transport.sendMessages({ chatId, messages: [ask], trigger: "submit-message" }));
+  assert.deepEqual(first.errors, []);
+  const tool = first.last.parts.find((p) => p.type === "tool-deploy");
+  assert.equal(tool.state, "approval-requested");
+  // What addToolApprovalResponse leaves in the page's copy.
+  const page = JSON.parse(JSON.stringify(first.last));
+  const asked = page.parts.find((p) => p.type === "tool-deploy");
+  asked.state = "approval-responded";
+  asked.approval = { ...asked.approval, approved: true };
+  const chunks = [];
+  const errors = [];
+  const stream = (await transport.sendMessages({ chatId, messages: [ask, page], trigger: "submit-message" })).pipeThrough(
+    new TransformStream({
+      transform(chunk, controller) {
+        chunks.push(chunk);
+        controller.enqueue(chunk);
+      },
+    }),
+  );
+  let last = page;
+  for await (const m of readUIMessageStream({ message: page, stream, onError: (e) => errors.push(e) })) last = m;
+  assert.deepEqual(errors, []);
+  assert.equal(last.id, first.last.id);
+  assert.equal(last.parts.find((p) => p.type === "tool-deploy").state, "output-available");
+  // Nothing of AI SDK 7's chunk set went to an AI SDK 6 page.
+  assert.ok(!chunks.some((c) => c.type === "tool-approval-response"), JSON.stringify(chunks));
+  for (let i = 0; i < 100 && (await history(chatId)).at(-1)?.parts.at(-1)?.text !== "Deployed."; i++) {
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  assert.deepEqual(asJson(last), await stored(chatId, last.id));
+});

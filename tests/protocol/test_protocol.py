@@ -40,6 +40,17 @@ ROOT = Path(__file__).resolve().parents[2]
 MSG = {"id": "m1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}
 
 #: A valid frame for every op: the fields besides ``op`` and ``id``.
+CHECKPOINT: dict[str, Any] = {
+    "thread_id": "s1",
+    "ns": "",
+    "checkpoint_id": "c1",
+    "parent_id": None,
+    "type": "msgpack",
+    "data": "AP8=",
+    "metadata": {"step": 0},
+    "writes": [],
+}
+
 VALID: dict[str, dict[str, Any]] = {
     "create": {"name": "chat", "parent_session_id": None, "model": "m", "source": "s"},
     "get": {"session_id": "s1"},
@@ -97,6 +108,29 @@ VALID: dict[str, dict[str, Any]] = {
     "turn_failed": {"turn_id": "t1", "error": "no model"},
     "export": {"session_ids": ["s1"]},
     "import": {"lines": ['{"sessionhub_dump": 1, "sessions": 0}'], "final": True, "replace": False},
+    # A checkpoint record's bytes travel base64 (compared as msgspec renders them back).
+    "checkpoint_put": {"session_id": "s1", "checkpoint": CHECKPOINT, "messages": [MSG]},
+    "checkpoint_writes": {
+        "session_id": "s1",
+        "ns": "",
+        "checkpoint_id": "c1",
+        "writes": [
+            {
+                "task_id": "t",
+                "idx": -1,
+                "channel": "__error__",
+                "type": "msgpack",
+                "value": "AP8=",
+                "task_path": "",
+            }
+        ],
+        "replace": True,
+    },
+    "checkpoint_get": {"session_id": "s1", "ns": "child:1", "checkpoint_id": "c1"},
+    "checkpoint_list": {"session_id": None, "ns": "", "before": "c9", "limit": 5, "filter": {"step": 1}},
+    "checkpoint_delete": {"session_id": "s1"},
+    "checkpoint_prune": {"session_id": "s1", "keep_latest": False},
+    "checkpoint_delete_runs": {"run_ids": ["r1", "r2"]},
 }
 
 
@@ -127,7 +161,7 @@ def test_decode_every_op(op: str) -> None:
     assert type(request) is REQUEST_TYPES[op]
     assert request.id == f"r-{op}"
     for name, value in fields.items():
-        assert getattr(request, name) == value, name
+        assert msgspec.to_builtins(getattr(request, name)) == value, name
 
 
 @pytest.mark.parametrize("rid", [0, 7, -3, 2**53, "", "abc", "ü-ключ"])

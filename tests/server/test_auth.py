@@ -85,6 +85,19 @@ def test_serve_refuses_a_public_address_without_a_secret() -> None:
     assert "--auth-secret" in result.stderr
 
 
+def checkpoint(session_id: str) -> dict[str, Any]:
+    """A LangGraph checkpoint record as the wire carries it (bytes base64)."""
+    return {
+        "thread_id": session_id,
+        "ns": "",
+        "checkpoint_id": "c1",
+        "parent_id": None,
+        "type": "msgpack",
+        "data": "AP8=",
+        "metadata": {"step": 0},
+    }
+
+
 def request_for(op: str, session_id: str) -> dict[str, Any]:
     """A well-formed request for ``op`` on ``session_id`` (it may still fail for other
     reasons; the matrix only cares whether it is forbidden)."""
@@ -145,14 +158,31 @@ def request_for(op: str, session_id: str) -> dict[str, Any]:
         "get_turn": {"session_id": session_id},
         "stop_turn": {"session_id": session_id},
         "turn_failed": {"turn_id": "nothing-was-given", "error": "x"},
+        "answer_tool": {"session_id": session_id, "approval_id": "a1", "approved": True},
+        "steer_turn": {"session_id": session_id, "message": {"id": "m1", "role": "user", "parts": []}},
         "export": {"session_ids": [session_id]},
         "import": {"lines": ['{"sessionhub_dump": 1, "sessions": 0}'], "final": True},
+        "checkpoint_put": {"session_id": session_id, "checkpoint": checkpoint(session_id)},
+        "checkpoint_writes": {"session_id": session_id, "ns": "", "checkpoint_id": "c1", "writes": []},
+        "checkpoint_get": {"session_id": session_id},
+        "checkpoint_list": {"session_id": session_id},
+        "checkpoint_delete": {"session_id": session_id},
+        "checkpoint_prune": {"session_id": session_id},
+        "checkpoint_delete_runs": {"run_ids": ["r1"]},
     }
     return fields[op]
 
 
 RANK = {"read": 0, "write": 1, "admin": 2}
-GLOBAL_OPS = {"create", "list", "search", "export", "import", "prune_events"}  # not about one session: on "*"
+GLOBAL_OPS = {
+    "create",
+    "list",
+    "search",
+    "export",
+    "import",
+    "prune_events",
+    "checkpoint_delete_runs",
+}  # not about one session: on "*"
 
 
 def expected_allowed(op: str, scopes: dict[str, str], target: str) -> bool:

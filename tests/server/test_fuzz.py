@@ -475,9 +475,14 @@ HTTP_ROUTES = [
     ("POST", "/api/chat/s-fuzz/stop"),
     ("GET", "/api/chat/s-fuzz/stream"),
     ("POST", "/mcp"),
+    ("POST", "/mcp/stateful"),
     ("POST", "/agui"),
     ("GET", "/agui/s-fuzz/stream"),
+    ("GET", "/agui/s-fuzz/stream?follow=1"),
+    ("POST", "/agui/s-fuzz/stop"),
     ("GET", "/agents/chat-agent/s-fuzz/get-messages"),
+    ("POST", "/files"),
+    ("GET", "/files/" + "0" * 64),
     ("GET", "/healthz"),
     ("GET", "/readyz"),
     ("GET", "/metrics"),
@@ -495,7 +500,7 @@ def _typed(path: str, response: httpx2.Response) -> str:
     """The answer's error code, asserting it is typed JSON in the route's protocol."""
     assert response.headers.get("content-type", "").startswith("application/json"), response.text[:200]
     answer = response.json()
-    if path == "/mcp":  # JSON-RPC: an integer code; the hub's own refusals name theirs in data
+    if path.startswith("/mcp"):  # JSON-RPC: an integer code; the hub's own refusals name theirs in data
         assert isinstance(answer["error"]["code"], int), answer
         return str(answer["error"].get("data", {}).get("code", answer["error"]["code"]))
     code = answer["error"]["code"]
@@ -533,17 +538,26 @@ async def test_every_http_route_answers_every_body_typed(
                     if token is not None:
                         headers["authorization"] = f"Bearer {token}"
                     async with http.stream(method, h.url + path, content=body, headers=headers) as r:
-                        await r.aread()
+                        if path.endswith("follow=1") and r.status_code == 200:
+                            # A follow stream stays open: its attach (a sync run) is enough.
+                            text = ""
+                            async for piece in r.aiter_text():
+                                text += piece
+                                if '"RUN_FINISHED"' in text:
+                                    break
+                        else:
+                            await r.aread()
+                            text = r.text
                     sent += 1
-                    assert r.status_code < 500, (method, path, body[:80], r.status_code, r.text[:200])
+                    assert r.status_code < 500, (method, path, body[:80], r.status_code, text[:200])
                     if r.status_code >= 400:
                         code = _typed(path, r)
                     elif r.headers.get("content-type", "").startswith("text/event-stream"):
                         if path.startswith("/agui"):  # AG-UI: the run's last event ends it
-                            last = json.loads(r.text.rstrip().rsplit("data: ", 1)[1])
-                            assert last["type"] in ("RUN_FINISHED", "RUN_ERROR"), r.text[-300:]
+                            last = json.loads(text.rstrip().rsplit("data: ", 1)[1])
+                            assert last["type"] in ("RUN_FINISHED", "RUN_ERROR"), text[-300:]
                         else:
-                            assert path.startswith("/api/chat") and r.text.rstrip().endswith("data: [DONE]")
+                            assert path.startswith("/api/chat") and text.rstrip().endswith("data: [DONE]")
                         code = "stream"
                     else:
                         code = str(r.status_code)

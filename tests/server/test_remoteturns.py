@@ -283,3 +283,78 @@ async def test_the_turn_log_follows_the_log_as_a_full_scan_would(tmp_path: Path)
         assert await agree() == ("turn.started", "t1")  # t2 lost the start race
         await log("turn.ended", "t1", status="finished")
         assert await agree() == ("turn.ended", "t1")
+
+
+def _answered(message: dict[str, Any]) -> dict[str, Any]:
+    parts = []
+    for part in message["parts"]:
+        if part.get("state") == "approval-requested":
+            part = {**part, "state": "approval-responded", "approval": {**part["approval"], "approved": True}}
+        parts.append(part)
+    return {**message, "parts": parts}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("worker_on", "answer_on"), [("a", "b"), ("b", "b"), ("b", "a")])
+async def test_an_approval_and_a_steering_message_reach_a_turn_on_another_node(
+    worker_on: str, answer_on: str
+) -> None:
+    """Posted on A; the responder on ``worker_on``; the page's answer and a steering
+    message sent to ``answer_on``: each travels to the node whose responder waits."""
+    async with _two_nodes() as (a, b, http):
+        sid = f"approve-{worker_on}-{answer_on}"
+        worker = a if worker_on == "a" else b
+        answering = a if answer_on == "a" else b
+        async with responder(worker.ws_url, lambda: True, name=f"agent-on-{worker_on}"):
+            ask = text("u1", "approve it")
+            async with http.stream("POST", f"{_http(a)}/api/chat", json={"id": sid, "messages": [ask]}) as r:
+                assert r.status_code == 200
+                first = [c async for c in sse_chunks(r)]
+            assert any(isinstance(c, dict) and c["type"] == "tool-approval-request" for c in first)
+            reply_id = first[0]["messageId"]  # type: ignore[index]
+            async with HubClient(answering.ws_url) as client:
+                page = None
+
+                async def asked() -> bool:
+                    nonlocal page
+                    history = await client.session(sid).get_history()
+                    mine = [m for m in history if m.id == reply_id]
+                    if mine and any(p.get("state") == "approval-requested" for p in mine[0].parts):
+                        page = mine[0].to_dict()
+                        return True
+                    return False
+
+                await eventually(asked)
+                assert page is not None
+                body = {"id": sid, "messages": [ask, _answered(page)]}
+                async with http.stream("POST", f"{_http(answering)}/api/chat", json=body) as r:
+                    assert r.status_code == 200, await r.aread()
+                    rest = [c async for c in sse_chunks(r)]
+                assert _text(rest) == "Deployed."
+            await _until_no_turn(http, a, sid)
+            async with HubClient(a.ws_url) as stored:
+                message = await stored.session(sid).get_message(reply_id)
+            assert message is not None
+            tool = next(p for p in message.parts if p["type"] == "tool-deploy")
+            assert tool["state"] == "output-available" and tool["approval"]["approved"] is True
+
+            # Steering across nodes too.
+            async with HubClient(answering.ws_url) as client, HubClient(a.ws_url) as poster:
+                steer = asyncio.create_task(_steer_when_started(poster, client, sid))
+                body = {"id": sid, "messages": [ask, message.to_dict(), text("u2", "steer it")]}
+                async with http.stream("POST", f"{_http(a)}/api/chat", json=body) as r:
+                    chunks = [c async for c in sse_chunks(r)]
+                await steer
+            assert _text(chunks) == "Working -> told: left Done."
+
+
+async def _steer_when_started(poster: HubClient, client: HubClient, sid: str) -> None:
+    """Steer through ``client`` once the posting node's turn has started (``get_turn``
+    answers for the node's own turns)."""
+
+    async def started() -> bool:
+        turn = await poster.session(sid).get_turn()
+        return bool(turn and turn.get("started"))
+
+    await eventually(started)
+    await client.session(sid).steer_turn("left")

@@ -30,7 +30,13 @@ async def test_healthz(served: str) -> None:
     async with httpx2.AsyncClient() as client:
         response = await client.get(f"{served}/healthz")
     assert response.status_code == 200
-    assert response.json() == {"status": "ok", "connections": 0, "admitted": 0, "max_connections": None}
+    assert response.json() == {
+        "status": "ok",
+        "connections": 0,
+        "compaction": False,
+        "admitted": 0,
+        "max_connections": None,
+    }
 
 
 async def test_app_over_a_shared_store(db_path: Path) -> None:
@@ -136,3 +142,21 @@ async def test_serve_exits_nonzero_when_the_port_is_taken(tmp_path: Path) -> Non
         port = taken.getsockname()[1]
         code, err = await run_serve("--db", str(tmp_path / "a.db"), "--port", str(port))
     assert code == 3, err
+    # One line, said before anything started (uvicorn used to log its startup around it).
+    assert err.strip() == (
+        f"sessionhub: cannot listen on 127.0.0.1:{port}: the port is taken (another hub? pick another --port)"
+    )
+    assert not (tmp_path / "a.db").exists()
+
+
+async def test_compact_on_a_hub_without_a_summarizer_says_how_to_give_it_one(tmp_path: Path) -> None:
+    from clients import HubClient
+    from protocol.errors import InvalidInput
+
+    async with serve(db=tmp_path / "hub.db") as hub:
+        async with httpx2.AsyncClient() as http:
+            assert (await http.get(f"{hub.url}/healthz")).json()["compaction"] is False
+        async with HubClient(hub.ws_url) as client:
+            info = await client.sessions.create("s")
+            with pytest.raises(InvalidInput, match="this hub has no summarizer, so it cannot compact"):
+                await client.session(info.id).compact()

@@ -105,13 +105,58 @@ async def test_every_op_matches_in_process(store: SqliteStore) -> None:
         assert (nothing["frame"], nothing["code"]) == ("error", "invalid")
         idle = await c.request("stop_turn", session_id=empty)
         assert (idle["frame"], idle["code"]) == ("error", "not_found")  # no turn in flight
+        # The user's word to a turn (tests/adapters/test_answers.py has the rest): nothing
+        # is in flight to answer or steer.
+        unanswered = await c.request("answer_tool", session_id=empty, approval_id="a1", approved=True)
+        assert (unanswered["frame"], unanswered["code"]) == ("error", "not_found")
+        unsteered = await c.request(
+            "steer_turn", session_id=empty, message={"id": "m1", "role": "user", "parts": []}
+        )
+        assert (unsteered["frame"], unsteered["code"]) == ("error", "not_found")
         await _registry_and_messages(c, store)
         await _context_tools_and_compaction(c, store)
         await _subscriptions(c, store)
         await _endings(c, store)
         await _event_logs(c, store)
+        await _checkpoints(c, store)
         missing = set(REQUEST_TYPES) - c.sent_ops
         assert not missing, f"ops never sent over the socket: {sorted(missing)}"
+
+
+async def _checkpoints(c: Client, store: SqliteStore) -> None:
+    """LangGraph checkpoints as raw frames (tests/clients/test_langgraph.py drives them with
+    LangGraph's own suite): the bytes base64 both ways, the session made by the first put."""
+
+    def record(checkpoint_id: str, run_id: str) -> dict[str, Any]:
+        return {"thread_id": "lg-1", "ns": "", "checkpoint_id": checkpoint_id, "parent_id": None,
+                "type": "msgpack", "data": "AP8=", "metadata": {"step": 0, "run_id": run_id}}  # fmt: skip
+
+    put = await c.call(
+        "checkpoint_put", session_id="lg-1", checkpoint=record("c1", "r1"), messages=[text("q1", "hi")]
+    )
+    assert put is None
+    assert [m.id for m in await configured(store).get_history("lg-1")] == ["q1"]
+    write = {"task_id": "t", "idx": 0, "channel": "ch", "type": "msgpack", "value": "AQ==", "task_path": ""}
+    assert (
+        await c.call("checkpoint_writes", session_id="lg-1", ns="", checkpoint_id="c1", writes=[write])
+        is None
+    )
+    got = await c.call("checkpoint_get", session_id="lg-1")
+    assert got == record("c1", "r1") | {"writes": [write]}
+    assert (await store.get_checkpoint("lg-1", "", "c1")).data == b"\x00\xff"  # type: ignore[union-attr]
+    await c.call("checkpoint_put", session_id="lg-1", checkpoint=record("c2", "r2"))
+    listed = await c.call("checkpoint_list", session_id="lg-1", filter={"run_id": "r1"})
+    assert [r["checkpoint_id"] for r in listed] == ["c1"]
+    assert await c.call("checkpoint_prune", session_id="lg-1") == 1
+    assert await c.call("checkpoint_delete_runs", run_ids=["r2"]) == 1
+    assert await c.call("checkpoint_delete", session_id="lg-1") == 0
+    bad = await c.request(
+        "checkpoint_put", session_id="lg-1", checkpoint=record("c3", "r") | {"data": "not base64!"}
+    )
+    assert (bad["frame"], bad["code"]) == ("error", "invalid")  # a field of the wrong type
+    other = await c.request("checkpoint_put", session_id="lg-2", checkpoint=record("c3", "r"))
+    assert (other["frame"], other["code"]) == ("error", "invalid")
+    assert await store.get_session("lg-2") is None
 
 
 async def _event_logs(c: Client, store: SqliteStore) -> None:
@@ -470,11 +515,15 @@ async def test_errors_match_in_process(store: SqliteStore) -> None:
                 "append",
                 {"session_id": sid, "message": {"id": "x", "role": "user", "parts": "no"}},
             ),
-            (lambda: twin.get_session(sid).compact(), "compact", {"session_id": sid}),
         ]
         for call, op, fields in cases:
             error = await same_error(c, call, op, **fields)
             assert error.frame["id"] is not None
+        # compact on a hub without a summarizer: the engine's builder hint becomes what an
+        # operator can do about it (the same code, and nothing written).
+        refused = await c.request("compact", session_id=sid)
+        assert refused["code"] == "invalid"
+        assert refused["message"].startswith("this hub has no summarizer, so it cannot compact")
         # Nothing was written by any of them.
         assert [m.id for m in await twin.get_history(sid)] == ["m1"]
 

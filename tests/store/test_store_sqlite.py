@@ -72,6 +72,26 @@ async def test_memory_store_works() -> None:
         assert [r.id for r in await s.search("hello")] == ["m1"]
 
 
+async def test_memory_store_reads_and_writes_at_once() -> None:
+    # In memory, reads and writes share one connection: a write must not begin inline while
+    # a read runs in the connection's thread ("cannot start a transaction within a
+    # transaction", first met by an MCP listener's feed reading the log during writes).
+    async with await SqliteStore.open(":memory:") as store:
+        s = Session(store)
+
+        async def reads() -> None:
+            for _ in range(100):
+                await s.read_events()
+
+        async def writes() -> None:
+            for i in range(100):
+                await s.append_message(T(f"m{i}", "user", "hello"))
+                await asyncio.sleep(0)
+
+        await asyncio.gather(reads(), reads(), writes())
+        assert await s.get_path_length() == 100
+
+
 async def test_closed_store_raises_store_closed(db_path: Path) -> None:
     store = await SqliteStore.open(db_path)
     await store.close()
@@ -551,7 +571,7 @@ async def test_migration_6_reads_a_version_5_file_back_the_same(
     # The operator is told before the tables are rewritten (minutes on a big file).
     said = [r.getMessage() for r in caplog.records if "schema version" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith(
-        "upgrading the database from schema version 5 to 7 (~10 messages"
+        f"upgrading the database from schema version 5 to {len(MIGRATIONS)} (~10 messages"
     )
     try:
         got = await read_back(store)
@@ -649,9 +669,10 @@ async def test_footprint_per_message_is_bounded(tmp_path: Path) -> None:
     with raw(path) as conn:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     ratio = path.stat().st_size / json_bytes
-    # 2.68 here (1,000 messages: the fixed pages of the empty tables weigh more); 4.25 before
-    # migration 6, 6.2 before migration 5.
-    assert ratio < 2.8, ratio
+    # 2.68 here (1,000 messages: the fixed pages of the empty tables weigh more), 2.81 since
+    # migration 8 (the file tables' six empty pages: 24 KiB once, nothing per message);
+    # 4.25 before migration 6, 6.2 before migration 5.
+    assert ratio < 2.95, ratio
 
 
 @pytest.mark.sqlite_only

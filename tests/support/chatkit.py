@@ -22,7 +22,8 @@ BIG_PIECE = "abcdefghij"
 async def answer(turn: Turn) -> None:
     """Reply by the user's text (see tests/js/chat.test.mjs for the script)."""
     asked = turn.history[-1].text() if turn.history else ""
-    async with turn.reply() as st:
+    metadata = {"model": "scripted"} if asked.startswith("parts") else None
+    async with turn.reply(metadata) as st:
         if asked.startswith("tool"):
             await st.reasoning("Let me look that up.")
             call = {"type": "tool-lookup", "toolCallId": "call-1", "input": {"q": asked}}
@@ -58,9 +59,11 @@ async def answer(turn: Turn) -> None:
                 await st.text(f"Not deployed: {answer.reason or 'denied'}.")
         elif asked.startswith("client"):
             # A client-side tool: the page runs it and sends its output back.
-            call = {"type": "tool-locate", "toolCallId": f"loc-{turn.turn_id[:8]}", "input": {}}
-            await st.tool_part({**call, "state": "input-available"})
-            where = await st.tool_output(call["toolCallId"])
+            call_id = f"loc-{turn.turn_id[:8]}"
+            await st.tool_part(
+                {"type": "tool-locate", "toolCallId": call_id, "input": {}, "state": "input-available"}
+            )
+            where = await st.tool_output(call_id)
             await st.text(f"You are in {where}.")
         elif asked.startswith("steer"):
             # Works until the user steers it (steer_turn), then says what it was told.
@@ -70,6 +73,23 @@ async def answer(turn: Turn) -> None:
                     await st.text(f" -> told: {message.text()}")
                     break
             await st.text(" Done.")
+        elif asked.startswith("parts"):
+            # AI SDK 7's parts beyond text and tools, a retried step among them.
+            await st.part({"type": "step-start"})
+            await st.text("first try")
+            await st.reset_step()
+            await st.text("second try")
+            await st.part({"type": "custom", "kind": "acme.note"})
+            await st.part({"type": "data-weather", "id": "w1", "data": {"c": 20}})
+            await st.part({"type": "data-weather", "id": "w1", "data": {"c": 21}})
+            await st.part(
+                {
+                    "type": "reasoning-file",
+                    "mediaType": "image/png",
+                    "url": "data:image/png;base64,iVBORw0KGgo=",
+                }
+            )
+            await st.part({"type": "source-url", "sourceId": "s1", "url": "https://example.com/"})
         elif asked.startswith("slow"):
             for i in range(40):
                 await st.text(f"w{i} ")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -171,3 +172,29 @@ async def test_stop_ends_the_reply_as_shown_and_stops_the_responder(
             await page.reload()
             await expect(reply.locator(".stopped")).to_have_text("Stopped: stopped by the user")
             await expect(stop).to_be_hidden()
+
+
+async def test_without_a_session_the_page_starts_one_or_says_how_to_name_one(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    from hub.auth import issue_token
+    from hub.server import HubConfig
+
+    secret = "a-chat-page-secret-that-is-long-enough!!"
+    async with _browser() as browser:
+        async with (
+            served(db=tmp_path / "open.db") as h,
+            _chat_page(browser, h.url + "/examples/chat.html", request) as page,
+        ):
+            await expect(page).to_have_url(re.compile(r"#session=[0-9a-f-]{36}$"))
+            session_id = page.url.rsplit("=", 1)[1]
+            async with HubClient(h.ws_url) as hub:
+                info = await hub.sessions.get(session_id)
+            assert info is not None and info.name == "chat"
+        async with served(db=tmp_path / "auth.db", config=HubConfig(auth_secret=secret)) as h:
+            page = await browser.new_page()
+            read = issue_token(secret, {"*": "read"})
+            await page.goto(h.url + f"/examples/chat.html#token={read}")
+            await expect(page.locator("#status")).to_contain_text("No session: open this page as")
+            await expect(page.locator("#chat-input")).to_be_disabled()
+            await page.close()

@@ -181,6 +181,11 @@ async def test_branches_and_picking_a_leaf(scene: Scene) -> None:
     await expect(b2.locator(".part.reasoning")).to_contain_text("thinking about tools")
     await expect(b2.locator(".part.file")).to_contain_text("notes.txt")
     await expect(page.locator('article[data-id="b1"] .m-branch')).to_contain_text("branch 2 of 2")
+    # Each node of the tree is named on hover: role, id, the start of its text, the branch.
+    await expect(page.locator('#tree circle[data-id="a1"] title')).to_have_text("assistant a1: first answer")
+    await expect(page.locator('#tree circle[data-id="b2"] title')).to_have_text(
+        "assistant b2: thinking about tools (active branch)"
+    )
     # Pick the other leaf: its history replaces the view.
     await page.locator('#leaves li[data-id="a1"]').click()
     await expect(page.locator("#messages article.message")).to_have_count(2)
@@ -225,6 +230,18 @@ async def test_context_prompt_presence_and_event_log(
             await expect(page.locator("#presence")).not_to_contain_text("worker-7")
             await s.append_context_block("memory", " and biscuits")
             await expect(block).to_contain_text("biscuits", use_inner_text=False)
+            # Edited from the page: replace_context_block, the hub's budget enforced.
+            await block.locator("details.edit summary").click()
+            await block.get_by_label("New content of memory").fill("prefers coffee")
+            await block.get_by_role("button", name="Save memory").click()
+            await expect(block.locator(".edit-status")).to_have_text("Saved.")
+            memory = await s.get_context_block("memory")
+            assert memory is not None and memory.content == "prefers coffee"
+            await expect(block).to_contain_text("prefers coffee", use_inner_text=False)
+            edit = page.locator('#context li[data-label="memory"] details.edit')
+            await edit.get_by_label("New content of memory").fill("word " * 200)
+            await edit.get_by_role("button", name="Save memory").click()
+            await expect(edit.locator(".edit-status")).to_contain_text("Not saved (invalid)")
     finally:
         await store.close()
 
@@ -798,6 +815,11 @@ async def test_actions_without_the_scope(
             await hub.session(info.id).append_message(text("m1", "look, do not touch"))
         reader = issue_token(SECRET, {"*": "read"})
         await page.goto(f"{h.url}/#token={reader}")
+        # The token the README suggests lists every session, as of now: a note, not a refusal.
+        note = page.locator("#sessions-note")
+        await expect(note).to_contain_text("as of now")
+        await expect(note).not_to_have_class("warn")
+        await expect(note).not_to_contain_text("needs admin")
         await open_session(page, "read-only")
         await expect(page.locator("#actions")).to_have_attribute("data-level", "read")
         await expect(page.locator("#actions-note")).to_contain_text("reading this session only")
@@ -805,15 +827,16 @@ async def test_actions_without_the_scope(
             await expect(page.get_by_role("button", name=name)).to_have_count(0)
         await expect(page.get_by_label("Message as user")).to_be_hidden()
         await page.screenshot(path=str(ARTIFACTS / "read-only.png"))
-        # A write token on this session: appending and compacting, not renaming or deleting.
+        # A write token on this session: appending, not renaming or deleting.
         writer = issue_token(SECRET, {"*": "read", info.id: "write"})
         await page.get_by_role("button", name="Change token").click()
         await page.get_by_label("Access token").fill(writer)
         await page.get_by_role("button", name="Use token").click()
         await expect(page.locator("#actions")).to_have_attribute("data-level", "write")
         await expect(page.get_by_role("button", name="Send")).to_be_visible()
-        await expect(page.get_by_role("button", name="Compact now")).to_be_visible()
-        for name in ["Fork here", "Rename…", "End…", "Delete…"]:
+        # Compact now needs a summarizer too, which this hub has not (/healthz says so):
+        # test_compact_now_is_offered_only_by_a_hub_that_can_compact shows it offered.
+        for name in ["Compact now", "Fork here", "Rename…", "End…", "Delete…"]:
             await expect(page.get_by_role("button", name=name)).to_have_count(0)
         await expect(page.locator("#actions-note")).to_contain_text("ending and deleting need admin")
         # The hub decides anyway: the end op with this token is forbidden, and nothing ends.
@@ -928,3 +951,43 @@ async def test_the_narrow_layout(
             await expect(page.locator("#sessions-pane")).to_be_visible()
             await page.locator("#sessions li", has_text="narrow").click()
             await expect(page.locator("#sessions-pane")).to_be_hidden()
+
+
+async def test_an_empty_session_list_says_how_to_fill_it(
+    browser: Browser, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    async with served(db=tmp_path / "hub.db") as h, page_of(browser, request) as page:
+        await page.goto(h.url + "/")
+        hint = page.locator("#sessions-hint")
+        await expect(hint).to_be_visible()
+        await expect(hint).to_contain_text("sessionhub sessions create NAME")
+        async with python_client(h) as hub:
+            await hub.sessions.create("now there is one")
+        await expect(page.locator("#sessions li", has_text="now there is one")).to_be_visible()
+        await expect(hint).to_be_hidden()
+
+
+async def test_compact_now_is_offered_only_by_a_hub_that_can_compact(
+    browser: Browser, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    def summarizing(manager: SessionManager) -> None:
+        manager.on_compaction(lambda messages, context: None)
+
+    for configure, shown in ((None, False), (summarizing, True)):
+        db = tmp_path / f"{shown}.db"
+        async with served(db=db, configure_manager=configure) as h, page_of(browser, request) as page:
+            async with python_client(h) as hub:
+                info = await hub.sessions.create(f"compactable {shown}")
+                await hub.session(info.id).append_message(text("u1", "hello"), None)
+            await page.goto(h.url + "/")
+            await open_session(page, f"compactable {shown}")
+            button = page.locator("#act-compact")
+            if shown:
+                await expect(button).to_be_visible()
+                await button.click()
+                await expect(page.locator("#action-status")).to_contain_text(
+                    "a summary needs a longer history"
+                )
+            else:
+                await expect(page.locator("#act-regenerate")).to_be_visible()  # the actions are drawn
+                await expect(button).to_be_hidden()

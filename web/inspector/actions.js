@@ -94,7 +94,13 @@ export function initActions(getCursor) {
     try {
       const result = await state.client.request("compact", { session_id: model.id, leaf_id: activeLeaf(model) });
       // A failed summarizer is not an error reply: it is an `error` event in the log.
-      say(result ? `Compacted ${result.from_message_id} → ${result.to_message_id}.` : "Nothing was compacted: see the event log.", !result);
+      say(
+        result
+          ? `Compacted ${result.from_message_id} → ${result.to_message_id}.`
+          : "Nothing was compacted: the branch has nothing between its first messages and the newest ones the tail keeps " +
+              "(a summary needs a longer history); a failed summarizer shows as an error event in the log.",
+        !result,
+      );
     } catch (err) {
       failed("Compacting", err);
     }
@@ -152,7 +158,8 @@ export function renderActions(model) {
   const info = state.sessions.get(model.id);
   $("composer").hidden = !write;
   $("act-regenerate").hidden = !write;
-  $("act-compact").hidden = !write;
+  // Offered only where it can run: /healthz says whether the hub has a summarizer.
+  $("act-compact").hidden = !write || state.canCompact === false;
   for (const id of ["act-rename", "act-fork", "act-delete"]) $(id).hidden = !admin;
   // Ending an ended session is refused (conflict): the button goes once it has ended.
   $("act-end").hidden = !admin || !!info?.end_reason;

@@ -227,6 +227,13 @@ function tokenRefused(level, on) {
 // -- connection ---------------------------------------------------------------------------
 export function start() {
   state.tokenRefused = false;
+  fetch("healthz")
+    .then((r) => r.json())
+    .then((body) => {
+      state.canCompact = body.compaction !== false;
+      if (state.current) hooks.render();
+    })
+    .catch(() => {});
   const client = new HubClient(hubUrlFor(location), { token: token(), name: "inspector", role: "observer", maxBackoff: 2000 });
   state.client = client;
   client.on("state", (s) => {
@@ -266,28 +273,39 @@ function followRegistry() {
   state.registrySub = state.client.subscribe(null, {
     reload: true,
     onEvent: (ev) => {
+      state.sessionsLoaded = true;
       const s = ev.data?.session;
       if (ev.type === "session.deleted") state.sessions.delete(ev.session_id);
       else if (s && s.id) state.sessions.set(s.id, s);
       if (state.current && ev.session_id === state.current.id) hooks.render();
       hooks.sessions();
     },
+    onReady: ({ last_seq }) => {
+      // Subscribed: with an empty log there is no event to say the (empty) list is known.
+      if (!last_seq && !state.sessionsLoaded) {
+        state.sessionsLoaded = true;
+        hooks.sessions();
+      }
+    },
     onReset: () => loadSessionList("The registry log was pruned: reloaded the list."),
     onError: (err) => {
       if (err.code === "forbidden") {
         // Not admin on *: a snapshot is the best this token gets, if it may read *.
-        loadSessionList(allows(token(), "read", null) ? "Your token cannot follow the registry live (it needs admin on *)." : null);
+        // A read token on * is what the README suggests: a note, not a warning.
+        loadSessionList(allows(token(), "read", null) ? "The sessions as of now (an admin token on * keeps this list live)." : null, false);
       } else hooks.sessionsNote(`Registry: ${err.message}`, true);
     },
   });
 }
 
-export async function loadSessionList(why) {
+/** The session list as of now; `why` says why it is not live (`warn`: as a warning). */
+export async function loadSessionList(why, warn = true) {
   try {
     const list = await state.client.request("list");
     state.sessions.clear();
     for (const s of list) state.sessions.set(s.id, s);
-    hooks.sessionsNote(why ? `${why} Showing a snapshot.` : "", !!why);
+    state.sessionsLoaded = true;
+    hooks.sessionsNote(why && warn ? `${why} Showing a snapshot.` : why ?? "", warn && !!why);
     hooks.sessions();
   } catch (err) {
     if (err.code === "forbidden") {

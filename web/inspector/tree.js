@@ -83,6 +83,12 @@ export function layout(model) {
 
 const x = (lane) => PAD + lane * COL;
 
+export function nodeName(msg, id, onPath) {
+  const text = textOf(msg).replace(/\s+/g, " ").trim();
+  const excerpt = text.length > 60 ? `${text.slice(0, 60)}…` : text;
+  return `${msg.role} ${short(id)}${excerpt ? `: ${excerpt}` : ""}${onPath ? " (active branch)" : ""}`;
+}
+
 /**
  * The tree widget. `actions`: {activate(id) (Enter / click: make this message's branch
  * active), describe(node) (for the status line)}.
@@ -202,7 +208,13 @@ export class TreeView {
         }
         if (p.lane < col0 || p.lane > col1) continue;
         const cls = [`t-node`, n.msg.role, on ? "on" : "", id === this.leaf ? "leaf" : "", id === this.cursor ? "cursor" : ""].filter(Boolean).join(" ");
-        dots.append(svg("circle", { class: cls, cx: x(p.lane), cy: y(p.row), r: on ? 5 : 4, "data-id": id }));
+        const dot = svg("circle", { class: cls, cx: x(p.lane), cy: y(p.row), r: on ? 5 : 4, "data-id": id });
+        // A hover names the node: its role, id and the start of its text (the tree's label
+        // and live status say the same of the selected node to a screen reader).
+        const name = svg("title", {});
+        name.textContent = nodeName(n.msg, id, on);
+        dot.append(name);
+        dots.append(dot);
         count++;
       }
     }

@@ -1,8 +1,9 @@
 // The views: sessions list, session header, branches, messages, presence, context, prompt.
 import { renderActions } from "./actions.js";
 import { renderLog } from "./events.js";
-import { activeLeaf, hooks, state } from "./model.js";
-import { $, fmtCost, fmtInt, h, json, plural, short, textOf, timeEl } from "./util.js";
+import { filePartEl } from "./files.js";
+import { activeLeaf, hooks, state, token } from "./model.js";
+import { $, allows, fmtCost, fmtInt, h, json, plural, short, textOf, timeEl } from "./util.js";
 
 export const PAGE = 100; // items rendered at once: a 10,000-message branch is paged, never all in the DOM
 export const scroller = () => $("session");
@@ -57,6 +58,8 @@ export function renderSessions() {
     }),
   );
   if (focused) ul.querySelector(`li[data-id="${CSS.escape(focused)}"]`)?.focus();
+  // An empty list says how to fill it (once the list is known: not while connecting).
+  $("sessions-hint").hidden = list.length > 0 || !state.sessionsLoaded;
 }
 
 // -- one session ----------------------------------------------------------------------------
@@ -328,18 +331,7 @@ function partEl(part) {
       part.errorText ? [h("div", { text: "Error" }), h("pre", { text: part.errorText })] : null,
     );
   }
-  if (type === "file") {
-    const url = typeof part.url === "string" ? part.url : "";
-    const safe = /^(https?:|data:)/i.test(url);
-    const label = `${part.filename ?? "file"} (${part.mediaType ?? "unknown type"})`;
-    return h(
-      "div",
-      { class: "part file" },
-      `File: ${label} `,
-      safe && /^data:image\//i.test(url) && !/svg/i.test(url) ? h("img", { src: url, alt: part.filename ?? "attached image" }) : null,
-      safe ? h("a", { href: url, target: "_blank", rel: "noopener noreferrer", text: "open" }) : null,
-    );
-  }
+  if (type === "file") return filePartEl(part);
   if (type === "step-start") return h("hr", { class: "part step", "aria-label": "step" });
   return h("details", { class: "part other" }, h("summary", { text: type || "part" }), h("pre", { text: json(part) }));
 }
@@ -362,6 +354,40 @@ export function renderPresence() {
   $("presence-title").dataset.streaming = String(streaming.size);
 }
 
+/** A writable block (not skills, not search) the token may write: edited in place. */
+function editable(b) {
+  return b.writable && !b.is_skill && !b.is_searchable && state.current && allows(token(), "write", state.current.id);
+}
+
+// What the last save of each block said: the block's own context.updated event re-renders
+// the list, and the answer must outlive that.
+const editSaid = new Map();
+
+function editor(b) {
+  const key = `${state.current.id}\u0000${b.label}`;
+  const area = h("textarea", { rows: 4, "aria-label": `New content of ${b.label}` });
+  area.value = b.content;
+  const said = h("span", { class: "edit-status", role: "status", text: editSaid.get(key) ?? "" });
+  const save = h("button", { type: "button", text: `Save ${b.label}` });
+  const tell = (text) => {
+    editSaid.set(key, text);
+    said.textContent = text;
+  };
+  save.addEventListener("click", async () => {
+    tell("Saving…");
+    try {
+      // replace_context_block: max_tokens is enforced by the hub; its refusal is shown as is.
+      await state.client.request("replace_context_block", { session_id: state.current.id, label: b.label, content: area.value });
+      tell("Saved.");
+    } catch (err) {
+      tell(`Not saved (${err.code}): ${err.message}`);
+    }
+  });
+  const box = h("details", { class: "edit" }, h("summary", { text: "Edit" }), area, save, said);
+  if (editSaid.has(key)) box.open = true;
+  return box;
+}
+
 export function renderContext() {
   $("context").replaceChildren(
     ...state.blocks.map((b) => {
@@ -379,6 +405,7 @@ export function renderContext() {
               h("span", { style: `width:${pct}%` }),
             ),
         h("details", {}, h("summary", { text: "Content" }), h("pre", { text: b.content })),
+        editable(b) ? editor(b) : null,
       );
     }),
   );

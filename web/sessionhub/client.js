@@ -208,7 +208,8 @@ export class HubClient extends HubLink {
   // -- streamed messages ----------------------------------------------------------------
   /**
    * Stream a message into a session: resolves to a writer with text(), reasoning(),
-   * toolPart() (sent without waiting) and end(status) (waits for every delta's reply).
+   * toolPart(), part() (any other part), resetStep() (all sent without waiting) and
+   * end(status) (waits for every delta's reply).
    */
   async streamMessage(sessionId, messageId, { role = "assistant", parentId, metadata } = {}) {
     const fields = { session_id: sessionId, message_id: messageId, role };
@@ -228,6 +229,8 @@ export class HubClient extends HubLink {
       text: (text) => delta({ kind: "text", text }),
       reasoning: (text) => delta({ kind: "reasoning", text }),
       toolPart: (part) => delta({ kind: "tool", part }),
+      part: (part) => delta({ kind: "part", part }),
+      resetStep: () => delta({ kind: "reset" }),
       end: async (status = "finished") => {
         await Promise.allSettled([...inflight]);
         if (failure) status = "aborted";

@@ -13,7 +13,7 @@ from ..base import PROMPT_LABEL, DumpedMessage, SessionDump, context_key
 from ..policy import context_owners, owned_context, session_stream
 from ..prune import PruneArgs, batch_end
 from ..rows import SESSION_COLS, aware, decode_message, session_info, ts
-from . import sql
+from . import graphrows, sql
 from .keys import SESSION_KEY
 from .schema import lock_key
 from .tx import PostgresTx, session_row
@@ -120,9 +120,15 @@ async def dump_session(conn: Conn, session_id: str) -> SessionDump:
         ]
         context = dict(await _context_rows(conn, session_id))
         compactions = await sql.compactions(conn, session_id)
+        checkpoints = await graphrows.dumped(conn, session_id)
     prompt = context.pop(PROMPT_LABEL, None)
     return SessionDump(
-        info=info, messages=messages, compactions=compactions, context=context, system_prompt=prompt
+        info=info,
+        messages=messages,
+        compactions=compactions,
+        context=context,
+        system_prompt=prompt,
+        checkpoints=checkpoints,
     )
 
 
@@ -217,4 +223,6 @@ async def _import_session(tx: PostgresTx, dump: SessionDump, replace: bool) -> S
             content,
             tx.when,
         )
+    if exists or dump.checkpoints:
+        await graphrows.restore(tx, sid, dump.checkpoints)
     return stored

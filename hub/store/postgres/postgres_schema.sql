@@ -139,4 +139,55 @@ CREATE TABLE settings (
     updated_at timestamptz NOT NULL DEFAULT now()
 );
 
-INSERT INTO schema_migrations (version) VALUES (1), (2), (3), (4) ON CONFLICT (version) DO NOTHING;
+-- LangGraph checkpoints of a session (hub/store/postgres/graphrows.py).
+CREATE TABLE IF NOT EXISTS graph_checkpoints (
+    session_id text NOT NULL,
+    ns text NOT NULL,
+    checkpoint_id text NOT NULL,
+    parent_id text,
+    type text NOT NULL,
+    data bytea NOT NULL,
+    metadata jsonb NOT NULL,
+    run_id text,
+    PRIMARY KEY (session_id, ns, checkpoint_id)
+);
+CREATE INDEX IF NOT EXISTS graph_checkpoints_run ON graph_checkpoints (run_id) WHERE run_id IS NOT NULL;
+CREATE TABLE IF NOT EXISTS graph_writes (
+    session_id text NOT NULL,
+    ns text NOT NULL,
+    checkpoint_id text NOT NULL,
+    task_id text NOT NULL,
+    idx integer NOT NULL,
+    channel text NOT NULL,
+    type text NOT NULL,
+    value bytea NOT NULL,
+    task_path text NOT NULL,
+    PRIMARY KEY (session_id, ns, checkpoint_id, task_id, idx)
+);
+-- Files in messages (docs/files.md; migration 6).
+CREATE TABLE IF NOT EXISTS files (
+    sha256 text PRIMARY KEY,
+    size bigint NOT NULL,
+    touched_at timestamptz NOT NULL,
+    media_type text NOT NULL
+);
+CREATE TABLE IF NOT EXISTS file_chunks (
+    sha256 text NOT NULL REFERENCES files (sha256) ON DELETE CASCADE,
+    n integer NOT NULL,
+    data bytea NOT NULL,
+    PRIMARY KEY (sha256, n)
+);
+CREATE TABLE IF NOT EXISTS file_uploads (
+    sha256 text NOT NULL REFERENCES files (sha256) ON DELETE CASCADE,
+    subject text NOT NULL,
+    PRIMARY KEY (sha256, subject)
+);
+CREATE TABLE IF NOT EXISTS file_refs (
+    pk bigint NOT NULL REFERENCES messages (pk) ON DELETE CASCADE,
+    session_key integer NOT NULL,
+    sha256 text NOT NULL REFERENCES files (sha256),
+    PRIMARY KEY (pk, sha256)
+);
+CREATE INDEX IF NOT EXISTS file_refs_sha ON file_refs (sha256, session_key);
+
+INSERT INTO schema_migrations (version) VALUES (1), (2), (3), (4), (5), (6) ON CONFLICT (version) DO NOTHING;

@@ -96,12 +96,75 @@ END
 $migration$;
 """
 
+#: Migration 5, LangGraph checkpoints (:mod:`.graphrows`): the serializer's bytes as bytea,
+#: the metadata as jsonb. The shipped file has the tables too, hence IF NOT EXISTS.
+GRAPH_SCHEMA = """
+CREATE TABLE IF NOT EXISTS graph_checkpoints (
+    session_id text NOT NULL,
+    ns text NOT NULL,
+    checkpoint_id text NOT NULL,
+    parent_id text,
+    type text NOT NULL,
+    data bytea NOT NULL,
+    metadata jsonb NOT NULL,
+    run_id text,
+    PRIMARY KEY (session_id, ns, checkpoint_id)
+);
+CREATE INDEX IF NOT EXISTS graph_checkpoints_run ON graph_checkpoints (run_id) WHERE run_id IS NOT NULL;
+CREATE TABLE IF NOT EXISTS graph_writes (
+    session_id text NOT NULL,
+    ns text NOT NULL,
+    checkpoint_id text NOT NULL,
+    task_id text NOT NULL,
+    idx integer NOT NULL,
+    channel text NOT NULL,
+    type text NOT NULL,
+    value bytea NOT NULL,
+    task_path text NOT NULL,
+    PRIMARY KEY (session_id, ns, checkpoint_id, task_id, idx)
+);
+"""
+
+#: Migration 6, files in messages (docs/files.md): stored once by SHA-256, in 1 MiB
+#: chunks (a range reads only its chunks; no value over TOAST's comfort), their uploaders,
+#: and which message (pk) of which session references which file, written with the
+#: message and gone with it (ON DELETE CASCADE). Idempotent, as the file has it too.
+MIGRATION_6 = """
+CREATE TABLE IF NOT EXISTS files (
+    sha256 text PRIMARY KEY,
+    size bigint NOT NULL,
+    touched_at timestamptz NOT NULL,
+    media_type text NOT NULL
+);
+CREATE TABLE IF NOT EXISTS file_chunks (
+    sha256 text NOT NULL REFERENCES files (sha256) ON DELETE CASCADE,
+    n integer NOT NULL,
+    data bytea NOT NULL,
+    PRIMARY KEY (sha256, n)
+);
+CREATE TABLE IF NOT EXISTS file_uploads (
+    sha256 text NOT NULL REFERENCES files (sha256) ON DELETE CASCADE,
+    subject text NOT NULL,
+    PRIMARY KEY (sha256, subject)
+);
+CREATE TABLE IF NOT EXISTS file_refs (
+    pk bigint NOT NULL REFERENCES messages (pk) ON DELETE CASCADE,
+    session_key integer NOT NULL,
+    sha256 text NOT NULL REFERENCES files (sha256),
+    PRIMARY KEY (pk, sha256)
+);
+CREATE INDEX IF NOT EXISTS file_refs_sha ON file_refs (sha256, session_key);
+"""
+
 MIGRATIONS: list[str] = [
     SCHEMA_SQL,
     "CREATE TABLE IF NOT EXISTS settings ("
     "key text PRIMARY KEY, value text NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())",
     MIGRATION_3,
     MIGRATION_4,
+    # LangGraph checkpoints (hub/store/postgres/graphrows.py); in the file too, hence IF NOT EXISTS.
+    GRAPH_SCHEMA,
+    MIGRATION_6,
 ]
 
 

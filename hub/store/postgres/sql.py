@@ -11,6 +11,7 @@ import msgspec
 from protocol import Compaction, Conflict, Event, InvalidInput, Message, SessionInfo, SessionNotFound
 
 from ...bus.doorbell import CHANNEL, stream_key
+from ..attachments import has_files, message_refs
 from ..base import LATEST, AppendResult, ParentArg, StreamPosition
 from ..fts import fts_text
 from ..overlays import apply_compactions
@@ -38,6 +39,7 @@ from ..rows import (
     session_info,
     updated_json,
 )
+from . import filerows
 from .keys import SESSION_KEY, SESSION_PREFIX, bump_stream, stream_key_of
 from .tx import PostgresTx
 
@@ -275,6 +277,8 @@ async def append_one(
     tx.notes.append((stream, int(seq)))
     if notify:
         tx.notified.add(stream)
+    if has_files([message]):
+        await filerows.add_refs(tx, int(pk), message_refs(message))
     return AppendResult(inserted=[message.id], last_id=message.id, last_seq=int(seq))
 
 
@@ -326,6 +330,7 @@ async def insert_messages(
     events: list[tuple[str, str]] = []
     refs: list[int | None] = []
     inserted: list[str] = []
+    files: list[tuple[int, list[str]]] = []
     for message in messages:
         pk = known.get(message.id)
         if pk is None:
@@ -336,12 +341,16 @@ async def insert_messages(
             events.append(("message.appended", appended_ref(parent_id)))
             refs.append(pk)
             inserted.append(message.id)
+            if has_files([message]):
+                files.append((pk, message_refs(message)))
         parent_pk, parent_id = pk, message.id
     # The events first: each message row keeps its event's seq (consecutive, ending at last).
     last_seq = await tx.emit_many(stream, session_id, events, refs)
     seqs = list(range(last_seq - len(inserted) + 1, last_seq + 1))
     await conn.execute(INSERT_MESSAGES, session_id, tx.when, *cols, seqs)
     await conn.execute(COUNT, session_id, len(inserted))
+    for pk, shas in files:
+        await filerows.add_refs(tx, pk, shas)
     return AppendResult(inserted=inserted, last_id=parent_id, last_seq=last_seq)
 
 
@@ -353,6 +362,8 @@ async def update_message(tx: PostgresTx, session_id: str, message: Message, *, e
     )
     if pk is None:
         return False
+    # The old references go even when the new body has none (a cheap indexed delete).
+    await filerows.replace_refs(tx, int(pk), message_refs(message) if has_files([message]) else [])
     if emit:
         await tx.emit_many(stream, session_id, [("message.updated", updated_json(content))])
     return True
@@ -479,6 +490,9 @@ async def delete_session(tx: PostgresTx, session_id: str, stream: str, context_k
     if context_keys:
         await conn.execute("DELETE FROM context_blocks WHERE key = ANY($1::text[])", list(context_keys))
     await conn.execute("DELETE FROM sessions WHERE id = $1", session_id)
+    # A LangGraph thread's checkpoints go with its session.
+    await conn.execute("DELETE FROM graph_writes WHERE session_id = $1", session_id)
+    await conn.execute("DELETE FROM graph_checkpoints WHERE session_id = $1", session_id)
     (own, data), (registry, _) = registry_events(info, "session.deleted")
     # The log goes with the session (it holds message bodies); only the final
     # event stays, and the stream now starts there.

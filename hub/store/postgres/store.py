@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, BinaryIO, Literal
 
 from protocol import (
     Compaction,
@@ -16,6 +16,7 @@ from protocol import (
     SessionNotFound,
 )
 
+from ..attachments import StoredFile, attach_files, check_sha256
 from ..base import (
     LATEST,
     AppendResult,
@@ -42,9 +43,9 @@ from ..policy import (
 )
 from ..prune import check_prune
 from ..rows import SESSION_COLS, decode_message, session_info
-from . import maintenance, search, sql
+from . import filerows, maintenance, search, sql
+from .graphrows import PostgresGraphRows
 from .keys import SESSION_KEY
-from .pool import PostgresPool
 from .tx import PostgresTx
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
 __all__ = ["PostgresStore"]
 
 
-class PostgresStore(PostgresPool, Store):
+class PostgresStore(PostgresGraphRows, Store):
     """Everything in one Postgres database (the schema on the role's ``search_path``); its
     connections and transactions are :class:`~.pool.PostgresPool`'s."""
 
@@ -66,6 +67,8 @@ class PostgresStore(PostgresPool, Store):
         *,
         managed: bool = False,
     ) -> AppendResult:
+        messages = await attach_files(self, messages)
+
         async def fn(tx: PostgresTx) -> AppendResult:
             if len(messages) == 1:
                 return await sql.append_one(
@@ -86,6 +89,11 @@ class PostgresStore(PostgresPool, Store):
         emit: bool = True,
         also: Sequence[LogEntry] = (),
     ) -> bool:
+        prepared = await attach_files(self, [message])
+        if not prepared:  # an overlay's id (clientwrites.py): nothing is written
+            return False
+        (message,) = prepared
+
         async def fn(tx: PostgresTx) -> bool:
             if managed:
                 await tx.touch(session_id)
@@ -104,6 +112,11 @@ class PostgresStore(PostgresPool, Store):
         *,
         managed: bool = False,
     ) -> bool:
+        prepared = await attach_files(self, [message])
+        if not prepared:  # an overlay's id (clientwrites.py): nothing is written
+            return False
+        (message,) = prepared
+
         async def fn(tx: PostgresTx) -> bool:
             if managed:
                 await tx.touch(session_id)
@@ -459,6 +472,34 @@ class PostgresStore(PostgresPool, Store):
     ) -> list[SessionInfo]:
         # No lock in BEGIN: import_sessions takes those of the sessions it replaces.
         return await self._write(maintenance.import_sessions, dumps, replace)
+
+    # -- files -----------------------------------------------------------------------------
+    async def put_file(
+        self, sha256: str, media_type: str, data: bytes | BinaryIO, *, subject: str | None = None
+    ) -> StoredFile:
+        check_sha256(sha256)
+        return await self._write(filerows.put_file, sha256, media_type, data, subject)
+
+    async def file_info(self, sha256: str) -> StoredFile | None:
+        return await self._read(filerows.file_info, sha256)
+
+    async def read_file_chunk(self, sha256: str, n: int) -> bytes | None:
+        return await self._read(filerows.read_chunk, sha256, n)
+
+    async def file_sessions(self, sha256: str) -> list[str]:
+        return await self._read(filerows.file_sessions, sha256)
+
+    async def file_uploaded_by(self, sha256: str, subject: str) -> bool:
+        return await self._read(filerows.uploaded_by, sha256, subject)
+
+    async def uploaded_bytes(self, subject: str) -> int:
+        return await self._read(filerows.uploaded_bytes, subject)
+
+    async def session_files(self, session_id: str) -> list[str]:
+        return await self._read(filerows.session_files, session_stream(session_id))
+
+    async def collect_files(self, older_than: datetime) -> list[str]:
+        return await self._write(filerows.collect, older_than)
 
     # -- settings ------------------------------------------------------------------------
     async def claim_setting(self, key: str, value: str, *, replace: bool = False) -> str:

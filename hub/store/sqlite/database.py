@@ -125,7 +125,7 @@ class SqliteDatabase:
     async def _write(self, fn: Callable[..., T], *args: Any, inline: bool = True) -> T:
         """Run ``fn(tx, *args)`` as one write transaction, then ring the bus.
 
-        Small transactions (``inline``) run right here on the event loop: they take
+        Small transactions (``inline``, on a file) run right here on the event loop: they take
         ~80 µs, less than the two cross-thread wake-ups a trip to the writer's thread costs
         on this kind of machine (docs/benchmarks.md). Big ones, and any that finds the
         database locked by another process, run in the writer's thread with the busy
@@ -142,6 +142,10 @@ class SqliteDatabase:
             attempts.append(tx)
             return fn(tx, *args)
 
+        # In memory the reader is the writer's connection, and a read may be running in its
+        # thread: an inline BEGIN there would meet the read's ("cannot start a transaction
+        # within a transaction"). The connection's thread runs one call at a time.
+        inline = inline and self._reader is not self._writer
         async with self._write_lock:
             try:
                 if inline:

@@ -12,7 +12,7 @@ from ..base import PROMPT_LABEL, DumpedMessage, SessionDump, context_key
 from ..policy import context_owners, owned_context
 from ..prune import PruneArgs, batch_end
 from ..rows import SESSION_COLS, session_info, ts
-from . import sql
+from . import graphrows, sql
 from .connection import Conn
 from .packing import stored_message
 from .tx import SqliteTx, session_row
@@ -126,6 +126,7 @@ def dump_session(conn: Conn, session_id: str) -> SessionDump:
         compactions=sql.compactions(conn, session_id),
         context=context,
         system_prompt=prompt,
+        checkpoints=graphrows.dumped(conn, session_id),
     )
 
 
@@ -198,4 +199,6 @@ def _import_session(tx: SqliteTx, dump: SessionDump, replace: bool) -> SessionIn
             "ON CONFLICT (key) DO UPDATE SET content = excluded.content, updated_at = excluded.updated_at",
             (context_key(label, sid), content, tx.now),
         )
+    if exists or dump.checkpoints:
+        graphrows.restore(tx, sid, dump.checkpoints)
     return stored

@@ -207,6 +207,66 @@ MIGRATIONS: list[str] = [
     # rewritten: rows stay as they are until they change. The version is there so that an
     # older sessionhub, which would take a BLOB for text, refuses the file instead.
     "",
+    # LangGraph checkpoints of a session (protocol/graphstate.py): the serializer's bytes
+    # as BLOBs, the metadata as JSON (list filters on it), keyed by the session's id as
+    # LangGraph keys by thread. Writes go with their checkpoint (delete and prune).
+    """
+    CREATE TABLE graph_checkpoints (
+        session_id TEXT NOT NULL,
+        ns TEXT NOT NULL,
+        checkpoint_id TEXT NOT NULL,
+        parent_id TEXT,
+        type TEXT NOT NULL,
+        data BLOB NOT NULL,
+        metadata TEXT NOT NULL,
+        run_id TEXT,
+        PRIMARY KEY (session_id, ns, checkpoint_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX graph_checkpoints_run ON graph_checkpoints(run_id) WHERE run_id IS NOT NULL;
+    CREATE TABLE graph_writes (
+        session_id TEXT NOT NULL,
+        ns TEXT NOT NULL,
+        checkpoint_id TEXT NOT NULL,
+        task_id TEXT NOT NULL,
+        idx INTEGER NOT NULL,
+        channel TEXT NOT NULL,
+        type TEXT NOT NULL,
+        value BLOB NOT NULL,
+        task_path TEXT NOT NULL,
+        PRIMARY KEY (session_id, ns, checkpoint_id, task_id, idx)
+    ) WITHOUT ROWID
+    """,
+    # Files in messages (docs/files.md), stored once by SHA-256 in 1 MiB chunks (a range
+    # reads only its chunks; a rowid table, as SQLite keeps big values out of a WITHOUT
+    # ROWID table's b-tree pages badly). file_refs: which message (pk) of which session
+    # (sk) references which file, written with the message; a deleted message's go with it.
+    """
+    CREATE TABLE files (
+        sha256 TEXT PRIMARY KEY,
+        size INTEGER NOT NULL,
+        media_type TEXT NOT NULL,
+        touched_at REAL NOT NULL
+    ) WITHOUT ROWID;
+    CREATE TABLE file_chunks (
+        sha256 TEXT NOT NULL,
+        n INTEGER NOT NULL,
+        data BLOB NOT NULL
+    );
+    CREATE UNIQUE INDEX file_chunks_key ON file_chunks(sha256, n);
+    CREATE TABLE file_uploads (
+        sha256 TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        PRIMARY KEY (sha256, subject)
+    ) WITHOUT ROWID;
+    CREATE TABLE file_refs (
+        pk INTEGER NOT NULL,
+        sha256 TEXT NOT NULL,
+        sk INTEGER NOT NULL,
+        PRIMARY KEY (pk, sha256)
+    ) WITHOUT ROWID;
+    CREATE INDEX file_refs_sha ON file_refs(sha256, sk);
+    CREATE TRIGGER file_refs_gone AFTER DELETE ON messages BEGIN DELETE FROM file_refs WHERE pk = old.pk; END
+    """,
 ]
 
 #: The migrations up to this version rewrite tables (announced: they take a while).

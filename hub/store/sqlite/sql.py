@@ -14,6 +14,7 @@ import msgspec
 
 from protocol import Compaction, Event, InvalidInput, Message, SessionInfo
 
+from ..attachments import has_files, message_refs
 from ..base import LATEST, REGISTRY, AppendResult, LogEntry, ParentArg, StreamPosition, session_stream
 from ..policy import registry_events
 from ..rows import (
@@ -24,6 +25,7 @@ from ..rows import (
     ts,
     updated_json,
 )
+from . import filerows
 from .connection import Conn
 from .packing import (
     appended_data,
@@ -135,6 +137,8 @@ def insert_one(
     ).fetchone()
     if row is None:  # already stored: first content wins, nothing is written
         return AppendResult(inserted=[], last_id=message.id, last_seq=0)
+    if has_files([message]):
+        filerows.add_refs(conn, sk, row[0], message_refs(message))
     text = message.text()
     if text:
         conn.execute(
@@ -182,6 +186,7 @@ def insert_messages(
     events: list[tuple[str, str | None]] = []
     refs: list[int | None] = []
     inserted: list[str] = []
+    files: list[tuple[int, list[str]]] = []
     for message in messages:
         pk = known.get(message.id)
         if pk is None:
@@ -196,12 +201,16 @@ def insert_messages(
             events.append(("message.appended", None))  # parent and time: the row's
             refs.append(pk)
             inserted.append(message.id)
+            if has_files([message]):
+                files.append((pk, message_refs(message)))
         parent_pk, parent_id = pk, message.id
     conn.executemany(
         "INSERT INTO messages (pk, sk, id, parent_pk, role, content, created_at, event_seq) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         rows,
     )
+    for pk, shas in files:
+        filerows.add_refs(conn, sk, pk, shas)
     # One FTS statement for the batch: FTS5 flushes a new index segment at every statement
     # boundary inside a transaction, so per-row inserts cost ~20 µs each more.
     conn.executemany("INSERT INTO messages_fts (rowid, sid, body) VALUES (?, ?, ?)", texts)
@@ -229,6 +238,8 @@ def update_message(tx: SqliteTx, session_id: str, message: Message, *, emit: boo
     )
     unindex(conn, [(pk, session_id, before)])
     index_text(conn, pk, session_id, message)
+    if has_files([message]) or '"file"' in before:
+        filerows.replace_refs(conn, pk, message_refs(message))
     if emit:
         tx.emit_many(session_stream(session_id), session_id, [("message.updated", updated_json(content))])
     return True
@@ -433,6 +444,9 @@ def delete_session(tx: SqliteTx, session_id: str, context_keys: Sequence[str]) -
     clear(tx.conn, session_id, keep_log=False)
     tx.conn.executemany("DELETE FROM context_blocks WHERE key = ?", [(k,) for k in context_keys])
     tx.conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+    # A LangGraph thread's checkpoints go with its session.
+    tx.conn.execute("DELETE FROM graph_writes WHERE session_id = ?", (session_id,))
+    tx.conn.execute("DELETE FROM graph_checkpoints WHERE session_id = ?", (session_id,))
     stream = session_stream(session_id)
     # The log goes with the session (it holds message bodies); only the final
     # event stays, and the stream now starts there.

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Literal
+from typing import BinaryIO, Literal
 
 import msgspec
 
@@ -18,6 +18,7 @@ from protocol import (
     SessionInfo,
 )
 
+from ..attachments import CHUNK, StoredFile, attach_files, check_sha256
 from ..base import (
     LATEST,
     AppendResult,
@@ -29,6 +30,7 @@ from ..base import (
     StreamPosition,
     check_limit,
     check_usage,
+    session_stream,
     usage_totals,
 )
 from ..fts import phrase_query, words_query
@@ -50,9 +52,9 @@ from ..policy import (
 )
 from ..prune import check_prune
 from ..rows import SESSION_COLS, session_info, ts
-from . import maintenance, search, sql
+from . import filerows, maintenance, search, sql
 from .connection import Conn
-from .database import SqliteDatabase
+from .graphrows import SqliteGraphRows
 from .packing import stored_message
 from .tx import SqliteTx
 
@@ -67,7 +69,7 @@ INLINE_BATCH = 16
 INLINE_EVENTS = 32
 
 
-class SqliteStore(SqliteDatabase, Store):
+class SqliteStore(SqliteGraphRows, Store):
     """Everything in one SQLite file (or ``":memory:"``); its connections and transactions
     are :class:`~.database.SqliteDatabase`'s."""
 
@@ -80,6 +82,8 @@ class SqliteStore(SqliteDatabase, Store):
         *,
         managed: bool = False,
     ) -> AppendResult:
+        messages = await attach_files(self, messages)
+
         def fn(tx: SqliteTx) -> AppendResult:
             if managed:
                 tx.touch(session_id)
@@ -96,6 +100,11 @@ class SqliteStore(SqliteDatabase, Store):
         emit: bool = True,
         also: Sequence[LogEntry] = (),
     ) -> bool:
+        prepared = await attach_files(self, [message])
+        if not prepared:  # an overlay's id (clientwrites.py): nothing is written
+            return False
+        (message,) = prepared
+
         def fn(tx: SqliteTx) -> bool:
             if managed:
                 tx.touch(session_id)
@@ -114,6 +123,11 @@ class SqliteStore(SqliteDatabase, Store):
         *,
         managed: bool = False,
     ) -> bool:
+        prepared = await attach_files(self, [message])
+        if not prepared:  # an overlay's id (clientwrites.py): nothing is written
+            return False
+        (message,) = prepared
+
         def fn(tx: SqliteTx) -> bool:
             if managed:
                 tx.touch(session_id)
@@ -488,6 +502,35 @@ class SqliteStore(SqliteDatabase, Store):
         self, dumps: Sequence[SessionDump], *, replace: bool = False
     ) -> list[SessionInfo]:
         return await self._write(maintenance.import_sessions, dumps, replace, inline=False)
+
+    # -- files -----------------------------------------------------------------------------
+    async def put_file(
+        self, sha256: str, media_type: str, data: bytes | BinaryIO, *, subject: str | None = None
+    ) -> StoredFile:
+        check_sha256(sha256)
+        small = isinstance(data, bytes) and len(data) <= CHUNK
+        return await self._write(filerows.put_file, sha256, media_type, data, subject, inline=small)
+
+    async def file_info(self, sha256: str) -> StoredFile | None:
+        return await self._read(filerows.file_info, sha256)
+
+    async def read_file_chunk(self, sha256: str, n: int) -> bytes | None:
+        return await self._read(filerows.read_chunk, sha256, n)
+
+    async def file_sessions(self, sha256: str) -> list[str]:
+        return await self._read(filerows.file_sessions, sha256)
+
+    async def file_uploaded_by(self, sha256: str, subject: str) -> bool:
+        return await self._read(filerows.uploaded_by, sha256, subject)
+
+    async def uploaded_bytes(self, subject: str) -> int:
+        return await self._read(filerows.uploaded_bytes, subject)
+
+    async def session_files(self, session_id: str) -> list[str]:
+        return await self._read(filerows.session_files, session_stream(session_id))
+
+    async def collect_files(self, older_than: datetime) -> list[str]:
+        return await self._write(filerows.collect, older_than.timestamp(), inline=False)
 
     # -- settings ------------------------------------------------------------------------
     async def claim_setting(self, key: str, value: str, *, replace: bool = False) -> str:
