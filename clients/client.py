@@ -28,7 +28,7 @@ from protocol.clientconn import StreamKey
 
 from .api import RemoteSession, RemoteSessions
 from .errors import ConnectionLost, HubError, TokenExpired
-from .link import END, MAX_FRAME_BYTES, End, HubLink, Subscription
+from .link import END, MAX_FRAME_BYTES, End, HubLink, Subscription, closed_error
 from .remotethreads import RemoteThreads
 from .turns import Turn, iterate_turns
 
@@ -118,8 +118,8 @@ class HubClient(HubLink):
         try:
             try:
                 await socket.send(data, text=True)
-            except ConnectionClosed:
-                raise ConnectionLost() from None
+            except ConnectionClosed as exc:
+                raise closed_error(exc) from None
             return await future
         finally:
             self._forget(rid, future)
@@ -137,8 +137,8 @@ class HubClient(HubLink):
         try:
             try:
                 await socket.send(data, text=True)
-            except ConnectionClosed:
-                raise ConnectionLost() from None
+            except ConnectionClosed as exc:
+                raise closed_error(exc) from None
             while not isinstance(batch := await queue.get(), End):
                 yield batch
             await future

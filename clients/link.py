@@ -62,7 +62,7 @@ from protocol.serverconn import StreamKey
 from .errors import CLOSE_TOKEN_EXPIRED, ConnectionLost, HubError, TokenExpired, error_from, position_lost
 from .turns import TurnQueue
 
-__all__ = ["END", "MAX_FRAME_BYTES", "End", "HubLink", "Socket", "Subscription"]
+__all__ = ["END", "MAX_FRAME_BYTES", "End", "HubLink", "Socket", "Subscription", "closed_error"]
 
 log = logging.getLogger("sessionhub.client")
 
@@ -189,6 +189,9 @@ class HubLink:
         self._presented: str | None = None
         #: The hub closed the socket because that token expired (4001): see :meth:`renew`.
         self._expired = False
+        #: Why the last socket ended (close code and reason): a request that finds no socket
+        #: within ``open_timeout`` says it (a full hub's 1013, a draining one's 1001).
+        self._last_close: str | None = None
 
     @property
     def url(self) -> str:
@@ -213,7 +216,8 @@ class HubLink:
             self._check_usable()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise ConnectionLost(f"no connection to the hub within {self.open_timeout:g}s")
+                last = "" if self._last_close is None else f"; the last one ended {self._last_close}"
+                raise ConnectionLost(f"no connection to the hub within {self.open_timeout:g}s{last}")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._connected.wait(), remaining)
         return self._socket
@@ -322,6 +326,7 @@ class HubLink:
             await self._read(socket)
             reason = socket.close_reason or "connection closed"
             message = f"the connection to the hub was lost ({socket.close_code}: {reason})"
+            self._last_close = f"({socket.close_code}: {reason})"
             self._fail(message)
             if self._closed:
                 return
@@ -488,6 +493,14 @@ class HubLink:
             answer = self._protocol.summary(frame.request_id, error=f"{type(exc).__name__}: {exc}")
         with contextlib.suppress(ConnectionClosed):
             await socket.send(answer, text=True)
+
+
+def closed_error(exc: ConnectionClosed) -> ConnectionLost:
+    """A send on a socket the hub closed: its close code and reason (a full hub's 1013)."""
+    frame = exc.rcvd
+    if frame is None:
+        return ConnectionLost()
+    return ConnectionLost(f"the connection to the hub was lost ({frame.code}: {frame.reason or 'closed'})")
 
 
 def _grow(backoff: float, cap: float) -> float:

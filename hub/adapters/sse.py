@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from starlette.types import Receive, Scope, Send
 
-from ..server.asgiscope import TRANSPORT
+from ..server.asgiscope import TRANSPORT, Cuttable
 from ..server.outbox import Held, Outbox
 
 __all__ = ["SseFeed"]
@@ -161,7 +161,7 @@ async def _cut(scope: Scope) -> None:
     """Cut a dropped reader's TCP connection: an unfinished response must not be left to
     the server, which would wait on the reader's window to close it gracefully."""
     transport = scope.get(TRANSPORT)
-    if isinstance(transport, asyncio.WriteTransport):
+    if isinstance(transport, Cuttable):
         transport.abort()
         # The server learns of the abort (connection_lost) before the app returns, so it
         # does not log "returned without completing response".

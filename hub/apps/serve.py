@@ -9,18 +9,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import ipaddress
 import math
 import os
 import re
 import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import serve_compaction
+from . import serve_compaction, serve_limits, serve_workers
 from .options import add_db_option, age, positive, secret_problem, size
 
-__all__ = ["add_options", "run", "serve_problem"]
+if TYPE_CHECKING:
+    from ..server import HubConfig
+
+__all__ = ["add_options", "run", "run_worker", "serve_problem"]
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 _HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
@@ -66,6 +70,19 @@ def add_options(serve: argparse.ArgumentParser) -> None:
         default="info",
         choices=["critical", "error", "warning", "info", "debug"],
         help="how much to log; debug also prints the configuration in effect, secrets masked",
+    )
+    # uvloop and httptools (the `speed` extra) are used when installed; these pick one.
+    serve.add_argument(
+        "--loop",
+        default="auto",
+        choices=["auto", "asyncio", "uvloop"],
+        help="event loop: auto is uvloop when installed (pip install 'sessionhub[speed]'), else asyncio",
+    )
+    serve.add_argument(
+        "--http",
+        default="auto",
+        choices=["auto", "h11", "httptools"],
+        help="HTTP parser: auto is httptools when installed (the speed extra), else h11",
     )
     serve.add_argument(
         "--auth-secret",
@@ -167,6 +184,9 @@ def add_options(serve: argparse.ArgumentParser) -> None:
     )
 
     serve_compaction.add_options(serve, positive)
+    # Scale (docs/operations.md, "At the limit"; docs/nodes.md, "One machine, several processes").
+    serve_limits.add_options(serve)
+    serve_workers.add_options(serve)
 
 
 def _host_problem(host: str) -> str | None:
@@ -205,26 +225,27 @@ def serve_problem(args: argparse.Namespace) -> str | None:
             return f"{flag} {value} is not a finite number"
         if value < 0 or (value == 0 and name in _POSITIVE):
             return f"{flag} {value} must be {'above' if name in _POSITIVE else 'at least'} 0"
+    for flag, module in (("--loop", args.loop), ("--http", args.http)):
+        if module not in ("auto", "asyncio", "h11") and importlib.util.find_spec(module) is None:
+            return f"{flag} {module} needs {module!r}, not installed: pip install 'sessionhub[speed]'"
     source = "--auth-secret" if "--auth-secret" in args.typed else "--auth-secret ($SESSIONHUB_AUTH_SECRET)"
     problem = secret_problem(args.auth_secret, source) or serve_compaction.compaction_problem(args)
     if problem:
         return problem
     try:
-        make_bus(resolve_db(args.db), args.bus)  # names only: nothing connects yet
+        db = resolve_db(args.db)
+        ring = make_bus(db, args.bus)  # names only: nothing connects yet
     except (InvalidInput, MissingExtra) as exc:
         return str(exc)
-    return None
+    return serve_workers.workers_problem(args, db, ring)
 
 
 def run(args: argparse.Namespace) -> int:
     """``sessionhub serve``: check the options, reach the store and bus once, then run
     uvicorn until a signal drains the hub. The exit code (``EXIT_CODES`` of :mod:`hub.apps.cli`)."""
-    import uvicorn
-
     from protocol.errors import InvalidInput
 
     from ..extras import MissingExtra
-    from ..server import HubConfig, create_app
     from ..server.logfilter import install_log_filters
 
     problem = serve_problem(args)
@@ -245,6 +266,52 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    made = _hub_config(args)
+    if made is None:
+        return 2
+    config_, limit_line = made
+    from .backends import BackendUnavailable, probe
+    from .listen import bind
+
+    # Tried before the store is touched: a taken port is one line (exit 3), nothing migrated.
+    # Released again for uvicorn to bind (given a socket, it would not log where it listens,
+    # the line operators and the tests wait for).
+    listening = bind(args.host, args.port)
+    if not isinstance(listening, str):
+        listening.close()
+    else:
+        print(f"sessionhub: {listening}", file=sys.stderr)
+        return 3
+    try:
+        # Reach the store and the bus once before uvicorn starts: a wrong --db or --bus is
+        # one line and exit code 2, not a traceback from the app's startup.
+        asyncio.run(probe(args.db, args.bus, bus_override=args.bus_override))
+    except (InvalidInput, MissingExtra, BackendUnavailable) as exc:
+        print(f"sessionhub: {exc}", file=sys.stderr)
+        return 2
+    print(f"sessionhub: {limit_line}", file=sys.stderr)
+    if args.workers > 1:
+        return serve_workers.run_workers(args, run_worker)
+    return _serve(args, config_)
+
+
+def run_worker(args: argparse.Namespace) -> None:
+    """One process of ``serve --workers N`` (:mod:`hub.apps.serve_workers`): the checks and
+    the probe ran in the parent; this one binds the shared port and serves."""
+    serve_workers.become_worker()
+    made = _hub_config(args)
+    assert made is not None  # the parent built the same one
+    sock = serve_workers.reuse_port_socket(args.host, args.port)
+    sys.exit(_serve(args, made[0], sock))
+
+
+def _hub_config(args: argparse.Namespace) -> tuple[HubConfig, str] | None:
+    """The hub's limits from the options (None, said in one line, if HubConfig refuses
+    them), with ``max_connections`` from the descriptors this process may hold, and the
+    line that says that limit."""
+    from ..server import HubConfig
+
+    limit, line = serve_limits.connection_limit(args.max_connections, serve_limits.raise_descriptors())
     try:
         config_ = HubConfig(
             max_frame_bytes=args.max_frame_bytes,
@@ -270,29 +337,20 @@ def run(args: argparse.Namespace) -> int:
             subscription_retry=args.subscription_retry,
             retain_events=args.retain_events,
             retain_events_per_session=args.retain_events_per_session,
+            max_connections=limit,
         )
     except ValueError as exc:  # HubConfig checks its limits: one line, exit 2
         print(f"sessionhub: {exc}", file=sys.stderr)
-        return 2
-    from .backends import BackendUnavailable, probe
-    from .listen import bind
+        return None
+    return config_, line
 
-    # Tried before the store is touched: a taken port is one line (exit 3), nothing migrated.
-    # Released again for uvicorn to bind (given a socket, it would not log where it listens,
-    # the line operators and the tests wait for).
-    listening = bind(args.host, args.port)
-    if not isinstance(listening, str):
-        listening.close()
-    else:
-        print(f"sessionhub: {listening}", file=sys.stderr)
-        return 3
-    try:
-        # Reach the store and the bus once before uvicorn starts: a wrong --db or --bus is
-        # one line and exit code 2, not a traceback from the app's startup.
-        asyncio.run(probe(args.db, args.bus, bus_override=args.bus_override))
-    except (InvalidInput, MissingExtra, BackendUnavailable) as exc:
-        print(f"sessionhub: {exc}", file=sys.stderr)
-        return 2
+
+def _serve(args: argparse.Namespace, config_: HubConfig, sock: socket.socket | None = None) -> int:
+    """Run the hub under uvicorn (on ``sock`` when given) until a signal drains it."""
+    import uvicorn
+
+    from ..server import create_app
+
     compaction = serve_compaction.serve_compaction(args)
     from .serve_templates import configure_manager
 
@@ -324,6 +382,8 @@ def run(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         log_level=args.log_level,
+        loop=args.loop,
+        http=args.http,
         ws="websockets-sansio",
         ws_max_size=max(args.max_frame_bytes * 4, 16 << 20),
         ws_ping_interval=args.ping_interval,
@@ -333,6 +393,6 @@ def run(args: argparse.Namespace) -> int:
     server = HubServer(config)
     # uvicorn re-raises the signal it handled once it has stopped: we are done then.
     with contextlib.suppress(KeyboardInterrupt):
-        server.run()
+        server.run(sockets=None if sock is None else [sock])
     # A startup that failed anyway (the port taken, the database gone since the probe).
     return 0 if server.started else 3

@@ -20,6 +20,7 @@ from ..apps.backends import open_backend
 from ..bus import Bus
 from ..manager import SessionManager
 from ..store.base import Store
+from .admission import AdmissionGate
 from .config import HubConfig
 from .handshake import HostCheck, KeepTransport, origin_allowed
 from .health import health
@@ -27,6 +28,7 @@ from .hub import Hub
 from .logfilter import install_log_filters
 from .outage import CLOSE_TRY_AGAIN_LATER, OUTAGE_REASON
 from .socket_shell import CLOSE_GOING_AWAY
+from .socketlane import SocketLane
 from .static import WEB_DIR, InspectorFiles
 from .unrouted import unrouted
 from .workers import WorkerSummarizer
@@ -92,22 +94,28 @@ def create_app(
         await hub.retention.observe()
         return Response(generate_latest(hub.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    async def ws(websocket: WebSocket) -> None:
+    async def turned_away(websocket: WebSocket) -> bool:
+        """Refuse a socket the hub will not serve now (its Origin, a drain, an outage)."""
         hub: Hub = websocket.app.state.hub
         if not origin_allowed(websocket, hub.config):
             await websocket.close(1008, "origin not allowed")  # before accept: HTTP 403
-            return
+            return True
         if hub.closing:
             # Accept, then close with 1001: a close before accepting is an HTTP 403, which a
             # client must read as "refused", not as "try again elsewhere".
             await websocket.accept()
             await websocket.close(CLOSE_GOING_AWAY, "server shutting down; resume elsewhere")
-            return
+            return True
         if hub.store_watch.down:
             await websocket.accept()
             await websocket.close(CLOSE_TRY_AGAIN_LATER, OUTAGE_REASON)
-            return
-        await hub.serve(websocket)
+            return True
+        return False
+
+    async def ws(websocket: WebSocket) -> None:
+        # The checks' frame ends before the socket is served: it is not held per connection.
+        if not await turned_away(websocket):
+            await websocket.app.state.hub.serve(websocket)
 
     routes: list[BaseRoute] = [
         Route("/healthz", healthz),
@@ -128,5 +136,13 @@ def create_app(
     # uvicorn's traceback per invalid UTF-8 frame becomes one rate-limited line.
     install_log_filters()
     # The Host check first, so a rebound name is refused before anything else runs.
-    middleware = [Middleware(HostCheck, config=settings), Middleware(KeepTransport)]
+    # /ws first, past the router and the rest (hub/server/socketlane.py: each layer would be
+    # a frame held per connection), with the same checks. Then the Host check, the
+    # connection limit (hub/server/admission.py), the transport kept.
+    middleware = [
+        Middleware(SocketLane, config=settings, turned_away=turned_away),
+        Middleware(HostCheck, config=settings),
+        Middleware(AdmissionGate),
+        Middleware(KeepTransport),
+    ]
     return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)

@@ -8,7 +8,9 @@ module of the server that holds connections.
 
 from __future__ import annotations
 
-__all__ = ["RAW_SEND", "TRANSPORT"]
+from typing import Protocol, runtime_checkable
+
+__all__ = ["RAW_SEND", "TRANSPORT", "Cuttable"]
 
 #: Where the ASGI server's transport is kept in a WebSocket's scope (see ``KeepTransport``).
 TRANSPORT = "sessionhub.transport"
@@ -16,3 +18,13 @@ TRANSPORT = "sessionhub.transport"
 #: it, not through starlette's WebSocket and exception middleware, two coroutine layers
 #: that do nothing for a text frame (docs/benchmarks.md).
 RAW_SEND = "sessionhub.send"
+
+
+@runtime_checkable
+class Cuttable(Protocol):
+    """What the hub needs of a server's transport to cut a peer off: asyncio's and uvloop's
+    (whose transports are no ``asyncio.WriteTransport``) both have it."""
+
+    def abort(self) -> None: ...
+    def is_closing(self) -> bool: ...
+    def get_write_buffer_size(self) -> int: ...

@@ -45,6 +45,11 @@ class HubConfig:
     #: The address the hub listens on (``--host``): without a secret, a Host header must
     #: name it, a loopback name, or an allowed origin's host.
     bind_host: str | None = None
+    #: Connections served at once (WebSockets on every route and HTTP requests being
+    #: answered; the probes not counted): past it a WebSocket is closed with 1013 and a
+    #: request answered 503 (hub/server/admission.py). None: no limit (``sessionhub serve``
+    #: derives one from the file-descriptor limit).
+    max_connections: int | None = None
     max_subscriptions: int = 64
     queue_frames: int = 1024
     send_timeout: float = 10.0
@@ -109,6 +114,10 @@ class HubConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"HubConfig.{name} must be at least 1, not {getattr(self, name)}")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError(
+                f"HubConfig.max_connections must be at least 1 or None, not {self.max_connections}"
+            )
         if self.store_outage_close is not None and not self.store_outage_close > 0:
             raise ValueError(
                 f"HubConfig.store_outage_close must be more than 0 or None, not {self.store_outage_close}"

@@ -4,7 +4,9 @@ Both read the store for real (a broken database shows up here, not on the first 
 bounded in time, and answer 503 with a ``reason`` while the hub shuts down or the store
 cannot be read. ``/healthz`` also answers 503 ``degraded`` while a cross-node bus
 reconnects; ``/readyz`` does not, since the node still serves then (its followers poll
-the log), so a balancer keeps sending it traffic.
+the log), so a balancer keeps sending it traffic. ``/readyz`` answers 503 ``full`` while
+the hub is at ``max_connections`` (hub/server/admission.py), so a balancer sends new
+clients elsewhere; ``/healthz`` does not, since a full node is alive.
 """
 
 from __future__ import annotations
@@ -37,12 +39,19 @@ async def health(hub: Hub, *, ready: bool) -> JSONResponse:
         return _down(f"the store did not answer within {HEALTH_TIMEOUT:g} s")
     except SessionHubError as exc:  # the store's translated error, its cause in one line
         return _down(str(exc))
+    admission = hub.admission
     # `compaction`: whether `compact` can run here (the inspector offers it only then).
     body: dict[str, Any] = {
         "status": "ok",
         "connections": len(hub.connections),
         "compaction": hub.manager.can_compact,
+        "admitted": admission.open,
+        "max_connections": admission.limit,
     }
+    if ready and admission.full:
+        body["status"] = "full"
+        body["reason"] = f"at the connection limit ({admission.limit})"
+        return JSONResponse(body, status_code=503)
     ring = hub.store.bus
     if isinstance(ring, RemoteBus):
         body["bus"] = {

@@ -14,8 +14,9 @@ from ..bus import RemoteBus
 from ..manager import SessionManager
 from ..session import Session
 from ..store.base import Store
+from .admission import Admission
 from .config import HubConfig
-from .handshake import token_of
+from .handshake import release_handshake, token_of
 from .metrics import Metrics
 from .ops import Op, operations, receive
 from .outage import StoreWatch
@@ -49,6 +50,9 @@ class Hub:
         self.manager = manager
         self.config = config
         self.metrics = Metrics()
+        #: Connections served against ``max_connections`` (hub/server/admission.py).
+        self.admission = Admission(config.max_connections)
+        self.metrics.watch_admission(self.admission)
         self.held = Held()
         self.metrics.watch_held(self.held)
         #: What chat SSE readers have queued (hub/adapters/sse.py): apart from ``held``, as
@@ -144,6 +148,7 @@ class Hub:
         that an idle connection is one suspended coroutine, not two (~0.5 KiB each)."""
         token, subprotocol = token_of(websocket)
         await websocket.accept(subprotocol=subprotocol)
+        release_handshake(websocket.scope)
         connection = Connection(self, websocket)
         connection.open(token)
         self.connections.add(connection)
@@ -179,4 +184,5 @@ class Hub:
             await self.streams.owner_lost(connection)
             for sid in self.presence.present_on(connection):
                 self.presence.leave(connection, sid)
+            self.presence.unwatch(connection)
             self.metrics.connections.dec()

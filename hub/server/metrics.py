@@ -3,11 +3,29 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from ..bus import RemoteBus
 from .outbox import Held
+
+
+class Admission(Protocol):
+    """What the metrics read of hub/server/admission.py's ``Admission`` (a Protocol: the
+    adapters may import this module, and not that one)."""
+
+    @property
+    def limit(self) -> int | None: ...
+    @property
+    def open(self) -> int: ...
+    @property
+    def refused_websocket(self) -> int: ...
+    @property
+    def refused_http(self) -> int: ...
 
 
 class Metrics:
@@ -77,6 +95,18 @@ class Metrics:
             registry=self.registry,
         ).set_function(functools.partial(_read_held, held, "outbox"))
 
+    def watch_admission(self, admission: Admission) -> None:
+        """Export the connections served, the limit and the refusals (read at scrape time)."""
+        Gauge(
+            "sessionhub_connections_admitted",
+            "Connections served now against max_connections: WebSockets and HTTP requests, not the probes",
+            registry=self.registry,
+        ).set_function(lambda: float(admission.open))
+        Gauge(
+            "sessionhub_max_connections", "The connection limit (0: none)", registry=self.registry
+        ).set_function(lambda: float(admission.limit or 0))
+        self.registry.register(_Refused(admission))
+
     def watch_bus(self, bus: RemoteBus) -> None:
         """Export a cross-node bus's state (read at scrape time)."""
         Gauge(
@@ -94,3 +124,21 @@ class Metrics:
 
 def _read_held(held: Held, attr: str) -> float:
     return float(getattr(held, attr))
+
+
+class _Refused(Collector):
+    """``sessionhub_connections_refused_total{kind}``: counted by the admission gate itself
+    (a plain int per refusal), read here at scrape time."""
+
+    def __init__(self, admission: Admission) -> None:
+        self.admission = admission
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "sessionhub_connections_refused",
+            "Connections refused at max_connections: WebSockets closed with 1013, HTTP requests answered 503",
+            labels=["kind"],
+        )
+        family.add_metric(["websocket"], self.admission.refused_websocket)
+        family.add_metric(["http"], self.admission.refused_http)
+        yield family

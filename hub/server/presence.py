@@ -33,6 +33,10 @@ class Presence:
         self.streaming: dict[tuple[str, str], list[str]] = {}
         #: With a cross-node bus: where joins and leaves go out, and the other nodes' table.
         self.relay: Relay | None = None
+        #: The connections that have asked to watch some session's presence, until they
+        #: close: a join or leave is offered to these, not looked for among every
+        #: connection (a scan per join made N subscribers cost O(N^2) to connect).
+        self.watchers: set[Peer] = set()
 
     def get(self, session_id: str) -> dict[str, Peer] | None:
         """This node's connections on the session, by connection id (None: nobody)."""
@@ -63,14 +67,20 @@ class Presence:
 
     def tell_watchers(self, frame: f.PresenceFrame) -> None:
         """Send a join or leave to this node's connections watching the session's presence."""
-        watchers = [
-            c for c in self.peers.connections if frame.session_id in c.presence_watch and not c.closed
-        ]
+        watchers = [c for c in self.watchers if frame.session_id in c.presence_watch and not c.closed]
         if not watchers:
             return
         data = encode(frame).decode()
         for other in watchers:
             other.offer(data)
+
+    def watch(self, peer: Peer) -> None:
+        """``peer`` watches some session's presence now (``subscribe`` with ``presence``)."""
+        self.watchers.add(peer)
+
+    def unwatch(self, peer: Peer) -> None:
+        """``peer`` closed."""
+        self.watchers.discard(peer)
 
     def present(self, session_id: str) -> list[PresenceEntry]:
         """Who is on the session: this node's connections, then the other nodes'."""

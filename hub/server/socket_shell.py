@@ -37,7 +37,7 @@ from protocol.serverconn import (
 )
 
 from ..auth import Grant, verify_token
-from .asgiscope import RAW_SEND, TRANSPORT
+from .asgiscope import RAW_SEND, TRANSPORT, Cuttable
 from .eager import start_eagerly
 from .host import ConnectionHost
 from .outbox import Evicted, Outbox, frame_cost
@@ -321,11 +321,11 @@ class Connection:
         except Exception:
             self._abort(transport)
             return
-        if isinstance(transport, asyncio.WriteTransport):
+        if isinstance(transport, Cuttable):
             asyncio.get_running_loop().call_later(grace, _abort_if_stuck, transport)
 
     def _abort(self, transport: object) -> None:
-        if isinstance(transport, asyncio.WriteTransport):
+        if isinstance(transport, Cuttable):
             _abort_if_stuck(transport)
         elif self.serve_task is not None and self.serve_task is not asyncio.current_task():
             self.serve_task.cancel()  # another ASGI server: end the app, it closes the socket
@@ -454,6 +454,8 @@ class Connection:
         """One text frame read: the request to run, or its refusal (sent already)."""
         hub = self.hub
         parsed = self.protocol.receive_text(data, time.time(), hub.closing)
+        if self.protocol.presence_watch:  # a subscribe asked for presence: told from now on
+            hub.presence.watch(self)
         if isinstance(parsed, Refused):
             if parsed.reason == "bad_frame":
                 hub.metrics.bad_frames.labels(parsed.frame.code).inc()
@@ -542,7 +544,7 @@ class Connection:
                 await drainer
 
 
-def _abort_if_stuck(transport: asyncio.WriteTransport) -> None:
+def _abort_if_stuck(transport: Cuttable) -> None:
     """A grace period is over: a peer that has not read its close frame by now never will,
     and a graceful transport close would keep its buffer forever. (A closing transport
     with an empty buffer is gone already: asyncio cannot abort it twice.)"""

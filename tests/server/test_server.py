@@ -30,7 +30,13 @@ async def test_healthz(served: str) -> None:
     async with httpx2.AsyncClient() as client:
         response = await client.get(f"{served}/healthz")
     assert response.status_code == 200
-    assert response.json() == {"status": "ok", "connections": 0, "compaction": False}
+    assert response.json() == {
+        "status": "ok",
+        "connections": 0,
+        "compaction": False,
+        "admitted": 0,
+        "max_connections": None,
+    }
 
 
 async def test_app_over_a_shared_store(db_path: Path) -> None:

@@ -8,7 +8,8 @@ import asyncio
 import subprocess
 from pathlib import Path
 
-from tests.support.hubtest import served
+from hub.server import HubConfig
+from tests.support.hubtest import Client, eventually, served
 from tests.support.services import node
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,9 +25,15 @@ def _websocket_flags(node_path: str) -> list[str]:
 
 async def test_node_test_runner_passes(tmp_path: Path) -> None:
     node_path = node()  # skips (fails under SESSIONHUB_REQUIRE_SERVICES=1) without it
-    async with served(db=tmp_path / "hub.db") as h, served(db=tmp_path / "draining.db") as draining:
+    async with (
+        served(db=tmp_path / "hub.db") as h,
+        served(db=tmp_path / "draining.db") as draining,
+        served(db=tmp_path / "full.db", config=HubConfig(max_connections=1)) as full,
+        Client.connect(full.ws_url),  # the one connection the full hub admits
+    ):
         # What SIGTERM runs: from now on it accepts each socket and closes it with 1001.
         await draining.hub.drain()
+        await eventually(lambda: full.hub.admission.full)
         proc = await asyncio.create_subprocess_exec(
             node_path,
             *_websocket_flags(node_path),
@@ -38,6 +45,7 @@ async def test_node_test_runner_passes(tmp_path: Path) -> None:
                 "PATH": "/usr/bin:/bin",
                 "SESSIONHUB_WS_URL": h.ws_url,
                 "SESSIONHUB_DRAINING_WS_URL": draining.ws_url,
+                "SESSIONHUB_FULL_WS_URL": full.ws_url,
                 "NO_COLOR": "1",
             },
             stdout=asyncio.subprocess.PIPE,

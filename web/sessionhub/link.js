@@ -60,6 +60,7 @@ export class HubLink {
     this.socket = null;
     this.state = "closed";
     this.closed = false;
+    this.lastClose = null; // why the last socket ended ("1013: reason")
     this.reconnects = 0;
     this.attempt = 0;
     this.backoff = 0;
@@ -161,6 +162,8 @@ export class HubLink {
     ws.onclose = (ev) => {
       if (this.socket !== ws) return;
       const reason = `${ev?.code ?? 1006}: ${ev?.reason || "connection closed"}`;
+      // A request that then finds no socket within openTimeout says why (a full hub's 1013).
+      this.lastClose = reason;
       this._lost(reason);
       if (!opened) this.opening?.(false, reason);
       this._scheduleReconnect(reason, opened);
@@ -257,7 +260,8 @@ export class HubLink {
       const waiter = { resolve: () => (done(), resolve()), reject: (e) => (done(), reject(e)) };
       const timer = this.timers.setTimeout(() => {
         this.waiters = this.waiters.filter((w) => w !== waiter);
-        reject(new ConnectionLost(`no connection to the hub within ${this.openTimeout} ms`));
+        const last = this.lastClose ? `; the last one ended (${this.lastClose})` : "";
+        reject(new ConnectionLost(`no connection to the hub within ${this.openTimeout} ms${last}`));
       }, this.openTimeout);
       const done = () => this.timers.clearTimeout(timer);
       this.waiters.push(waiter);

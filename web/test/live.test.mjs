@@ -160,3 +160,31 @@ test("given a draining hub's URL and a live one, a named client fails over and r
     writer.close();
   }
 });
+
+const full = process.env.SESSIONHUB_FULL_WS_URL;
+const skipFull = skip || (!full ? "needs SESSIONHUB_FULL_WS_URL (a hub at its connection limit)" : false);
+
+test("a hub at its connection limit: a request's error is one line naming the limit", { skip: skipFull }, async () => {
+  // The full hub accepts each socket and closes it with 1013 (hub/server/admission.py).
+  const client = new HubClient(full, { firstBackoff: 20, maxBackoff: 50, openTimeout: 500 });
+  const closes = [];
+  client.on("state", (s) => s.state === "reconnecting" && closes.push(s.reason));
+  try {
+    await client.connect().catch(() => {});
+    let error;
+    for (let i = 0; i < 50 && !error; i++) {
+      try {
+        await client.ping();
+      } catch (err) {
+        error = err;
+      }
+    }
+    assert.ok(error, "a request at a full hub fails");
+    assert.equal(error.name, "ConnectionLost");
+    assert.ok(!error.message.includes("\n"), error.message);
+    assert.match(error.message, /1013: the hub is at its connection limit/);
+    assert.ok(closes.some((r) => r.startsWith("1013")), `1013 met and retried: ${closes}`);
+  } finally {
+    client.close();
+  }
+});
