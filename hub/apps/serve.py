@@ -85,7 +85,7 @@ def add_options(serve: argparse.ArgumentParser) -> None:
         # stranger's 128 MiB POST sent whole), which h11 stops at once.
         default="h11",
         choices=["auto", "h11", "httptools"],
-        help="HTTP parser (default h11; auto: httptools when installed, which reads a refused body to its end)",
+        help="HTTP parser (default h11; auto: httptools if installed, which reads a refused body whole)",
     )
     serve.add_argument(
         "--auth-secret",
