@@ -5,7 +5,7 @@ Runs the hub under uvicorn in this process with ``tracemalloc`` on, subscribes N
 prints the Python allocations still held per connection, grouped by file. Prints figures,
 asserts nothing. From the repository root:
 
-    .venv/bin/python bench/bench_conn_memory.py [N]     # default 2000
+    .venv/bin/python bench/bench_conn_memory.py [N] [WS]    # default 2000 hub (serve --ws)
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from hub.apps.serve import ws_protocol  # noqa: E402
 from tests.support.hubtest import Client, served  # noqa: E402
 
 
@@ -33,9 +34,10 @@ async def subscribers(url: str, sid: str, n: int) -> asyncio.subprocess.Process:
     return proc
 
 
-async def main(n: int) -> None:
+async def main(n: int, ws: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        options = {"ws": "websockets-sansio", "log_level": "warning"}
+        # --ws as `sessionhub serve` takes it: hub (the default), websockets-sansio, websockets.
+        options = {"ws": ws_protocol(ws), "log_level": "warning"}
         async with served(db=Path(tmp) / "hub.db", options=options) as h, Client.connect(h.ws_url) as c:
             sid = (await c.call("create", name="memory"))["id"]
             procs = [await subscribers(h.ws_url, sid, 20)]  # warm-up: code paths and caches
@@ -60,4 +62,6 @@ async def main(n: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 2000))
+    asyncio.run(
+        main(int(sys.argv[1]) if len(sys.argv) > 1 else 2000, sys.argv[2] if len(sys.argv) > 2 else "hub")
+    )

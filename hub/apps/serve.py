@@ -88,6 +88,15 @@ def add_options(serve: argparse.ArgumentParser) -> None:
         help="HTTP parser (default h11; auto: httptools if installed, which reads a refused body whole)",
     )
     serve.add_argument(
+        "--ws",
+        # The hub's own protocol (hub/server/wsprotocol.py): uvicorn's websockets-sansio
+        # holds a queue, an event and the handshake per connection and frames every send
+        # anew (issue 28, docs/benchmarks.md). uvicorn's own stay selectable.
+        default="hub",
+        choices=["hub", "websockets-sansio", "websockets"],
+        help="WebSocket protocol: hub (default, the hub's own), or uvicorn's websockets-sansio or websockets",
+    )
+    serve.add_argument(
         "--auth-secret",
         default=os.environ.get("SESSIONHUB_AUTH_SECRET") or None,
         help="turn on tokens (HS256) signed with this secret (default: $SESSIONHUB_AUTH_SECRET)",
@@ -348,6 +357,16 @@ def _hub_config(args: argparse.Namespace) -> tuple[HubConfig, str] | None:
     return config_, line
 
 
+def ws_protocol(name: str) -> Any:
+    """What ``uvicorn.Config(ws=...)`` takes for ``--ws NAME``: the hub's protocol class, or
+    the name of one of uvicorn's."""
+    if name == "hub":
+        from ..server.wsprotocol import HubWebSocketProtocol
+
+        return HubWebSocketProtocol
+    return name
+
+
 def _serve(args: argparse.Namespace, config_: HubConfig, sock: socket.socket | None = None) -> int:
     """Run the hub under uvicorn (on ``sock`` when given) until a signal drains it."""
     import uvicorn
@@ -387,7 +406,7 @@ def _serve(args: argparse.Namespace, config_: HubConfig, sock: socket.socket | N
         log_level=args.log_level,
         loop=args.loop,
         http=args.http,
-        ws="websockets-sansio",
+        ws=ws_protocol(args.ws),
         ws_max_size=max(args.max_frame_bytes * 4, 16 << 20),
         ws_ping_interval=args.ping_interval,
         ws_ping_timeout=args.ping_timeout,

@@ -6,21 +6,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import websockets
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
+from hub.apps.serve import ws_protocol
 from hub.server import create_app
 from hub.server.asgiscope import RAW_SEND
 from tests.support.hubtest import Client, eventually, served
 
 
-async def test_an_accepted_socket_holds_no_handshake(tmp_path: Path) -> None:
-    async with served(db=tmp_path / "hub.db") as h, Client.connect(h.ws_url) as c:
+@pytest.mark.parametrize("ws", ["hub", "websockets-sansio"])
+async def test_an_accepted_socket_holds_no_handshake(tmp_path: Path, ws: str) -> None:
+    # The hub's own protocol lets them go itself; uvicorn's is made to (release_handshake).
+    options = {"ws": ws_protocol(ws)}
+    async with served(db=tmp_path / "hub.db", options=options) as h, Client.connect(h.ws_url) as c:
         assert await c.call("ping") == "pong"
         (connection,) = await eventually(lambda: list(h.hub.connections))
         protocol = connection.websocket.scope[RAW_SEND].__self__
-        assert type(protocol).__name__ == "WebSocketsSansIOProtocol"
+        assert type(protocol) is ws_protocol(ws) or type(protocol).__name__ == "WebSocketsSansIOProtocol"
         assert protocol.request is None and protocol.response is None
         # Nothing of the router ran for it: no route or endpoint was put in its scope.
         assert "endpoint" not in connection.websocket.scope
