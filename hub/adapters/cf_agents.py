@@ -30,10 +30,12 @@ the first chat request, with ``admin``), and the hub answers as ``AIChatAgent`` 
 ``GET /agents/{agent}/{name}/get-messages`` is the history as JSON (what ``useAgentChat``
 loads first). Tokens: ``?token=``, ``Authorization: Bearer`` or the ``bearer.<token>``
 subprotocol, checked on every frame with the op's scope (a read token sees the chat, it
-cannot post, clear or cancel). Frames are bounded by ``max_body_bytes``, each socket's
-outbox by ``outbox_bytes``/``send_timeout`` (:class:`~hub.adapters.aisdk_ws.Socket`'s rules);
-a frame that is not understood is answered ``cf_agent_use_chat_response`` with ``error``
-when it names a request, else ignored, as the Agents SDK does.
+cannot post, clear or cancel); at the token's ``exp`` the tab is closed with 4001, as the
+hub's own socket is (a room sends a tab the chat without its asking). Frames are bounded
+by ``max_body_bytes``, each socket's outbox by ``outbox_bytes``/``send_timeout``
+(:class:`~hub.adapters.aisdk_ws.Socket`'s rules); a frame that is not understood is answered
+``cf_agent_use_chat_response`` with ``error`` when it names a request, else ignored, as the
+Agents SDK does.
 """
 
 from __future__ import annotations
@@ -370,11 +372,13 @@ async def _endpoint(websocket: WebSocket) -> None:
         # Only a socket that may read the chat is in its room: the room tells it everything.
         if socket._allowed("get_history", socket.session_id):
             socket.room = await enter(hub, socket.session_id, socket)
+        socket.close_at_expiry()
         await socket.greet()
         await socket.serve(drainer)
     except WebSocketDisconnect:
         pass
     finally:
+        socket.stop_expiry()
         socket.close()
         drainer.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
