@@ -51,7 +51,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from protocol import Conflict, Forbidden, SessionHubError, SessionNotFound, coerce_message
+from protocol import Conflict, Forbidden, InvalidInput, SessionHubError, SessionNotFound, coerce_message
 from protocol import frames as f
 
 from ..server.handshake import origin_allowed, token_of
@@ -203,7 +203,7 @@ class CfSocket(Socket):
         request_id = frame.get("id")
         init = frame.get("init")
         if not isinstance(request_id, str) or not isinstance(init, dict):
-            raise SessionHubError("invalid: a chat request needs an id and init")
+            raise InvalidInput("a chat request needs a string `id` and an object `init`")
         self._need("append_all")
         try:
             body = json.loads(init.get("body") or "{}")

@@ -96,7 +96,9 @@ async def _run(connection: Connection, op: str, call: Call, request: Any) -> Non
     # The op's task is the writer the engine checks its messages for (clientwrites.py).
     config = connection.hub.config
     reserved = frozenset(config.reserved_metadata_keys)
-    WRITER.set(Writer(config.auth_secret is not None, connection.grant, reserved))
+    WRITER.set(
+        Writer(config.auth_secret is not None, connection.grant, reserved, config.max_upload_bytes_per_token)
+    )
     try:
         result = await call(request)
         frame: Any = f.ReplyFrame(id=request.id, result=wire(result))

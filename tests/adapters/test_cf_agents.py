@@ -92,6 +92,7 @@ async def test_tokens_read_watches_write_posts_other_sessions_see_nothing(tmp_pa
     "frame",
     [
         '{"type":"cf_agent_use_chat_request","id":"b1"}',
+        '{"type":"cf_agent_use_chat_request","id":"b0","init":"POST"}',
         '{"type":"cf_agent_use_chat_request","id":"b2","init":{"body":"not json"}}',
         '{"type":"cf_agent_use_chat_request","id":"b3","init":{"body":"{\\"messages\\":[]}"}}',
         '{"type":"cf_agent_use_chat_request","id":"b4","init":{"body":"{\\"messages\\":[{\\"id\\":5}]}"}}',
@@ -107,6 +108,7 @@ async def test_bad_chat_requests_are_answered_with_an_error_and_nothing_is_writt
             await ws.send(frame)
             answer = await _until(ws, "cf_agent_use_chat_response")
             assert answer["id"] == json.loads(frame)["id"] and answer["error"] and answer["done"]
+            assert answer["body"].startswith("invalid: "), answer  # typed, as the hub's own errors
         assert await h.hub.manager.get(session_of("chat-agent", "bad")) is None
 
 

@@ -4,10 +4,12 @@ data: URLs converted on every door (a WebSocket append, /api/chat)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import os
 import sqlite3
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -221,3 +223,52 @@ async def test_a_token_uploads_at_most_its_bytes(tmp_path: Path) -> None:
         assert (await http.post(f"{h.url}/files", content=third, headers=dana)).status_code == 201
         r = await http.post(f"{h.url}/files", content=b"x" * 200, headers=dana)
         assert r.status_code == 413  # 2,900 of 3,000 used: 100 left
+
+
+async def test_inline_data_files_count_against_the_upload_quota(tmp_path: Path) -> None:
+    """A ``data:`` file in a message is an upload as POST /files is: it counts against its
+    writer's quota, and one past it is refused, nothing of the message written."""
+    config = HubConfig(auth_secret=SECRET, max_upload_bytes_per_token=3000)
+    dana = _bearer({"*": "admin"}, subject="dana")
+    async with served(db=tmp_path / "hub.db", config=config) as h, httpx2.AsyncClient() as http:
+        await h.hub.store.create_session("one", session_id="s1")
+        first, second = os.urandom(2000), os.urandom(2000)
+        async with h.client(additional_headers=dana) as ws:
+            inline = "data:image/png;base64," + base64.b64encode(first).decode()
+            await ws.call(
+                "append", session_id="s1", message={"id": "m1", "role": "user", "parts": [_file_part(inline)]}
+            )
+            # 2,000 of 3,000 used by the inline file: an upload of 2,000 more is refused.
+            r = await http.post(f"{h.url}/files", content=second, headers=dana)
+            assert r.status_code == 413 and r.json()["error"]["code"] == "too_large"
+            inline = "data:image/png;base64," + base64.b64encode(second).decode()
+            error = await ws.request(
+                "append", session_id="s1", message={"id": "m2", "role": "user", "parts": [_file_part(inline)]}
+            )
+            assert error["frame"] == "error" and error["code"] == "too_large", error
+        assert [m.id for m in await h.hub.store.get_history("s1")] == ["m1"]
+        assert await h.hub.store.file_info(hashlib.sha256(second).hexdigest()) is None
+        assert await h.hub.store.uploaded_bytes("dana") == 2000
+
+
+async def test_two_uploads_at_once_cannot_both_pass_the_quota(tmp_path: Path) -> None:
+    """Both bodies are on their way before either is stored (each has passed the door's
+    check of what is left): the store's check, with the upload it admits, lets one in."""
+    config = HubConfig(auth_secret=SECRET, max_upload_bytes_per_token=3000)
+    dana = _bearer({"*": "write"}, subject="dana")
+    blobs = [os.urandom(2000), os.urandom(2000)]
+    started = [asyncio.Event(), asyncio.Event()]
+
+    async def body(i: int) -> AsyncIterator[bytes]:
+        yield blobs[i][:1000]
+        started[i].set()
+        await asyncio.gather(*(e.wait() for e in started))  # the other is past the check too
+        await asyncio.sleep(0.05)
+        yield blobs[i][1000:]
+
+    async with served(db=tmp_path / "hub.db", config=config) as h, httpx2.AsyncClient() as http:
+        answers = await asyncio.gather(
+            *(http.post(f"{h.url}/files", content=body(i), headers=dana) for i in range(2))
+        )
+        assert sorted(r.status_code for r in answers) == [201, 413], [r.text for r in answers]
+        assert await h.hub.store.uploaded_bytes("dana") == 2000
