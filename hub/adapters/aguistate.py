@@ -34,6 +34,7 @@ __all__ = [
     "patch_document",
     "pointer",
     "state_patch",
+    "undo_state",
 ]
 
 KEY = "contextBlocks"
@@ -211,15 +212,32 @@ async def apply_patch(hub: Sessions, session_id: str, patch: Any) -> list[dict[s
     return [op for op in patch if isinstance(op, dict) and op.get("op") != "test"] if changes else []
 
 
-async def apply_state(hub: Sessions, session_id: str, state: Any) -> list[dict[str, Any]]:
-    """A run's input ``state``: its patch against the snapshot, applied all or none."""
-    patch = state_patch(await blocks_state(hub, session_id), state)
+async def apply_state(
+    hub: Sessions, session_id: str, state: Any, current: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """A run's input ``state``: its patch against the snapshot (``current``, if the caller
+    has read it), applied all or none."""
+    patch = state_patch(current or await blocks_state(hub, session_id), state)
     if not patch:
         return []
     unknown = [op["path"] for op in patch if op["op"] == "add"]
     if unknown:
         raise InvalidInput(f"state.contextBlocks: no such block in this session: {unknown}")
     return await apply_patch(hub, session_id, patch)
+
+
+async def undo_state(
+    hub: Sessions, session_id: str, before: dict[str, Any], patch: list[dict[str, Any]]
+) -> None:
+    """Put back the blocks ``patch`` (what :func:`apply_state` applied) changed, to their text in
+    ``before`` (the snapshot it was applied to): a run refused after its state was written
+    (a turn already in flight: 409) leaves the blocks as they were, all or nothing."""
+    session = hub.manager.get_session(session_id)
+    for op in patch:
+        tokens = _tokens(op.get("path"))
+        if len(tokens) == 2 and tokens[1] in before[KEY]:
+            with contextlib.suppress(SessionHubError):  # each block it can, as apply_patch does
+                await session.replace_context_block(tokens[1], before[KEY][tokens[1]])
 
 
 # -- block changes during a run, as STATE_DELTA ----------------------------------------------

@@ -288,3 +288,32 @@ async def test_a_draining_hub_ends_its_followers(tmp_path: Path) -> None:
         last = json.loads(next(line for line in reversed(rest) if line.startswith("data: "))[6:])
         assert (last["type"], last["code"]) == ("RUN_ERROR", "unavailable")
         assert not any(line.startswith("id: ") for line in rest)
+
+
+async def test_a_run_refused_for_a_turn_in_flight_leaves_the_state_as_it_was(tmp_path: Path) -> None:
+    """A run's state is written before its turn starts; a turn already in flight refuses the
+    run (409), and the blocks its state changed are put back: all or nothing."""
+    store = await SqliteStore.open(tmp_path / "hub.db")
+    manager = SessionManager(store).with_context("memory", max_tokens=50).with_context("notes", max_tokens=50)
+    try:
+        async with (
+            served(manager=manager, config=HubConfig(turn_timeout=30)) as h,
+            httpx2.AsyncClient(base_url=h.url) as http,
+        ):
+            thread = "t-" + uuid.uuid4().hex
+            await h.hub.store.create_session("chat", session_id=thread)
+            session = h.hub.manager.get_session(thread)
+            await session.replace_context_block("memory", "likes tea")
+            first = {"id": "u0", "role": "user", "parts": [{"type": "text", "text": "wait"}]}
+            await h.hub.manager.append(thread, first)
+            await h.hub.turns.start(thread, "u0")  # no responder: it stays in flight
+            body = {
+                **_run(thread, "hi"),
+                "state": {"contextBlocks": {"memory": "likes coffee", "notes": "n"}},
+            }
+            r = await http.post("/agui", json=body)
+            assert r.status_code == 409 and r.json()["error"]["code"] == "conflict", r.text
+            blocks = {b.label: b.content for b in await session.get_context_blocks()}
+            assert blocks == {"memory": "likes tea", "notes": ""}
+    finally:
+        await store.close()
