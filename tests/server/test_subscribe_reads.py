@@ -14,17 +14,22 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
+import redis.asyncio as aioredis
 
 from hub import SessionManager, SqliteStore, session_stream
 from hub.apps.backends import open_backend
 from hub.bus import MemoryBus
 from hub.server.tails import Tail
 from protocol import StoreUnavailable
-from tests.server.test_multinode import bus_url, kill_listeners
 from tests.support.hubtest import Client, eventually, is_event, seqs, served, text
 from tests.support.nodes import scratch_database
-from tests.support.services import postgres_dsn
+from tests.support.services import postgres_dsn, redis_url
+
+#: The Redis database this file's buses select: their listeners are told apart from other
+#: tests' (which may share the server) by it, so only ours are killed.
+REDIS_DB = 11
 
 #: The store's reads a subscribe may make, awaited or answered at once.
 READS = ("stream_position", "stream_position_nowait", "get_session", "read_events", "read_events_nowait")
@@ -192,6 +197,38 @@ async def test_the_tail_vouches_only_for_a_current_view(
             await asyncio.gather(tail.task, return_exceptions=True)
 
 
+def ring_of(bus: str) -> str:
+    if bus == "postgres":
+        return "postgres"
+    base = redis_url().rstrip("/")
+    root = base.rsplit("/", 1)[0] if base.count("/") > 2 else base
+    return f"{root}/{REDIS_DB}"
+
+
+async def kill_listeners(bus: str, dsn: str) -> int:
+    """Close the listening connections of this test's buses from the server side (only
+    theirs: the Redis database they select, the scratch Postgres database); how many."""
+    if bus == "redis":
+        client = aioredis.Redis.from_url(ring_of(bus))
+        try:
+            ours = [c for c in await client.client_list(_type="pubsub") if int(c["db"]) == REDIS_DB]
+            for c in ours:
+                await client.client_kill_filter(_id=c["id"])
+            return len(ours)
+        finally:
+            await client.aclose()
+    admin = await asyncpg.connect(dsn)
+    try:
+        return int(
+            await admin.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = 'sessionhub-listen' AND datname = current_database()"
+            )
+        )
+    finally:
+        await admin.close()
+
+
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("bus", ["postgres", "redis"])
 async def test_resuming_at_the_head_across_a_bus_reconnect_is_exact(bus: str) -> None:
@@ -199,7 +236,7 @@ async def test_resuming_at_the_head_across_a_bus_reconnect_is_exact(bus: str) ->
     killed; the other node writes while this one cannot hear, and a subscriber resumes at
     what it holds, during the outage and right after it. Every subscriber ends with every
     event once, in order: a tail that may have missed doorbells does not vouch for a head."""
-    ring = bus_url(bus)
+    ring = ring_of(bus)
     async with (
         scratch_database(postgres_dsn(), "sessionhub_reads") as dsn,
         open_backend(dsn, ring) as served_store,
