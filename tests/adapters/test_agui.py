@@ -178,6 +178,7 @@ async def _state_run(store: SqliteStore) -> None:
 
         # All or none: notes is fine, the read-only soul is not, and memory is too long. The
         # refusal is AG-UI's own: one RUN_ERROR with the hub's code, and no run.
+        seen = (await session.read_events())[-1].seq
         for bad in (
             {"contextBlocks": {"notes": "n", "soul": "cruel"}},
             {"contextBlocks": {"notes": "n", "memory": "word " * 200}},
@@ -191,6 +192,8 @@ async def _state_run(store: SqliteStore) -> None:
         blocks = {b.label: b.content for b in await session.get_context_blocks()}
         assert blocks == {"soul": "kind", "memory": "likes tea", "notes": ""}
         assert len(await h.hub.manager.get_history(thread)) == 2  # only the first run's
+        # Refused before any block is written: no reader saw notes change, even for a moment.
+        assert [e.type for e in await session.read_events(seen)] == []
 
 
 async def test_follow_and_stop_check_their_scopes(tmp_path: Path) -> None:
