@@ -147,7 +147,9 @@ class Room:
 #: transcript (seconds).
 _COALESCE = 0.02
 
-_ROOMS: dict[str, Room] = {}
+#: (id(hub), session) -> its room: two hubs of one process (two apps, as tests run them) are
+#: two sets of rooms, each on its own store. The room holds its hub, so the id is not reused.
+_ROOMS: dict[tuple[int, str], Room] = {}
 #: The transcript sends in flight (see :meth:`Relay.done`).
 _PENDING: set[asyncio.Task[None]] = set()
 
@@ -155,9 +157,9 @@ _PENDING: set[asyncio.Task[None]] = set()
 async def enter(hub: ChatHost, session_id: str, member: Member) -> Room:
     """The session's room on this node, with ``member`` in it (made, and its log followed,
     for the first)."""
-    room = _ROOMS.get(session_id)
+    room = _ROOMS.get((id(hub), session_id))
     if room is None:
-        room = _ROOMS[session_id] = Room(hub, session_id)
+        room = _ROOMS[id(hub), session_id] = Room(hub, session_id)
         room.sockets.add(member)
         try:
             await room.start()
@@ -179,8 +181,9 @@ def leave(room: Room, member: Member) -> None:
 
 def _close_if_empty(room: Room) -> None:
     """A room with no socket and no reply going goes, with its log follower."""
-    if not room.sockets and not room.relays and _ROOMS.get(room.session_id) is room:
-        del _ROOMS[room.session_id]
+    key = (id(room.hub), room.session_id)
+    if not room.sockets and not room.relays and _ROOMS.get(key) is room:
+        del _ROOMS[key]
         room.stop()
 
 

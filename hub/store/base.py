@@ -512,11 +512,20 @@ class Store(abc.ABC):
     # -- files (hub/store/attachments.py, docs/files.md) ------------------------------------
     @abc.abstractmethod
     async def put_file(
-        self, sha256: str, media_type: str, data: bytes | BinaryIO, *, subject: str | None = None
+        self,
+        sha256: str,
+        media_type: str,
+        data: bytes | BinaryIO,
+        *,
+        subject: str | None = None,
+        quota: int | None = None,
     ) -> StoredFile:
         """Store a file under its SHA-256 (checked against the bytes: InvalidInput if they
         differ), once: the same bytes again only touch it. ``subject`` (a token's) is
-        recorded as an uploader, who may reference and read it."""
+        recorded as an uploader, who may reference and read it. ``quota``: the bytes the
+        subject's files may hold; a file new to it that would pass them is
+        :class:`~.attachments.UploadQuotaExceeded`, nothing stored, judged in the
+        transaction that records the upload (two at once cannot both pass)."""
 
     @abc.abstractmethod
     async def file_info(self, sha256: str) -> StoredFile | None: ...
