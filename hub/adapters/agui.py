@@ -164,7 +164,7 @@ async def _post(request: Request) -> Response | SseFeed:
         return _refused_run(hub, cors, exc)
     try:
         await hub.manager.append_all(body.threadId, messages, None)
-        with posting(body.threadId, body.runId):
+        with posting(hub, body.threadId, body.runId):
             turn = await hub.turns.start(body.threadId, messages[-1].id, "submit-message")
             run = await agui_run(hub, turn, body.runId)
     except SessionHubError as exc:

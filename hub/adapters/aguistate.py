@@ -10,7 +10,9 @@ AG-UI gives a client no event to send a delta with: a run's input is its whole `
 The hub reads it as a patch against the current snapshot (:func:`state_patch`: the blocks
 whose text differs), and applies the patch to the blocks all or none (:func:`apply_patch`):
 each operation is checked against a copy of the state first, then every block it changes
-is checked writable, and a write the engine refuses puts back the ones before it. A bad
+is checked writable and within its ``max_tokens``, so a refused patch writes nothing (no
+reader sees a block change and change back); a write that still fails (the store) puts back
+the ones before it. A bad
 patch or a read-only block is :class:`~protocol.InvalidInput`, which the door answers as
 ``RUN_ERROR`` with ``code: "invalid"``.
 """
@@ -24,6 +26,7 @@ from typing import Any
 from protocol import InvalidInput, SessionHubError
 from protocol.records import ContextBlock, Event
 
+from ..tokens import estimate_string_tokens
 from .port import Sessions
 
 __all__ = [
@@ -198,6 +201,13 @@ async def apply_patch(hub: Sessions, session_id: str, patch: Any) -> list[dict[s
             raise InvalidInput(f"state.contextBlocks: block {label!r} must be text")
         if not blocks[label].writable:
             raise InvalidInput(f"state.contextBlocks: block {label!r} is read-only")
+        # The engine's own bound, judged here for every block before any is written: a patch
+        # it would refuse half way writes nothing, rather than a block then its undoing.
+        limit, tokens = blocks[label].max_tokens, estimate_string_tokens(content)
+        if limit and tokens > limit:
+            raise InvalidInput(
+                f"state.contextBlocks: block {label!r} exceeds its max_tokens: {tokens} > {limit}"
+            )
         changes[label] = content
     done: list[str] = []
     try:
