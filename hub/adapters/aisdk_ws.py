@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from typing import Any, Literal
 
 import msgspec
@@ -43,6 +44,7 @@ from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from protocol import Forbidden, SessionHubError, SessionNotFound, coerce_message
+from protocol.serverconn import CLOSE_TOKEN_EXPIRED, EXPIRED_REASON
 
 from ..auth import Grant, verify_token
 from ..server.handshake import origin_allowed, token_of
@@ -60,6 +62,7 @@ log = logging.getLogger("sessionhub.chat")
 #: Close codes: the hub's own socket uses the same for a reader that does not read.
 CLOSE_SLOW_CONSUMER = 4008
 CLOSE_GOING_AWAY = 1001
+_SLOW = (CLOSE_SLOW_CONSUMER, "too slow: the chat stream fell behind")
 
 
 class Send(msgspec.Struct, tag="send", tag_field="type", kw_only=True):
@@ -150,8 +153,10 @@ class Socket:
         self.streams: dict[str, _Stream] = {}
         self.grant: Grant | None = None
         self.token: str | None = None
-        self.closing: str | None = None
+        #: The close code and reason once the socket is to end (the drainer closes it).
+        self.closing: tuple[int, str] | None = None
         self.wake = asyncio.Event()
+        self._expiry: asyncio.TimerHandle | None = None
 
     # -- sending -------------------------------------------------------------------------
 
@@ -159,7 +164,7 @@ class Socket:
         if self.closing is not None:
             return
         if not self.outbox.fits(text):
-            self.closing = "slow"
+            self.closing = _SLOW
             self.hub.metrics.sse_dropped.labels("behind").inc()
             log.info("closed a chat socket more than outbox_bytes behind")
             self.wake.set()
@@ -178,12 +183,12 @@ class Socket:
                 try:
                     await asyncio.wait_for(self.websocket.send_text(text), timeout)
                 except TimeoutError:
-                    self.closing = "slow"
+                    self.closing = _SLOW
                     self.hub.metrics.sse_dropped.labels("timeout").inc()
                     break
             if self.closing is not None:
                 with contextlib.suppress(Exception):
-                    await self.websocket.close(CLOSE_SLOW_CONSUMER, "too slow: the chat stream fell behind")
+                    await self.websocket.close(*self.closing)
                 return
             self.wake.clear()
             await self.wake.wait()
@@ -207,6 +212,26 @@ class Socket:
                 except UnicodeDecodeError:
                     continue
             await self.handle(text)
+
+    def close_at_expiry(self) -> None:
+        """Close the socket with 4001 when its token expires, as the hub's own socket does:
+        a socket that is sent a session's changes without asking (a room's tab) must not
+        go on hearing them past ``exp``. Nothing without a verified token."""
+        if self.grant is None or self._expiry is not None:
+            return
+        delay = max(0.0, self.grant.expires_at - time.time())
+        self._expiry = asyncio.get_running_loop().call_later(delay, self._expired)
+
+    def _expired(self) -> None:
+        self._expiry = None
+        if self.closing is None:
+            self.closing = (CLOSE_TOKEN_EXPIRED, EXPIRED_REASON)
+            self.wake.set()
+
+    def stop_expiry(self) -> None:
+        if self._expiry is not None:  # no timer outlives the socket
+            self._expiry.cancel()
+            self._expiry = None
 
     # -- requests ------------------------------------------------------------------------
 

@@ -64,7 +64,8 @@ def writing(who: Caller, config: HubConfig) -> Caller:
     """``who``, made the writer of what this task (and the tasks it starts) writes: a message
     may reference a stored file only if its writer may read it (hub/store/attachments.py),
     and loses the metadata keys the hub reserves (hub/store/clientwrites.py)."""
-    WRITER.set(Writer(who.auth, who.grant, frozenset(config.reserved_metadata_keys)))
+    reserved = frozenset(config.reserved_metadata_keys)
+    WRITER.set(Writer(who.auth, who.grant, reserved, config.max_upload_bytes_per_token))
     return who
 
 

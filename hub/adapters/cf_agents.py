@@ -30,10 +30,12 @@ the first chat request, with ``admin``), and the hub answers as ``AIChatAgent`` 
 ``GET /agents/{agent}/{name}/get-messages`` is the history as JSON (what ``useAgentChat``
 loads first). Tokens: ``?token=``, ``Authorization: Bearer`` or the ``bearer.<token>``
 subprotocol, checked on every frame with the op's scope (a read token sees the chat, it
-cannot post, clear or cancel). Frames are bounded by ``max_body_bytes``, each socket's
-outbox by ``outbox_bytes``/``send_timeout`` (:class:`~hub.adapters.aisdk_ws.Socket`'s rules);
-a frame that is not understood is answered ``cf_agent_use_chat_response`` with ``error``
-when it names a request, else ignored, as the Agents SDK does.
+cannot post, clear or cancel); at the token's ``exp`` the tab is closed with 4001, as the
+hub's own socket is (a room sends a tab the chat without its asking). Frames are bounded
+by ``max_body_bytes``, each socket's outbox by ``outbox_bytes``/``send_timeout``
+(:class:`~hub.adapters.aisdk_ws.Socket`'s rules); a frame that is not understood is answered
+``cf_agent_use_chat_response`` with ``error`` when it names a request, else ignored, as the
+Agents SDK does.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from protocol import Conflict, Forbidden, SessionHubError, SessionNotFound, coerce_message
+from protocol import Conflict, Forbidden, InvalidInput, SessionHubError, SessionNotFound, coerce_message
 from protocol import frames as f
 
 from ..server.handshake import origin_allowed, token_of
@@ -96,12 +98,13 @@ class CfSocket(Socket):
     async def _tell_others(self) -> None:
         """The transcript to the other tabs, which (and this one) now show it."""
         room = self.joined
-        messages = await self.history()
-        text = _frame("cf_agent_chat_messages", messages=messages)
-        for socket in list(room.sockets):
-            if socket is not self:
-                socket.push(text)
-        room.shown(messages)
+        async with room.telling:
+            messages = await self.history()
+            text = _frame("cf_agent_chat_messages", messages=messages)
+            for socket in list(room.sockets):
+                if socket is not self:
+                    socket.push(text)
+            room.shown(messages)
 
     async def greet(self) -> None:
         self.push(_frame("cf_agent_identity", name=self.name, agent=self.agent))
@@ -201,7 +204,7 @@ class CfSocket(Socket):
         request_id = frame.get("id")
         init = frame.get("init")
         if not isinstance(request_id, str) or not isinstance(init, dict):
-            raise SessionHubError("invalid: a chat request needs an id and init")
+            raise InvalidInput("a chat request needs a string `id` and an object `init`")
         self._need("append_all")
         try:
             body = json.loads(init.get("body") or "{}")
@@ -262,18 +265,19 @@ class CfSocket(Socket):
     async def _clear(self) -> None:
         self._need("clear_messages")
         room = self.joined
-        # Marked before the write: the room's log follower may see the clear before this
-        # goes on, and must not tell these tabs again.
-        others = [socket for socket in room.sockets if socket is not self]
-        room.shown([])
-        try:
-            with contextlib.suppress(SessionNotFound):
-                await self.hub.manager.clear_messages(self.session_id)
-        except BaseException:
-            room.shown(None)
-            raise
-        for socket in others:
-            socket.push(_frame("cf_agent_chat_clear"))
+        async with room.telling:  # no transcript read runs across the clear (cf_rooms.Room)
+            # Marked before the write: the room's log follower may see the clear before this
+            # goes on, and must not tell these tabs again.
+            others = [socket for socket in room.sockets if socket is not self]
+            room.shown([])
+            try:
+                with contextlib.suppress(SessionNotFound):
+                    await self.hub.manager.clear_messages(self.session_id)
+            except BaseException:
+                room.shown(None)
+                raise
+            for socket in others:
+                socket.push(_frame("cf_agent_chat_clear"))
 
     async def _messages(self, frame: dict[str, Any]) -> None:
         messages = frame.get("messages")
@@ -370,11 +374,13 @@ async def _endpoint(websocket: WebSocket) -> None:
         # Only a socket that may read the chat is in its room: the room tells it everything.
         if socket._allowed("get_history", socket.session_id):
             socket.room = await enter(hub, socket.session_id, socket)
+        socket.close_at_expiry()
         await socket.greet()
         await socket.serve(drainer)
     except WebSocketDisconnect:
         pass
     finally:
+        socket.stop_expiry()
         socket.close()
         drainer.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -66,6 +66,11 @@ class Room:
         self.relays: dict[int, Relay] = {}  # id(turn) -> its relay to this room
         self.follower: asyncio.Task[None] | None = None
         self._soon: asyncio.Task[None] | None = None
+        #: Held by whatever reads the stored transcript and tells the sockets, and by a
+        #: clear: a read that was in flight across a clear would otherwise tell a tab the
+        #: transcript from before it, and mark it as shown after the clear was marked
+        #: (then the log's ``messages.cleared`` tells the clearing tab its own clear).
+        self.telling = asyncio.Lock()
 
     async def history(self) -> list[dict[str, Any]]:
         try:
@@ -81,17 +86,21 @@ class Room:
 
     async def transcript(self, *, only_stale: bool = False) -> None:
         """The stored transcript to every socket (``only_stale``: to those that show another)."""
-        if not self.sockets:
-            return
-        try:
-            messages = await self.history()
-        except SessionHubError:
-            return
-        key, text = transcript_key(messages), frame("cf_agent_chat_messages", messages=messages)
-        for member in list(self.sockets):
-            if not only_stale or member.transcript != key:
-                member.push(text)
-                member.transcript = key
+        async with self.telling:
+            if not self.sockets:
+                return
+            try:
+                messages = await self.history()
+            except SessionHubError:
+                return
+            key, text = transcript_key(messages), frame("cf_agent_chat_messages", messages=messages)
+            # An empty transcript read before the log's clear reached this room is that
+            # clear: a tab showing messages is told it as one (and the log's then finds it told).
+            cleared = frame("cf_agent_chat_clear") if not messages else text
+            for member in list(self.sockets):
+                if not only_stale or member.transcript != key:
+                    member.push(text if member.transcript in (key, None) else cleared)
+                    member.transcript = key
 
     # -- what other nodes do, from the log --------------------------------------------------
 
@@ -126,10 +135,11 @@ class Room:
                 self._soon = asyncio.get_running_loop().create_task(self._transcript_soon())
         elif kind == "messages.cleared":
             cleared, text = transcript_key([]), frame("cf_agent_chat_clear")
-            for member in list(self.sockets):
-                if member.transcript != cleared:
-                    member.push(text)
-                    member.transcript = cleared
+            async with self.telling:
+                for member in list(self.sockets):
+                    if member.transcript != cleared:
+                        member.push(text)
+                        member.transcript = cleared
         elif kind == "turn.started" and self.hub.turns.in_flight(self.session_id) is None:
             # Another node's turn (this node's own are relayed where they start).
             with contextlib.suppress(SessionHubError):
@@ -147,7 +157,9 @@ class Room:
 #: transcript (seconds).
 _COALESCE = 0.02
 
-_ROOMS: dict[str, Room] = {}
+#: (id(hub), session) -> its room: two hubs of one process (two apps, as tests run them) are
+#: two sets of rooms, each on its own store. The room holds its hub, so the id is not reused.
+_ROOMS: dict[tuple[int, str], Room] = {}
 #: The transcript sends in flight (see :meth:`Relay.done`).
 _PENDING: set[asyncio.Task[None]] = set()
 
@@ -155,9 +167,9 @@ _PENDING: set[asyncio.Task[None]] = set()
 async def enter(hub: ChatHost, session_id: str, member: Member) -> Room:
     """The session's room on this node, with ``member`` in it (made, and its log followed,
     for the first)."""
-    room = _ROOMS.get(session_id)
+    room = _ROOMS.get((id(hub), session_id))
     if room is None:
-        room = _ROOMS[session_id] = Room(hub, session_id)
+        room = _ROOMS[id(hub), session_id] = Room(hub, session_id)
         room.sockets.add(member)
         try:
             await room.start()
@@ -179,8 +191,9 @@ def leave(room: Room, member: Member) -> None:
 
 def _close_if_empty(room: Room) -> None:
     """A room with no socket and no reply going goes, with its log follower."""
-    if not room.sockets and not room.relays and _ROOMS.get(room.session_id) is room:
-        del _ROOMS[room.session_id]
+    key = (id(room.hub), room.session_id)
+    if not room.sockets and not room.relays and _ROOMS.get(key) is room:
+        del _ROOMS[key]
         room.stop()
 
 

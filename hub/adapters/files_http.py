@@ -65,7 +65,8 @@ def _may_upload(who: Caller) -> bool:
 
 
 async def _limit(hub: ChatHost, who: Caller) -> int:
-    """The most this upload may hold: the file bound, and what is left of the token's."""
+    """The most this upload may hold: the file bound, and what is left of the token's (a
+    bound on what is read; the store judges the quota again as it records the upload)."""
     limit = hub.config.max_file_bytes
     quota = hub.config.max_upload_bytes_per_token
     if quota is None or who.grant is None:
@@ -182,7 +183,8 @@ async def _upload(request: Request) -> Response:
     try:
         sha = spool.digest.hexdigest()
         subject = None if who.grant is None else who.grant.subject
-        stored = await hub.store.put_file(sha, media, spool.file, subject=subject)
+        quota = hub.config.max_upload_bytes_per_token
+        stored = await hub.store.put_file(sha, media, spool.file, subject=subject, quota=quota)
     except SessionHubError as exc:
         return json_error(error_code(exc), str(exc), cors)
     finally:

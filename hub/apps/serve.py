@@ -138,8 +138,8 @@ def add_options(serve: argparse.ArgumentParser) -> None:
         type=size,
         default=None,
         metavar="SIZE",
-        help="bytes of stored files one token's subject may have uploaded (POST /files; "
-        "default: no bound but --max-file-bytes)",
+        help="bytes of stored files one token's subject may have uploaded (POST /files and "
+        "inline data: files; default: no bound but --max-file-bytes)",
     )
     serve.add_argument(
         "--reserved-metadata-key",

@@ -32,7 +32,8 @@ class HubConfig:
     #: ``reservedMetadataKeys`` from client writes. The engine's own writes keep them.
     reserved_metadata_keys: tuple[str, ...] = ()
     #: The bytes of stored files one token's subject may have uploaded (docs/files.md):
-    #: an upload past it is 413 ``too_large``, nothing stored. None: no bound but the file's.
+    #: an upload past it (POST /files, or an inline ``data:`` file) is ``too_large``, nothing
+    #: stored. None: no bound but the file's.
     max_upload_bytes_per_token: int | None = None
     #: The largest message one stream may grow to (its text, UTF-8, and its tool parts,
     #: encoded): past it the stream ends ``too_large``, keeping what it had.

@@ -28,7 +28,7 @@ from urllib.parse import unquote_to_bytes
 
 import msgspec
 
-from protocol import Forbidden, InvalidInput, Message
+from protocol import Forbidden, InvalidInput, Message, SessionHubError
 
 from ..auth import Grant
 from .clientwrites import WRITER, Writer, client_messages
@@ -38,6 +38,7 @@ __all__ = [
     "FILE_PATH",
     "FileStore",
     "StoredFile",
+    "UploadQuotaExceeded",
     "attach_files",
     "check_sha256",
     "chunks_of",
@@ -61,6 +62,24 @@ _REF = re.compile(r"/files/([0-9a-f]{64})")
 _MEDIA = re.compile(r"[A-Za-z0-9!#$&^_.+-]{1,127}/[A-Za-z0-9!#$&^_.+-]{1,127}")
 
 
+class UploadQuotaExceeded(SessionHubError):
+    """A file would take its uploader's stored files past ``max_upload_bytes_per_token``:
+    nothing of it is stored (``too_large``, 413 on the HTTP doors)."""
+
+    code = "too_large"
+
+    def __init__(self, quota: int) -> None:
+        super().__init__(f"this token has uploaded its {quota} bytes of files")
+
+
+def over_quota(used: int, size: int, quota: int | None) -> None:
+    """Refuse a new upload of ``size`` bytes by a subject whose files hold ``used``: the check
+    each store makes in the transaction that records the upload, so two at once cannot both
+    pass it."""
+    if quota is not None and used + size > quota:
+        raise UploadQuotaExceeded(quota)
+
+
 class StoredFile(msgspec.Struct, kw_only=True, frozen=True):
     """A stored file: its hash, size in bytes, media type (the first upload's) and when it
     was last stored or re-sent (a file unreferenced for longer than ``gc``'s grace goes)."""
@@ -75,7 +94,13 @@ class FileStore(Protocol):
     """What :func:`attach_files` needs of a store (:class:`~.base.Store` has it all)."""
 
     async def put_file(
-        self, sha256: str, media_type: str, data: bytes | BinaryIO, *, subject: str | None = None
+        self,
+        sha256: str,
+        media_type: str,
+        data: bytes | BinaryIO,
+        *,
+        subject: str | None = None,
+        quota: int | None = None,
     ) -> StoredFile: ...
 
     async def file_info(self, sha256: str) -> StoredFile | None: ...
@@ -186,7 +211,10 @@ async def attach_files(store: FileStore, messages: Sequence[Message]) -> Sequenc
             media, data = parse_data_url(url)
             media = check_media_type(part.get("mediaType") or media)
             sha = hashlib.sha256(data).hexdigest()
-            await store.put_file(sha, media, data, subject=None if writer is None else writer.subject)
+            if writer is None:
+                await store.put_file(sha, media, data)
+            else:  # an inline file is an upload too: the writer's quota counts it
+                await store.put_file(sha, media, data, subject=writer.subject, quota=writer.quota)
             sent.add(sha)
             if parts is None:
                 parts = list(message.parts)

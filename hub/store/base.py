@@ -414,6 +414,17 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def stream_position(self, stream: str) -> StreamPosition: ...
 
+    def stream_position_nowait(self, stream: str) -> StreamPosition | None:
+        """:meth:`stream_position` answered at once, without awaiting, or None when this
+        store cannot right now (the default): what a subscribe asks first, one row, cheaper
+        on the calling thread than a trip to a store's reader thread."""
+        return None
+
+    async def current_position(self, stream: str) -> StreamPosition:
+        """:meth:`stream_position`, at once when the store can answer so."""
+        position = self.stream_position_nowait(stream)
+        return position if position is not None else await self.stream_position(stream)
+
     # -- LangGraph checkpoints (protocol/graphstate.py, the rules in graphpolicy) ----------
     # A thread is a session: each change is one transaction with its event on the
     # session's stream; the bytes are stored as given, never decoded.
@@ -501,11 +512,20 @@ class Store(abc.ABC):
     # -- files (hub/store/attachments.py, docs/files.md) ------------------------------------
     @abc.abstractmethod
     async def put_file(
-        self, sha256: str, media_type: str, data: bytes | BinaryIO, *, subject: str | None = None
+        self,
+        sha256: str,
+        media_type: str,
+        data: bytes | BinaryIO,
+        *,
+        subject: str | None = None,
+        quota: int | None = None,
     ) -> StoredFile:
         """Store a file under its SHA-256 (checked against the bytes: InvalidInput if they
         differ), once: the same bytes again only touch it. ``subject`` (a token's) is
-        recorded as an uploader, who may reference and read it."""
+        recorded as an uploader, who may reference and read it. ``quota``: the bytes the
+        subject's files may hold; a file new to it that would pass them is
+        :class:`~.attachments.UploadQuotaExceeded`, nothing stored, judged in the
+        transaction that records the upload (two at once cannot both pass)."""
 
     @abc.abstractmethod
     async def file_info(self, sha256: str) -> StoredFile | None: ...

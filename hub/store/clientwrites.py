@@ -35,11 +35,13 @@ class Writer:
     """Who is writing, as the door that serves them saw it: ``auth`` False is a hub without
     an auth secret (anyone may reference any stored file); with it, ``grant`` is the
     writer's verified token (None: none, so no stored file). ``reserved``: the metadata keys
-    its messages may not set."""
+    its messages may not set; ``quota``: the bytes of stored files its subject may have
+    uploaded (``max_upload_bytes_per_token``), inline ``data:`` files included."""
 
     auth: bool
     grant: Grant | None
     reserved: frozenset[str] = frozenset()
+    quota: int | None = None
 
     @property
     def subject(self) -> str | None:

@@ -12,7 +12,7 @@ import asyncio
 import json
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx2
 import pytest
@@ -92,6 +92,7 @@ async def test_tokens_read_watches_write_posts_other_sessions_see_nothing(tmp_pa
     "frame",
     [
         '{"type":"cf_agent_use_chat_request","id":"b1"}',
+        '{"type":"cf_agent_use_chat_request","id":"b0","init":"POST"}',
         '{"type":"cf_agent_use_chat_request","id":"b2","init":{"body":"not json"}}',
         '{"type":"cf_agent_use_chat_request","id":"b3","init":{"body":"{\\"messages\\":[]}"}}',
         '{"type":"cf_agent_use_chat_request","id":"b4","init":{"body":"{\\"messages\\":[{\\"id\\":5}]}"}}',
@@ -107,6 +108,7 @@ async def test_bad_chat_requests_are_answered_with_an_error_and_nothing_is_writt
             await ws.send(frame)
             answer = await _until(ws, "cf_agent_use_chat_response")
             assert answer["id"] == json.loads(frame)["id"] and answer["error"] and answer["done"]
+            assert answer["body"].startswith("invalid: "), answer  # typed, as the hub's own errors
         assert await h.hub.manager.get(session_of("chat-agent", "bad")) is None
 
 
@@ -212,9 +214,143 @@ async def test_a_socket_without_read_hears_nothing_of_the_chat(tmp_path: Path) -
             with pytest.raises(TimeoutError):
                 async with asyncio.timeout(0.2):
                     await outsider.recv()
-            room = cf_rooms._ROOMS[sid]
+            room = cf_rooms._ROOMS[id(h.hub), sid]
             follower = room.follower
             assert follower is not None and not follower.done()
         assert await h.hub.manager.get_history(sid) == []
         # The last tab gone, its room goes, and the room's log follower with it.
-        await eventually(lambda: sid not in cf_rooms._ROOMS and follower.done())
+        await eventually(lambda: (id(h.hub), sid) not in cf_rooms._ROOMS and follower.done())
+
+
+async def _handled(ws: ClientConnection) -> None:
+    """Every frame sent on ``ws`` so far has been handled (a socket handles them in order)."""
+    await ws.send(json.dumps({"type": "cf_agent_stream_resume_request", "probeId": "done?"}))
+    await _until(ws, "cf_agent_stream_resume_none")
+
+
+async def test_two_hubs_in_one_process_keep_their_own_rooms(tmp_path: Path) -> None:
+    """The same agent and name on two hubs (two apps of one process, two databases) are two
+    sessions: a tab of one is not in the other's room, and hears none of its messages."""
+    async with served(db=tmp_path / "a.db") as a, served(db=tmp_path / "b.db") as b:
+        name = uuid.uuid4().hex
+        sid = session_of("chat-agent", name)
+        async with connect(f"ws://127.0.0.1:{a.port}/agents/chat-agent/{name}") as tab_a:
+            await _until(tab_a, "cf_agent_chat_messages")
+            message = {"id": "m1", "role": "user", "parts": [{"type": "text", "text": "only on a"}]}
+            await tab_a.send(json.dumps({"type": "cf_agent_chat_messages", "messages": [message]}))
+            await _handled(tab_a)
+            async with connect(f"ws://127.0.0.1:{b.port}/agents/chat-agent/{name}") as tab_b:
+                assert (await _until(tab_b, "cf_agent_chat_messages"))["messages"] == []
+                await _handled(tab_b)
+                second = {"id": "m2", "role": "user", "parts": [{"type": "text", "text": "more on a"}]}
+                transcript = [message, second]  # a client sends its whole transcript
+                await tab_a.send(json.dumps({"type": "cf_agent_chat_messages", "messages": transcript}))
+                await _handled(tab_a)
+                await asyncio.sleep(0.1)  # the room's log follower waits a moment too
+                with pytest.raises(TimeoutError):
+                    async with asyncio.timeout(0.2):
+                        await tab_b.recv()
+        assert [m.id for m in await a.hub.manager.get_history(sid)] == ["m1", "m2"]
+        assert await b.hub.manager.get(sid) is None
+
+
+async def test_a_tab_whose_token_expires_is_closed_with_4001(tmp_path: Path) -> None:
+    """As the hub's own socket: the room would otherwise go on sending the chat to it."""
+    config = HubConfig(auth_secret=SECRET)
+    async with served(db=tmp_path / "hub.db", config=config) as h:
+        name = uuid.uuid4().hex
+        sid = session_of("chat-agent", name)
+        await h.hub.store.create_session("chat", session_id=sid)
+        url = f"ws://127.0.0.1:{h.port}/agents/chat-agent/{name}"
+        lasting = issue_token(SECRET, {sid: "read"}, ttl=600)
+        brief = issue_token(SECRET, {sid: "read"}, ttl=1)
+        async with connect(f"{url}?token={brief}") as ws, connect(f"{url}?token={lasting}") as other:
+            await _until(ws, "cf_agent_chat_messages")
+            await _until(other, "cf_agent_chat_messages")
+            async with asyncio.timeout(5):
+                await ws.wait_closed()
+            assert ws.close_code == 4001 and "expired" in (ws.close_reason or "")
+            await _handled(other)  # the other tab, whose token lasts, is still served
+            await eventually(lambda: len(cf_rooms._ROOMS[id(h.hub), sid].sockets) == 1)
+
+
+class _WatchedLock(asyncio.Lock):
+    """The room's ``telling`` lock, telling when someone had to wait for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waited = asyncio.Event()
+
+    async def acquire(self) -> Literal[True]:
+        if self.locked():
+            self.waited.set()
+        return await super().acquire()
+
+
+async def test_a_transcript_read_in_flight_across_a_clear_neither_undoes_it_nor_echoes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race behind a flaky clear across nodes (tests/js7/cf-agents-nodes.test.mjs): the
+    room's follower read the transcript, a tab cleared, then the read's (older) transcript
+    was sent and marked as shown, so the log's ``messages.cleared`` told the clearing tab its
+    own clear, and the other tab a second one. Here the read is held in flight, in order."""
+    real_history = cf_rooms.Room.history
+    held, release = asyncio.Event(), asyncio.Event()
+    hold = False
+
+    async def history(room: cf_rooms.Room) -> list[dict[str, Any]]:
+        messages = await real_history(room)
+        if hold and not held.is_set():
+            held.set()  # read, not yet told
+            await release.wait()
+        return messages
+
+    monkeypatch.setattr(cf_rooms.Room, "history", history)
+    async with served(db=tmp_path / "hub.db") as h:
+        name = uuid.uuid4().hex
+        sid = session_of("chat-agent", name)
+        await h.hub.store.create_session("chat", session_id=sid)
+        url = f"ws://127.0.0.1:{h.port}/agents/chat-agent/{name}"
+        async with connect(url) as clearing, connect(url) as other:
+            for tab in (clearing, other):
+                await _until(tab, "cf_agent_chat_messages")
+            await h.hub.manager.append(sid, _message("m1"), None)
+            await _until(other, "cf_agent_chat_messages")  # the follower's transcript
+            await _until(clearing, "cf_agent_chat_messages")
+            room = cf_rooms._ROOMS[id(h.hub), sid]
+            lock = room.telling = _WatchedLock()
+            hold = True
+            await h.hub.manager.append(sid, _message("m2"), None)  # the follower reads it (a root of its own)
+            async with asyncio.timeout(10):
+                await held.wait()
+            await clearing.send(json.dumps({"type": "cf_agent_chat_clear"}))
+
+            async def cleared() -> bool:
+                return await h.hub.manager.get_history(sid) == []
+
+            async def clear_went_on() -> bool:
+                """The clear is written, or waits for the read (then the read goes on)."""
+                return lock.waited.is_set() or await cleared()
+
+            await eventually(clear_went_on)
+            release.set()
+            await eventually(cleared)
+            # A write after the clear: once each tab is told it, the log's clear was handled.
+            await h.hub.manager.append(sid, _message("m3"), None)
+            told: dict[str, list[str | list[str]]] = {}
+            for tab_name, tab in (("clearing", clearing), ("other", other)):
+                seen = told[tab_name] = []
+                async with asyncio.timeout(10):
+                    while seen[-1:] != [["m3"]]:
+                        frame = json.loads(await tab.recv())
+                        if frame["type"] == "cf_agent_chat_clear":
+                            seen.append("clear")
+                        elif frame["type"] == "cf_agent_chat_messages":
+                            seen.append([m["id"] for m in frame["messages"]])
+        # The read's transcript went first (it was read first), the clear after it, once,
+        # to the other tab only; nothing from before the clear after it.
+        assert told == {"clearing": [["m2"], ["m3"]], "other": [["m2"], "clear", ["m3"]]}
+
+
+def _message(message_id: str) -> dict[str, Any]:
+    return {"id": message_id, "role": "user", "parts": [{"type": "text", "text": message_id}]}

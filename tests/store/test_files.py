@@ -4,6 +4,7 @@ message and gone with it, and collected only once nothing refers to them."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import io
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hub.auth import Grant
-from hub.store.attachments import CHUNK
+from hub.store.attachments import CHUNK, UploadQuotaExceeded
 from hub.store.base import Store
 from hub.store.clientwrites import WRITER, Writer
 from protocol import Forbidden, InvalidInput, Message
@@ -205,3 +206,25 @@ async def test_export_import_export_carries_the_files_identically(store: Store, 
         with pytest.raises(DumpError, match="data lines"):
             await import_lines(bad, broken)
         assert await bad.list_sessions() == []
+
+
+async def test_uploads_at_once_pass_the_quota_together_only_if_they_fit(store: Store) -> None:
+    """Each store judges the quota in the transaction that records the upload (Postgres
+    under the subject's advisory lock): of four 2,000-byte files at once, a 5,000-byte
+    quota admits two, whatever their order, and a file already the subject's is free."""
+    blobs = [os.urandom(2000) for _ in range(4)]
+    shas = [hashlib.sha256(b).hexdigest() for b in blobs]
+    results = await asyncio.gather(
+        *(
+            store.put_file(s, "image/png", b, subject="dana", quota=5000)
+            for s, b in zip(shas, blobs, strict=True)
+        ),
+        return_exceptions=True,
+    )
+    refused = [r for r in results if isinstance(r, BaseException)]
+    assert len(refused) == 2 and all(isinstance(r, UploadQuotaExceeded) for r in refused), results
+    assert await store.uploaded_bytes("dana") == 4000
+    kept = [s for s, r in zip(shas, results, strict=True) if not isinstance(r, BaseException)]
+    assert [await store.file_info(s) is None for s in shas] == [s not in kept for s in shas]
+    again = await store.put_file(kept[0], "image/png", blobs[shas.index(kept[0])], subject="dana", quota=5000)
+    assert again.size == 2000  # already counted: sent again, it takes nothing more

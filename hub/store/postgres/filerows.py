@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from protocol import InvalidInput
 
-from ..attachments import StoredFile, chunks_of, refs_in
+from ..attachments import StoredFile, chunks_of, over_quota, refs_in
 from ..rows import aware
 from .keys import SESSION_PREFIX
 from .tx import PostgresTx
@@ -36,7 +36,12 @@ __all__ = [
 
 
 async def put_file(
-    tx: PostgresTx, sha256: str, media_type: str, data: bytes | BinaryIO, subject: str | None
+    tx: PostgresTx,
+    sha256: str,
+    media_type: str,
+    data: bytes | BinaryIO,
+    subject: str | None,
+    quota: int | None = None,
 ) -> StoredFile:
     """Store a file once: a second copy only touches it (and records its uploader). Two
     writers of one new file: the second waits on the first's row, then only touches it."""
@@ -68,6 +73,10 @@ async def put_file(
         if digest.hexdigest() != sha256:
             raise InvalidInput("the file's bytes do not hash to the SHA-256 it was stored under")
         await conn.execute("UPDATE files SET size = $2 WHERE sha256 = $1", sha256, size)
+    if subject is not None and quota is not None and not await uploaded_by(conn, sha256, subject):
+        # Under the subject's lock (store.put_file): another upload of it waits until this
+        # one commits. Its own upload is not recorded yet: what it holds is its other files.
+        over_quota(await uploaded_bytes(conn, subject), size, quota)
     if subject is not None:
         await conn.execute(
             "INSERT INTO file_uploads (sha256, subject) VALUES ($1, $2) ON CONFLICT DO NOTHING",

@@ -53,6 +53,10 @@ if TYPE_CHECKING:
 
 __all__ = ["PostgresStore"]
 
+#: The advisory lock one subject's uploads take when its quota is judged (session streams
+#: are ``s:...``, so the names never meet).
+_UPLOADS = "uploads:"
+
 
 class PostgresStore(PostgresGraphRows, Store):
     """Everything in one Postgres database (the schema on the role's ``search_path``); its
@@ -475,10 +479,19 @@ class PostgresStore(PostgresGraphRows, Store):
 
     # -- files -----------------------------------------------------------------------------
     async def put_file(
-        self, sha256: str, media_type: str, data: bytes | BinaryIO, *, subject: str | None = None
+        self,
+        sha256: str,
+        media_type: str,
+        data: bytes | BinaryIO,
+        *,
+        subject: str | None = None,
+        quota: int | None = None,
     ) -> StoredFile:
         check_sha256(sha256)
-        return await self._write(filerows.put_file, sha256, media_type, data, subject)
+        # A quota is judged under the subject's advisory lock: two uploads of one subject at
+        # once take turns, so they cannot both pass a check that only one fits.
+        lock = None if subject is None or quota is None else _UPLOADS + subject
+        return await self._write(filerows.put_file, sha256, media_type, data, subject, quota, lock=lock)
 
     async def file_info(self, sha256: str) -> StoredFile | None:
         return await self._read(filerows.file_info, sha256)

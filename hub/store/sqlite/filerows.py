@@ -9,7 +9,7 @@ from typing import BinaryIO
 
 from protocol import InvalidInput
 
-from ..attachments import StoredFile, chunks_of, refs_in
+from ..attachments import StoredFile, chunks_of, over_quota, refs_in
 from ..rows import ts
 from .connection import Conn
 from .tx import SqliteTx
@@ -32,7 +32,12 @@ __all__ = [
 
 
 def put_file(
-    tx: SqliteTx, sha256: str, media_type: str, data: bytes | BinaryIO, subject: str | None
+    tx: SqliteTx,
+    sha256: str,
+    media_type: str,
+    data: bytes | BinaryIO,
+    subject: str | None,
+    quota: int | None = None,
 ) -> StoredFile:
     """Store a file once: a second copy only touches it (and records its uploader)."""
     conn = tx.conn
@@ -55,6 +60,9 @@ def put_file(
             (sha256, size, media_type, tx.now),
         )
         row = (size, media_type)
+    if subject is not None and quota is not None and not uploaded_by(conn, sha256, subject):
+        # Its own upload is not recorded yet: what it holds is the subject's other files.
+        over_quota(uploaded_bytes(conn, subject), int(row[0]), quota)
     if subject is not None:
         conn.execute(
             "INSERT INTO file_uploads (sha256, subject) VALUES (?, ?) ON CONFLICT DO NOTHING",

@@ -469,6 +469,10 @@ class SqliteStore(SqliteGraphRows, Store):
     async def stream_position(self, stream: str) -> StreamPosition:
         return await self._read(sql.position, stream)
 
+    def stream_position_nowait(self, stream: str) -> StreamPosition | None:
+        # One row by primary key: on the event loop, not two cross-thread wake-ups away.
+        return self._read_inline(sql.position, stream)
+
     # -- retention, export and import (.maintenance) -------------------------------------
     async def prune_events(
         self,
@@ -505,11 +509,18 @@ class SqliteStore(SqliteGraphRows, Store):
 
     # -- files -----------------------------------------------------------------------------
     async def put_file(
-        self, sha256: str, media_type: str, data: bytes | BinaryIO, *, subject: str | None = None
+        self,
+        sha256: str,
+        media_type: str,
+        data: bytes | BinaryIO,
+        *,
+        subject: str | None = None,
+        quota: int | None = None,
     ) -> StoredFile:
         check_sha256(sha256)
         small = isinstance(data, bytes) and len(data) <= CHUNK
-        return await self._write(filerows.put_file, sha256, media_type, data, subject, inline=small)
+        # One writer at a time: the quota's check and the upload it admits are one step.
+        return await self._write(filerows.put_file, sha256, media_type, data, subject, quota, inline=small)
 
     async def file_info(self, sha256: str) -> StoredFile | None:
         return await self._read(filerows.file_info, sha256)
