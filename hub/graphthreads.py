@@ -7,7 +7,9 @@ the store (protocol/graphstate.py), each with its event; the messages the saver 
 out of a checkpoint's ``messages`` channel (as ``UIMessage`` dicts) go into the session's
 tree: what the tree holds already is kept (updated if its parts changed, as a tool's result
 arriving), the new ones are appended after the last one it holds, so resuming from an
-earlier checkpoint (time travel) appends under an earlier message: a branch.
+earlier checkpoint (time travel) appends under an earlier message: a branch. They follow
+the file rules of every write (hub/store/attachments.py): a reference to a file the writer
+may not read is refused, nothing of the put written.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import builtins
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from protocol import InvalidInput, Message, ParentArg
+from protocol import InvalidInput, Message, ParentArg, coerce_message
 from protocol.graphstate import CheckpointRecord, CheckpointWrite
 
 from .session import Session
+from .store.attachments import attach_files
 from .store.base import Store, check_session_id
 
 __all__ = ["GraphThreads", "thread_name"]
@@ -72,7 +75,11 @@ class GraphThreads:
         check_session_id(record.thread_id)
         if messages is not None and (isinstance(messages, Mapping) or not isinstance(messages, Sequence)):
             raise InvalidInput("messages must be a list of messages")
-        projected = messages[-MAX_PROJECTED:] if messages else ()
+        projected: Sequence[Message | Mapping[str, Any]] = messages[-MAX_PROJECTED:] if messages else ()
+        if projected:
+            # The file rules of every write (docs/files.md): inline files stored, and a
+            # reference the writer may not read refused, before anything is written.
+            projected = await attach_files(self._store, [coerce_message(m) for m in projected])
         name = thread_name(record.thread_id)
         if await self._store.put_checkpoint(record, name=name, messages=projected, partial=partial):
             await self._manager.get_session(record.thread_id).after_append()

@@ -57,7 +57,7 @@ from protocol import Forbidden, InvalidInput, SessionHubError, coerce_message
 from .aguievents import to_ui_messages
 from .aguifollow import SLOW, Follower, run_error
 from .aguirun import AguiRun, agui_run, parse_id, posting
-from .aguistate import apply_state
+from .aguistate import apply_state, blocks_state, undo_state
 from .body import BodyError, parse_body, read_body
 from .caller import Caller, caller, cors_headers
 from .chats import ChatBody, ensure_session, error_code, in_flight, json_error, refused
@@ -158,15 +158,17 @@ async def _post(request: Request) -> Response | SseFeed:
     except SessionHubError as exc:
         return json_error(error_code(exc), str(exc), cors)
     try:
-        await apply_state(hub, body.threadId, body.state)
+        before = await blocks_state(hub, body.threadId)
+        applied = await apply_state(hub, body.threadId, body.state, before)
     except SessionHubError as exc:
         return _refused_run(hub, cors, exc)
     try:
         await hub.manager.append_all(body.threadId, messages, None)
-        with posting(body.threadId, body.runId):
+        with posting(hub, body.threadId, body.runId):
             turn = await hub.turns.start(body.threadId, messages[-1].id, "submit-message")
             run = await agui_run(hub, turn, body.runId)
     except SessionHubError as exc:
+        await undo_state(hub, body.threadId, before, applied)  # a refused run writes no state
         return json_error(error_code(exc), str(exc), cors)
     return _reader(hub, run, cors, None, None)
 

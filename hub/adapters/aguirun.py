@@ -231,11 +231,12 @@ class AguiRun:
 #: id(turn) -> its run on this node (the entry holds the turn, so the id is not reused).
 _RUNS: dict[int, AguiRun] = {}
 #: (session, seq) -> an ended run, held for readers that come back (see the module).
-_ENDED: OrderedDict[tuple[str, int], AguiRun] = OrderedDict()
+#: Keyed by hub too: two hubs of one process (tests run them) have their own logs and seqs.
+_ENDED: OrderedDict[tuple[int, str, int], AguiRun] = OrderedDict()
 
 
 def _hold(run: AguiRun) -> None:
-    _ENDED[run.session_id, run.seq] = run
+    _ENDED[id(run.hub), run.session_id, run.seq] = run  # the run holds its hub: the id stays its
     total = sum(r.bytes for r in _ENDED.values())
     while len(_ENDED) > KEEP_ENDED or (total > KEEP_ENDED_BYTES and len(_ENDED) > 1):
         _, dropped = _ENDED.popitem(last=False)
@@ -248,24 +249,28 @@ def held_run(hub: ChatHost, session_id: str, seq: int) -> AguiRun | None:
     for run in list(_RUNS.values()):
         if run.hub is hub and run.session_id == session_id and run.seq == seq:
             return run
-    ended = _ENDED.get((session_id, seq))
+    ended = _ENDED.get((id(hub), session_id, seq))
     return ended if ended is not None and ended.hub is hub else None
 
 
 #: thread -> the runId of the run its client is posting (a follower may see the turn first).
-_POSTING: dict[str, str] = {}
+#: Keyed by hub: another hub of the process (tests run two) rendering its own turn of a
+#: thread of the same name must not take this hub's client's runId. The entry lives while
+#: the hub's POST is being served, so the hub's id is not reused meanwhile.
+_POSTING: dict[tuple[int, str], str] = {}
 
 
 @contextlib.contextmanager
-def posting(thread: str, run_id: str) -> Iterator[None]:
-    """While a client's run of ``thread`` starts: its run is named ``run_id`` wherever this
-    node renders it first (the POST, or a follower that saw the turn begin)."""
-    _POSTING[thread] = run_id
+def posting(hub: ChatHost, thread: str, run_id: str) -> Iterator[None]:
+    """While a client's run of ``thread`` starts on ``hub``: its run is named ``run_id``
+    wherever this hub renders it first (the POST, or a follower that saw the turn begin)."""
+    key = (id(hub), thread)
+    _POSTING[key] = run_id
     try:
         yield
     finally:
-        if _POSTING.get(thread) == run_id:
-            del _POSTING[thread]
+        if _POSTING.get(key) == run_id:
+            del _POSTING[key]
 
 
 async def agui_run(
@@ -273,7 +278,7 @@ async def agui_run(
 ) -> AguiRun:
     """The turn's run on this node, made on first use (``run_id``: the AG-UI client's, when
     it posted the run; ``seq``: its ``turn.started``, when known)."""
-    run_id = run_id or _POSTING.get(turn.session_id)
+    run_id = run_id or _POSTING.get((id(hub), turn.session_id))
     run = _RUNS.get(id(turn))
     if run is not None and run.turn is turn:
         return run

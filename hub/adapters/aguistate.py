@@ -10,7 +10,9 @@ AG-UI gives a client no event to send a delta with: a run's input is its whole `
 The hub reads it as a patch against the current snapshot (:func:`state_patch`: the blocks
 whose text differs), and applies the patch to the blocks all or none (:func:`apply_patch`):
 each operation is checked against a copy of the state first, then every block it changes
-is checked writable, and a write the engine refuses puts back the ones before it. A bad
+is checked writable and within its ``max_tokens``, so a refused patch writes nothing (no
+reader sees a block change and change back); a write that still fails (the store) puts back
+the ones before it. A bad
 patch or a read-only block is :class:`~protocol.InvalidInput`, which the door answers as
 ``RUN_ERROR`` with ``code: "invalid"``.
 """
@@ -24,6 +26,7 @@ from typing import Any
 from protocol import InvalidInput, SessionHubError
 from protocol.records import ContextBlock, Event
 
+from ..tokens import estimate_string_tokens
 from .port import Sessions
 
 __all__ = [
@@ -34,6 +37,7 @@ __all__ = [
     "patch_document",
     "pointer",
     "state_patch",
+    "undo_state",
 ]
 
 KEY = "contextBlocks"
@@ -197,6 +201,13 @@ async def apply_patch(hub: Sessions, session_id: str, patch: Any) -> list[dict[s
             raise InvalidInput(f"state.contextBlocks: block {label!r} must be text")
         if not blocks[label].writable:
             raise InvalidInput(f"state.contextBlocks: block {label!r} is read-only")
+        # The engine's own bound, judged here for every block before any is written: a patch
+        # it would refuse half way writes nothing, rather than a block then its undoing.
+        limit, tokens = blocks[label].max_tokens, estimate_string_tokens(content)
+        if limit and tokens > limit:
+            raise InvalidInput(
+                f"state.contextBlocks: block {label!r} exceeds its max_tokens: {tokens} > {limit}"
+            )
         changes[label] = content
     done: list[str] = []
     try:
@@ -211,15 +222,32 @@ async def apply_patch(hub: Sessions, session_id: str, patch: Any) -> list[dict[s
     return [op for op in patch if isinstance(op, dict) and op.get("op") != "test"] if changes else []
 
 
-async def apply_state(hub: Sessions, session_id: str, state: Any) -> list[dict[str, Any]]:
-    """A run's input ``state``: its patch against the snapshot, applied all or none."""
-    patch = state_patch(await blocks_state(hub, session_id), state)
+async def apply_state(
+    hub: Sessions, session_id: str, state: Any, current: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """A run's input ``state``: its patch against the snapshot (``current``, if the caller
+    has read it), applied all or none."""
+    patch = state_patch(current or await blocks_state(hub, session_id), state)
     if not patch:
         return []
     unknown = [op["path"] for op in patch if op["op"] == "add"]
     if unknown:
         raise InvalidInput(f"state.contextBlocks: no such block in this session: {unknown}")
     return await apply_patch(hub, session_id, patch)
+
+
+async def undo_state(
+    hub: Sessions, session_id: str, before: dict[str, Any], patch: list[dict[str, Any]]
+) -> None:
+    """Put back the blocks ``patch`` (what :func:`apply_state` applied) changed, to their text in
+    ``before`` (the snapshot it was applied to): a run refused after its state was written
+    (a turn already in flight: 409) leaves the blocks as they were, all or nothing."""
+    session = hub.manager.get_session(session_id)
+    for op in patch:
+        tokens = _tokens(op.get("path"))
+        if len(tokens) == 2 and tokens[1] in before[KEY]:
+            with contextlib.suppress(SessionHubError):  # each block it can, as apply_patch does
+                await session.replace_context_block(tokens[1], before[KEY][tokens[1]])
 
 
 # -- block changes during a run, as STATE_DELTA ----------------------------------------------

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from .port import Served
 
-__all__ = ["Listener", "McpFeed"]
+__all__ = ["Listener", "McpFeed", "TooManyListeners"]
 
 log = logging.getLogger("sessionhub.mcp")
 
@@ -41,6 +41,17 @@ log = logging.getLogger("sessionhub.mcp")
 _LIST_CHANGES = frozenset({"session.created", "session.forked", "session.deleted"})
 #: A follower whose log read failed (the store away) retries after this long.
 _RETRY = 1.0
+
+
+class TooManyListeners(SessionHubError):
+    """The node follows ``max_listeners`` MCP listeners already: the hub's ``too_many`` (the
+    code a WebSocket's subscription limit answers), not an ``internal`` error: a client
+    may listen again later, or on another node."""
+
+    code = "too_many"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"this hub serves {limit} MCP listeners at most; try again later")
 
 
 @dataclass(eq=False)
@@ -95,12 +106,10 @@ class McpFeed:
 
     async def add(self, listener: Listener) -> None:
         """Start delivering to ``listener`` (its followers started first);
-        :class:`~protocol.SessionHubError` past ``max_listeners``."""
+        :class:`TooManyListeners` past ``max_listeners``."""
         async with self._lock:
             if len(self.listeners) >= self.max_listeners:
-                raise SessionHubError(
-                    f"this hub serves {self.max_listeners} MCP listeners at most; try again later"
-                )
+                raise TooManyListeners(self.max_listeners)
             taken: list[str] = []
             try:
                 for stream in [REGISTRY, *(session_stream(s) for s in sorted(listener.sessions()))]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import serve, serve_compaction
-from .configkeys import Problem
+from .configkeys import Problem, shown
 from .configkeys import unknown_key as known
 from .templatefile import TemplateSpec, read_templates
 
@@ -99,20 +99,24 @@ def serve_actions(*, pristine: bool = False) -> list[argparse.Action]:
 def _value(action: argparse.Action, raw: object) -> tuple[Any, str | None]:
     """``raw`` (a TOML value) as the option's value, or why it cannot be."""
     if isinstance(action, argparse._StoreTrueAction):
-        return (raw, None) if isinstance(raw, bool) else (None, f"must be true or false, got {raw!r}")
+        return (
+            (raw, None)
+            if isinstance(raw, bool)
+            else (None, f"must be true or false, got {shown(action.dest, raw)}")
+        )
     if isinstance(action, argparse._AppendAction):
         if not isinstance(raw, list) or not all(isinstance(v, str) for v in raw):
-            return None, f"must be a list of strings, got {raw!r}"
+            return None, f"must be a list of strings, got {shown(action.dest, raw)}"
         return list(raw), None
     convert = action.type
     if isinstance(raw, bool) or not isinstance(raw, str | int | float):
-        return None, f"must be a string or a number, got {raw!r}"
+        return None, f"must be a string or a number, got {shown(action.dest, raw)}"
     if convert is int and not isinstance(raw, int):
-        return None, f"must be a whole number, got {raw!r}"
+        return None, f"must be a whole number, got {shown(action.dest, raw)}"
     if convert is float and isinstance(raw, str):
-        return None, f"must be a number, got {raw!r}"
+        return None, f"must be a number, got {shown(action.dest, raw)}"
     if convert is None and not isinstance(raw, str):
-        return None, f"must be a string, got {raw!r}"
+        return None, f"must be a string, got {shown(action.dest, raw)}"
     value: Any = raw
     if callable(convert) and convert not in (int, float):
         try:
@@ -122,7 +126,7 @@ def _value(action: argparse.Action, raw: object) -> tuple[Any, str | None]:
     elif convert is float:
         value = float(raw)
     if action.choices is not None and value not in action.choices:
-        return None, f"must be one of {', '.join(map(str, action.choices))}, got {raw!r}"
+        return None, f"must be one of {', '.join(map(str, action.choices))}, got {shown(action.dest, raw)}"
     return value, None
 
 
@@ -155,7 +159,7 @@ def _options(data: Mapping[str, Any], hub: HubFile) -> None:
         if dest == "summarizer_api_key_env":
             if not isinstance(raw, str) or not _ENV_NAME.fullmatch(raw):
                 hub.problems.append(
-                    Problem(f"compaction.{key}", f"must name an environment variable, got {raw!r}")
+                    Problem(f"compaction.{key}", f"must name an environment variable, got {shown(dest, raw)}")
                 )
             else:
                 hub.values[dest] = raw

@@ -93,12 +93,7 @@ def engine(op: str, call: Call) -> Op:
 
 async def _run(connection: Connection, op: str, call: Call, request: Any) -> None:
     started = time.perf_counter()
-    # The op's task is the writer the engine checks its messages for (clientwrites.py).
-    config = connection.hub.config
-    reserved = frozenset(config.reserved_metadata_keys)
-    WRITER.set(
-        Writer(config.auth_secret is not None, connection.grant, reserved, config.max_upload_bytes_per_token)
-    )
+    _writing(connection)
     try:
         result = await call(request)
         frame: Any = f.ReplyFrame(id=request.id, result=wire(result))
@@ -112,11 +107,21 @@ async def _run(connection: Connection, op: str, call: Call, request: Any) -> Non
     await connection.send(frame)
 
 
+def _writing(connection: Connection) -> None:
+    """The op's task is the writer the engine checks its messages for (clientwrites.py):
+    an engine op's, and a connection op's (a streamed file part is checked for it)."""
+    config = connection.hub.config
+    reserved = frozenset(config.reserved_metadata_keys)
+    quota = config.max_upload_bytes_per_token
+    WRITER.set(Writer(config.auth_secret is not None, connection.grant, reserved, quota))
+
+
 def local(call: Callable[[Connection, Any], Awaitable[Any]]) -> Op:
     """The handler of a connection op run in a task: ``call(connection, request)``'s
     result is the reply; an engine refusal is the error frame."""
 
     async def run(connection: Connection, request: Any) -> None:
+        _writing(connection)
         try:
             frame: Any = f.ReplyFrame(id=request.id, result=await call(connection, request))
         except SessionHubError as exc:

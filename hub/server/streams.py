@@ -11,7 +11,10 @@ a logged ``message.updated`` and ``stream.ended`` in one transaction — when th
 finishes or aborts, when its connection dies (``interrupted``), or when it would grow past
 ``max_bytes`` (``too_large``: the delta that would cross the limit is refused, not applied,
 and what came before is kept). A subscriber that catches up while a stream runs gets its
-``state`` (the message so far and its index), then the following deltas.
+``state`` (the message so far and its index), then the following deltas. A ``file`` part
+follows the file rules of every write, checked for its writer before it applies (an inline
+``data:`` file stored and referenced, a reference to a file the writer may not read refused);
+the deltas after it wait for that check, so the stream keeps the writer's order.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from protocol.deltas import GrowingParts
 from protocol.message import check_json
 
 from ..bus import RemoteBus
+from ..store.attachments import attach_files
 from ..store.base import LATEST, LogEntry
 from .ports import Peer, StreamHost
 
@@ -79,6 +83,9 @@ class LiveStream:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: Connections refused a write into this stream (each is logged once).
     refused: set[str] = field(default_factory=set)
+    #: Set while a delta waits on the store (a file part's check): the deltas after it wait
+    #: their turn, so the stream keeps the writer's order.
+    checking: asyncio.Future[None] | None = None
 
     def apply(self, request: f.StreamDelta) -> None:
         self.parts.apply(request.kind, request.text, request.part)
@@ -220,6 +227,9 @@ class Streams:
             # The rules of an appended message's parts (a part is at level 3): a part the
             # engine would refuse must not reach the store through a stream.
             check_json(request.part, "part", 3)
+        if stream.checking is not None or (request.part is not None and request.part.get("type") == "file"):
+            request = await self._in_turn(stream, request)
+            stream = self._get(connection, request.session_id, request.message_id)  # ended meanwhile?
         size = stream.parts.size_after(request.kind, request.text, request.part)
         if size > self.max_bytes:
             log.warning(
@@ -260,6 +270,27 @@ class Streams:
             later = self.save_every * max(1.0, stream.parts.bytes / _SAVE_SCALE)
             stream.saver = loop.call_later(later, lambda: loop.create_task(self._save(stream)))
         return stream.index
+
+    async def _in_turn(self, stream: LiveStream, request: f.StreamDelta) -> f.StreamDelta:
+        """``request`` once the deltas before it have applied, its file part (if any) put
+        through the file rules of every write for its writer (hub/store/attachments.py): an
+        inline file stored, a reference the writer may not read refused (``forbidden``, the
+        delta not applied), as the message's final save would refuse it."""
+        before, mine = stream.checking, asyncio.get_running_loop().create_future()
+        stream.checking = mine
+        try:
+            if before is not None:
+                await before
+            part = request.part
+            if part is None or part.get("type") != "file":
+                return request
+            shell = Message(id=stream.message.id, role=stream.message.role, parts=[part])
+            checked = await attach_files(self.hub.store, [shell])
+            return msgspec.structs.replace(request, part=checked[0].parts[0]) if checked else request
+        finally:
+            mine.set_result(None)
+            if stream.checking is mine:
+                stream.checking = None
 
     def _flush(self, stream: LiveStream) -> None:
         """Broadcast the deltas gathered since the last frame, as one frame."""

@@ -20,6 +20,7 @@ import httpx2
 import pytest
 
 from hub import ReadonlyText, SessionManager, SqliteStore
+from hub.adapters.aguirun import agui_run, held_run, posting
 from hub.auth import issue_token
 from hub.server import HubConfig
 from tests.adapters.test_aisdk_ws import SECRET
@@ -177,6 +178,7 @@ async def _state_run(store: SqliteStore) -> None:
 
         # All or none: notes is fine, the read-only soul is not, and memory is too long. The
         # refusal is AG-UI's own: one RUN_ERROR with the hub's code, and no run.
+        seen = (await session.read_events())[-1].seq
         for bad in (
             {"contextBlocks": {"notes": "n", "soul": "cruel"}},
             {"contextBlocks": {"notes": "n", "memory": "word " * 200}},
@@ -190,6 +192,8 @@ async def _state_run(store: SqliteStore) -> None:
         blocks = {b.label: b.content for b in await session.get_context_blocks()}
         assert blocks == {"soul": "kind", "memory": "likes tea", "notes": ""}
         assert len(await h.hub.manager.get_history(thread)) == 2  # only the first run's
+        # Refused before any block is written: no reader saw notes change, even for a moment.
+        assert [e.type for e in await session.read_events(seen)] == []
 
 
 async def test_follow_and_stop_check_their_scopes(tmp_path: Path) -> None:
@@ -288,3 +292,50 @@ async def test_a_draining_hub_ends_its_followers(tmp_path: Path) -> None:
         last = json.loads(next(line for line in reversed(rest) if line.startswith("data: "))[6:])
         assert (last["type"], last["code"]) == ("RUN_ERROR", "unavailable")
         assert not any(line.startswith("id: ") for line in rest)
+
+
+async def test_a_run_refused_for_a_turn_in_flight_leaves_the_state_as_it_was(tmp_path: Path) -> None:
+    """A run's state is written before its turn starts; a turn already in flight refuses the
+    run (409), and the blocks its state changed are put back: all or nothing."""
+    store = await SqliteStore.open(tmp_path / "hub.db")
+    manager = SessionManager(store).with_context("memory", max_tokens=50).with_context("notes", max_tokens=50)
+    try:
+        async with (
+            served(manager=manager, config=HubConfig(turn_timeout=30)) as h,
+            httpx2.AsyncClient(base_url=h.url) as http,
+        ):
+            thread = "t-" + uuid.uuid4().hex
+            await h.hub.store.create_session("chat", session_id=thread)
+            session = h.hub.manager.get_session(thread)
+            await session.replace_context_block("memory", "likes tea")
+            first = {"id": "u0", "role": "user", "parts": [{"type": "text", "text": "wait"}]}
+            await h.hub.manager.append(thread, first)
+            await h.hub.turns.start(thread, "u0")  # no responder: it stays in flight
+            body = {
+                **_run(thread, "hi"),
+                "state": {"contextBlocks": {"memory": "likes coffee", "notes": "n"}},
+            }
+            r = await http.post("/agui", json=body)
+            assert r.status_code == 409 and r.json()["error"]["code"] == "conflict", r.text
+            blocks = {b.label: b.content for b in await session.get_context_blocks()}
+            assert blocks == {"memory": "likes tea", "notes": ""}
+    finally:
+        await store.close()
+
+
+async def test_two_hubs_in_one_process_name_their_own_runs(tmp_path: Path) -> None:
+    """The runId a client is posting is its hub's: another hub of the process (two apps, as
+    tests run them) rendering its own turn of a thread of the same name keeps the reply's
+    id as the run's, and each hub holds its own ended runs."""
+    async with served(db=tmp_path / "a.db") as a, served(db=tmp_path / "b.db") as b:
+        for h in (a, b):
+            await h.hub.store.create_session("chat", session_id="t")
+            await h.hub.manager.append(
+                "t", {"id": "u0", "role": "user", "parts": [{"type": "text", "text": "hi"}]}
+            )
+        turn_b = await b.hub.turns.start("t", "u0")
+        with posting(a.hub, "t", "a-client-run"):
+            run = await agui_run(b.hub, turn_b)
+        assert run.run_id == turn_b.reply_id
+        assert held_run(b.hub, "t", run.seq) is run and held_run(a.hub, "t", run.seq) is None
+        await b.hub.turns.stop("t")

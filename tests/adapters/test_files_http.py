@@ -272,3 +272,75 @@ async def test_two_uploads_at_once_cannot_both_pass_the_quota(tmp_path: Path) ->
         )
         assert sorted(r.status_code for r in answers) == [201, 413], [r.text for r in answers]
         assert await h.hub.store.uploaded_bytes("dana") == 2000
+
+
+def _checkpoint(thread: str) -> dict[str, Any]:
+    return {"thread_id": thread, "ns": "", "checkpoint_id": "c1", "parent_id": None,
+            "type": "msgpack", "data": "AP8=", "metadata": {"step": 0}}  # fmt: skip
+
+
+async def test_a_checkpoint_put_gets_the_file_checks_of_every_write(tmp_path: Path) -> None:
+    """LangGraph's projected messages are writes like any: a reference to a file the writer
+    may not read is refused (nothing of the put written), an inline file is stored."""
+    config = HubConfig(auth_secret=SECRET)
+    image, mine = os.urandom(2000), os.urandom(1000)
+    sha = hashlib.sha256(image).hexdigest()
+    alice, bob = _bearer({"*": "write"}, subject="alice"), _bearer({"lg-1": "admin"}, subject="bob")
+    async with served(db=tmp_path / "hub.db", config=config) as h, httpx2.AsyncClient() as http:
+        assert (await http.post(f"{h.url}/files", content=image, headers=alice)).status_code == 201
+        async with h.client(additional_headers=bob) as ws:
+            stolen = {"id": "q1", "role": "user", "parts": [_file_part(f"/files/{sha}")]}
+            error = await ws.request(
+                "checkpoint_put", session_id="lg-1", checkpoint=_checkpoint("lg-1"), messages=[stolen]
+            )
+            assert error["frame"] == "error" and error["code"] == "forbidden", error
+            assert await h.hub.manager.get("lg-1") is None
+            assert await h.hub.store.get_checkpoint("lg-1", "", None) is None
+            inline = "data:image/png;base64," + base64.b64encode(mine).decode()
+            own = {"id": "q1", "role": "user", "parts": [_file_part(inline)]}
+            await ws.call("checkpoint_put", session_id="lg-1", checkpoint=_checkpoint("lg-1"), messages=[own])
+        (stored,) = await h.hub.store.get_history("lg-1")
+        assert stored.parts[0]["url"] == f"/files/{hashlib.sha256(mine).hexdigest()}"
+        assert await h.hub.store.uploaded_bytes("bob") == len(mine)
+
+
+async def test_a_streamed_file_part_is_checked_for_its_writer(tmp_path: Path) -> None:
+    """A file part streamed as a delta follows the rule of every write: a reference to a
+    file its writer may not read is refused and not applied (the deltas sent after it
+    still apply, in order), an inline file is stored and streamed as its reference."""
+    config = HubConfig(auth_secret=SECRET)
+    image, mine = os.urandom(2000), os.urandom(1000)
+    sha, my_sha = hashlib.sha256(image).hexdigest(), hashlib.sha256(mine).hexdigest()
+    alice, bob = _bearer({"*": "write"}, subject="alice"), _bearer({"s1": "write"}, subject="bob")
+    async with served(db=tmp_path / "hub.db", config=config) as h, httpx2.AsyncClient() as http:
+        await h.hub.store.create_session("one", session_id="s1")
+        assert (await http.post(f"{h.url}/files", content=image, headers=alice)).status_code == 201
+        async with h.client(additional_headers=bob) as ws:
+            await ws.call("stream_start", session_id="s1", message_id="a1", role="assistant")
+            ids = [
+                await ws.send("stream_delta", session_id="s1", message_id="a1", kind="text", text="see "),
+                await ws.send(
+                    "stream_delta",
+                    session_id="s1",
+                    message_id="a1",
+                    kind="part",
+                    part=_file_part(f"/files/{sha}"),
+                ),
+                await ws.send("stream_delta", session_id="s1", message_id="a1", kind="text", text="this"),
+                await ws.send(
+                    "stream_delta",
+                    session_id="s1",
+                    message_id="a1",
+                    kind="part",
+                    part=_file_part("data:image/png;base64," + base64.b64encode(mine).decode()),
+                ),
+            ]
+            answers = [await ws.answer(i) for i in ids]
+            assert answers[1]["frame"] == "error" and answers[1]["code"] == "forbidden", answers
+            assert [a.get("result") for a in answers] == [1, None, 2, 3]
+            await ws.call("stream_end", session_id="s1", message_id="a1")
+        stored = await h.hub.store.get_message("s1", "a1")
+        assert stored is not None and stored.parts == [
+            {"type": "text", "text": "see this"},
+            {"type": "file", "mediaType": "image/png", "url": f"/files/{my_sha}", "filename": "a.png"},
+        ]

@@ -281,9 +281,12 @@ async def test_a_dropped_listener_frees_everything(tmp_path: Path) -> None:
             mcp_modern(f"{h.url}/mcp") as second,
             first.listen(resources_list_changed=True),
         ):
-            with pytest.raises(MCPError, match="1 MCP listeners at most"):
+            with pytest.raises(MCPError, match="1 MCP listeners at most") as refused:
                 async with second.listen(resources_list_changed=True):
                     pass
+            # The hub's typed code (a WebSocket's subscription limit's), not "internal".
+            assert refused.value.error.data == {"code": "too_many"}, refused.value.error
+            assert str(refused.value).startswith("too_many: ")
 
 
 async def test_an_expired_token_ends_the_listener(tmp_path: Path) -> None:

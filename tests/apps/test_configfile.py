@@ -149,6 +149,26 @@ def test_config_check_words_cross_checks_with_key_paths(tmp_path: Path) -> None:
     )
 
 
+def test_config_check_never_echoes_a_secret(tmp_path: Path) -> None:
+    """A secret in the wrong shape (a list), an API key pasted where its variable's name
+    belongs, a DSN's password: the mistakes are reported, the values not."""
+    path = tmp_path / "secrets.toml"
+    path.write_text(
+        '[serve]\nauth_secret = ["hunter2-auth-SECRET-of-32-bytes-at-least"]\n'
+        'db = ["postgresql://app:hunter2pw@db.internal/app"]\n'
+        '[compaction]\nurl = "http://127.0.0.1:1/v1"\nmodel = "m"\napi_key_env = "sk-live-hunter2KEY"\n'
+    )
+    result = run("config", "check", str(path))
+    assert result.returncode == 2
+    assert "hunter2" not in result.stderr, result.stderr
+    assert f"{path}: serve.auth_secret: must be a string or a number, got a list" in result.stderr
+    assert (
+        "serve.db: must be a string or a number, got ['postgresql://app:***@db.internal/app']"
+        in result.stderr
+    )
+    assert "compaction.api_key_env: must name an environment variable, got a str" in result.stderr
+
+
 def test_init_writes_a_starter_that_checks_and_is_not_overwritten(tmp_path: Path) -> None:
     made = run("init", cwd=tmp_path)
     assert made.returncode == 0, made.stderr

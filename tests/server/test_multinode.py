@@ -1,6 +1,10 @@
 """Several hub nodes on one Postgres: writers on node A, subscribers on node B, B killed
 and restarted in the middle, and every subscriber still ends with every event exactly
-once, in order. Run over both backplanes (LISTEN/NOTIFY and Redis)."""
+once, in order. Run over both backplanes (LISTEN/NOTIFY and Redis).
+
+The Redis is a ``redis-server`` of this module's own, not the machine's: losing the bus
+closes every pub/sub client of the server, and on a shared one would count (and cut) those
+of every other run using it."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import httpx2
 import pytest
+import pytest_asyncio
 import redis.asyncio as aioredis
 
 from clients import HubClient
@@ -20,23 +25,36 @@ from hub.store import session_stream
 from protocol import Event
 from protocol.frames import PresenceFrame
 from tests.server.test_streams import Reader, text_of
+from tests.support.faultkit import ScratchRedis, scratch_redis
 from tests.support.hubtest import eventually
 from tests.support.nodes import Node, scratch_database
-from tests.support.services import postgres_dsn, redis_url
+from tests.support.services import postgres_dsn
 
 SESSIONS = 3
 APPENDS = 120
 SUBSCRIBERS = 3
 
 
-@pytest.fixture
+# The module's loop: the Redis server is a subprocess of the loop that started it.
+pytestmark = [pytest.mark.asyncio(loop_scope="module")]
+
+
+@pytest_asyncio.fixture(loop_scope="module")
 async def database() -> AsyncIterator[str]:
     async with scratch_database(postgres_dsn()) as dsn:
         yield dsn
 
 
-def bus_url(kind: str) -> str:
-    return redis_url() if kind == "redis" else "postgres"
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def redis_server() -> AsyncIterator[ScratchRedis]:
+    async with scratch_redis() as server:
+        yield server
+
+
+@pytest.fixture
+def ring(bus: str, redis_server: ScratchRedis) -> str:
+    """The nodes' ``--bus``: Postgres NOTIFY, or the module's Redis."""
+    return redis_server.url if bus == "redis" else "postgres"
 
 
 async def collect(client: HubClient, session_id: str, into: list[Event], done: asyncio.Event) -> None:
@@ -49,9 +67,8 @@ async def collect(client: HubClient, session_id: str, into: list[Event], done: a
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("bus", ["postgres", "redis"])
 async def test_subscribers_on_b_see_every_write_on_a_once_across_a_restart_of_b(
-    database: str, bus: str
+    database: str, ring: str
 ) -> None:
-    ring = bus_url(bus)
     async with Node(database, ring) as a, Node(database, ring) as b:
         writer = HubClient(a.ws_url, name="writer")
         watchers = [HubClient(b.ws_url, name=f"watcher-{i}", max_backoff=0.3) for i in range(SUBSCRIBERS)]
@@ -100,10 +117,10 @@ async def test_subscribers_on_b_see_every_write_on_a_once_across_a_restart_of_b(
                     await watcher.__aexit__(None, None, None)
 
 
-async def kill_listeners(bus: str, database: str) -> int:
+async def kill_listeners(ring: str, database: str) -> int:
     """Close every node's listening connection from the server side; how many there were."""
-    if bus == "redis":
-        client = aioredis.Redis.from_url(redis_url())
+    if ring != "postgres":
+        client = aioredis.Redis.from_url(ring)
         try:
             return int(await client.client_kill_filter(_type="pubsub"))
         finally:
@@ -121,13 +138,13 @@ async def kill_listeners(bus: str, database: str) -> int:
 
 
 @pytest.mark.parametrize("bus", ["postgres", "redis"])
-async def test_a_node_reports_a_lost_bus_and_recovers(database: str, bus: str) -> None:
+async def test_a_node_reports_a_lost_bus_and_recovers(database: str, bus: str, ring: str) -> None:
     """Kill both nodes' listening connections: a follower on A still gets the write made on
     B meanwhile, and /healthz and /metrics count the reconnection."""
     kind = "RedisBus" if bus == "redis" else "PgListenBus"
     async with (
-        Node(database, bus_url(bus)) as a,
-        Node(database, bus_url(bus)) as b,
+        Node(database, ring) as a,
+        Node(database, ring) as b,
         HubClient(a.ws_url) as reader,
         HubClient(b.ws_url) as writer,
     ):
@@ -137,7 +154,7 @@ async def test_a_node_reports_a_lost_bus_and_recovers(database: str, bus: str) -
         task = asyncio.create_task(collect(reader, sid, got, done))
         await writer.sessions.append(sid, {"id": "m0", "role": "user", "parts": []})
         await eventually(lambda: any(e.type == "message.appended" for e in got))
-        assert await kill_listeners(bus, database) == 2
+        assert await kill_listeners(ring, database) == 2
         await writer.sessions.append(sid, {"id": "m1", "role": "user", "parts": []})
         await eventually(lambda: sum(e.type == "message.appended" for e in got) >= 2)
         async with httpx2.AsyncClient() as http:
@@ -161,10 +178,9 @@ async def test_a_node_reports_a_lost_bus_and_recovers(database: str, bus: str) -
 
 
 @pytest.mark.parametrize("bus", ["postgres", "redis"])
-async def test_a_stream_written_on_a_grows_on_b(database: str, bus: str) -> None:
+async def test_a_stream_written_on_a_grows_on_b(database: str, ring: str) -> None:
     """Streamed deltas have no log: they cross nodes through the bus's relay. A watcher on B
     sees the message grow delta by delta; one joining on B mid-stream gets the state first."""
-    ring = bus_url(bus)
     watcher, late = Reader(), Reader()
     async with (
         Node(database, ring) as a,
@@ -203,8 +219,7 @@ async def test_a_stream_written_on_a_grows_on_b(database: str, bus: str) -> None
 
 
 @pytest.mark.parametrize("bus", ["postgres", "redis"])
-async def test_presence_spans_nodes_and_a_dead_node_leaves(database: str, bus: str) -> None:
-    ring = bus_url(bus)
+async def test_presence_spans_nodes_and_a_dead_node_leaves(database: str, ring: str) -> None:
     seen: list[PresenceFrame] = []
     async with (
         Node(database, ring, None, "--presence-ttl", "1.5") as a,

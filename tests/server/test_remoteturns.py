@@ -1,7 +1,10 @@
 """A chat resumed on another node (hub/server/remoteturns.py): two real ``sessionhub serve``
 processes on one real Postgres, a real responder, real HTTP. The reply is posted on node A
 and resumed on node B mid-reply, from its start, once, in order, to its end; after the turn
-ended B answers 204, as A does."""
+ended B answers 204, as A does.
+
+One pair of nodes (``nodes``) serves every test that leaves them running, each in sessions
+of its own: a pair takes seconds to start and stop. The test that kills a node has its own."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from typing import Any
 
 import httpx2
 import pytest
+import pytest_asyncio
 
 from clients import HubClient
 from hub import Message, SqliteStore
@@ -25,13 +29,17 @@ from tests.support.hubtest import eventually, text
 from tests.support.nodes import Node, scratch_database
 from tests.support.services import postgres_dsn
 
+pytestmark = [pytest.mark.asyncio(loop_scope="module")]
+
+Nodes = tuple[Node, Node, httpx2.AsyncClient]
+
 
 def _http(node: Node) -> str:
     return f"http://127.0.0.1:{node.port}"
 
 
 @contextlib.asynccontextmanager
-async def _two_nodes(*options: str) -> AsyncIterator[tuple[Node, Node, httpx2.AsyncClient]]:
+async def _two_nodes(*options: str) -> AsyncIterator[Nodes]:
     """Nodes A and B (``serve --turn-timeout 20`` and ``options``) on one scratch Postgres
     database, and an HTTP client for both."""
     async with (
@@ -41,6 +49,12 @@ async def _two_nodes(*options: str) -> AsyncIterator[tuple[Node, Node, httpx2.As
         httpx2.AsyncClient(timeout=30) as http,
     ):
         yield a, b, http
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def nodes() -> AsyncIterator[Nodes]:
+    async with _two_nodes() as pair:
+        yield pair
 
 
 async def _until_no_turn(http: httpx2.AsyncClient, node: Node, sid: str) -> None:
@@ -65,29 +79,29 @@ async def _resume(http: httpx2.AsyncClient, node: Node, sid: str) -> list[dict[s
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("worker_on", ["a", "b"])
-async def test_a_reply_posted_on_a_resumes_on_b_whole_and_once(worker_on: str) -> None:
-    async with _two_nodes() as (a, b, http):
-        sid = f"resume-{worker_on}"
-        # Before any turn: 204 on both nodes.
-        for node in (a, b):
-            assert (await http.get(f"{_http(node)}/api/chat/{sid}/stream")).status_code == 204
-        worker = a if worker_on == "a" else b
-        async with responder(worker.ws_url, lambda: True, name=f"agent-on-{worker_on}"):
-            body = {"id": sid, "messages": [text("u1", "slow please")]}
-            posted: list[dict[str, Any] | str] = []
-            resumed: list[dict[str, Any] | str] = []
-            async with http.stream("POST", f"{_http(a)}/api/chat", json=body) as r:
-                assert r.status_code == 200
-                chunks = sse_chunks(r)
-                # Mid-reply: some words out, most to come (40 words, 40 ms apart).
-                while len([c for c in posted if isinstance(c, dict) and c["type"] == "text-delta"]) < 5:
-                    posted.append(await anext(chunks))
-                resume = asyncio.create_task(_resume(http, b, sid))
-                posted += [c async for c in chunks]
-                resumed = await resume
-            # Once the turn ended (A logged turn.ended), B says nothing is in flight.
-            await _until_no_turn(http, b, sid)
-            assert (await http.get(f"{_http(a)}/api/chat/{sid}/stream")).status_code == 204
+async def test_a_reply_posted_on_a_resumes_on_b_whole_and_once(nodes: Nodes, worker_on: str) -> None:
+    a, b, http = nodes
+    sid = f"resume-{worker_on}"
+    # Before any turn: 204 on both nodes.
+    for node in (a, b):
+        assert (await http.get(f"{_http(node)}/api/chat/{sid}/stream")).status_code == 204
+    worker = a if worker_on == "a" else b
+    async with responder(worker.ws_url, lambda: True, name=f"agent-on-{worker_on}"):
+        body = {"id": sid, "messages": [text("u1", "slow please")]}
+        posted: list[dict[str, Any] | str] = []
+        resumed: list[dict[str, Any] | str] = []
+        async with http.stream("POST", f"{_http(a)}/api/chat", json=body) as r:
+            assert r.status_code == 200
+            chunks = sse_chunks(r)
+            # Mid-reply: some words out, most to come (40 words, 40 ms apart).
+            while len([c for c in posted if isinstance(c, dict) and c["type"] == "text-delta"]) < 5:
+                posted.append(await anext(chunks))
+            resume = asyncio.create_task(_resume(http, b, sid))
+            posted += [c async for c in chunks]
+            resumed = await resume
+        # Once the turn ended (A logged turn.ended), B says nothing is in flight.
+        await _until_no_turn(http, b, sid)
+        assert (await http.get(f"{_http(a)}/api/chat/{sid}/stream")).status_code == 204
     whole = " ".join(f"w{i}" for i in range(40)) + " "
     assert _text(posted) == whole
     assert resumed[0] == posted[0]  # the same reply id
@@ -100,41 +114,43 @@ async def test_a_reply_posted_on_a_resumes_on_b_whole_and_once(worker_on: str) -
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("stop_on", ["a", "b"])
-async def test_a_stop_on_any_node_stops_a_reply_streaming_on_another(stop_on: str) -> None:
-    async with _two_nodes() as (a, b, http):
-        sid = f"stop-{stop_on}"
-        async with responder(b.ws_url, lambda: True, name="agent-on-b"):
-            body = {"id": sid, "messages": [text("u1", "slow please")]}
-            chunks: list[dict[str, Any] | str] = []
-            async with http.stream("POST", f"{_http(a)}/api/chat", json=body) as r:
-                assert r.status_code == 200
-                async for chunk in sse_chunks(r):
-                    chunks.append(chunk)
-                    if chunk == {"type": "text-delta", "id": "text-0", "delta": "w3 "}:
-                        stopped = await http.post(f"{_http(a if stop_on == 'a' else b)}/api/chat/{sid}/stop")
-                        assert stopped.status_code == 200, stopped.text
-            assert chunks[-2:] == [{"type": "abort", "reason": "stopped by the user"}, "[DONE]"]
-            await _until_no_turn(http, b, sid)
-        streamed = _text(chunks)
-        assert 0 < len(streamed.split()) < 40
-        async with HubClient(a.ws_url) as user:
-            session = user.session(sid)
-            reply = await session.get_message(str(chunks[0]["messageId"]))  # type: ignore[index]
-            async with asyncio.timeout(10):
-                async for event in session.events():
-                    if event.type == "turn.ended":
-                        ended = event.data
-                        break
-        # Stored as it stood when the stop reached node B (a delta or two may have been on the way).
-        assert reply is not None and reply.text().startswith(streamed)
-        assert ended["status"] == "stopped" and ended["reason"] == "stopped by the user"
+async def test_a_stop_on_any_node_stops_a_reply_streaming_on_another(nodes: Nodes, stop_on: str) -> None:
+    a, b, http = nodes
+    sid = f"stop-{stop_on}"
+    async with responder(b.ws_url, lambda: True, name="agent-on-b"):
+        body = {"id": sid, "messages": [text("u1", "slow please")]}
+        chunks: list[dict[str, Any] | str] = []
+        async with http.stream("POST", f"{_http(a)}/api/chat", json=body) as r:
+            assert r.status_code == 200
+            async for chunk in sse_chunks(r):
+                chunks.append(chunk)
+                if chunk == {"type": "text-delta", "id": "text-0", "delta": "w3 "}:
+                    stopped = await http.post(f"{_http(a if stop_on == 'a' else b)}/api/chat/{sid}/stop")
+                    assert stopped.status_code == 200, stopped.text
+        assert chunks[-2:] == [{"type": "abort", "reason": "stopped by the user"}, "[DONE]"]
+        await _until_no_turn(http, b, sid)
+    streamed = _text(chunks)
+    assert 0 < len(streamed.split()) < 40
+    async with HubClient(a.ws_url) as user:
+        session = user.session(sid)
+        reply = await session.get_message(str(chunks[0]["messageId"]))  # type: ignore[index]
+        async with asyncio.timeout(10):
+            async for event in session.events():
+                if event.type == "turn.ended":
+                    ended = event.data
+                    break
+    # Stored as it stood when the stop reached node B (a delta or two may have been on the way).
+    assert reply is not None and reply.text().startswith(streamed)
+    assert ended["status"] == "stopped" and ended["reason"] == "stopped by the user"
 
 
 @pytest.mark.timeout(120)
 async def test_a_resume_ends_when_the_node_running_the_turn_dies() -> None:
     async with (
         _two_nodes("--presence-ttl", "2") as (a, b, http),
-        HubClient(a.ws_url, name="endless", role="worker") as agent,
+        # reconnect=False: once node A is killed the worker has nowhere to go, and its
+        # client's retries would only hold the test's exit up.
+        HubClient(a.ws_url, name="endless", role="worker", reconnect=False) as agent,
     ):
 
         async def endless() -> None:
@@ -174,9 +190,9 @@ async def _post(http: httpx2.AsyncClient, node: Node, body: dict[str, Any]) -> h
 
 
 @pytest.mark.timeout(120)
-async def test_a_turn_streaming_on_a_refuses_a_second_turn_on_b_until_it_ended() -> None:
+async def test_a_turn_streaming_on_a_refuses_a_second_turn_on_b_until_it_ended(nodes: Nodes) -> None:
+    a, b, http = nodes
     async with (
-        _two_nodes() as (a, b, http),
         responder(a.ws_url, lambda: True, name="agent-on-a"),
         HubClient(b.ws_url) as user_b,
     ):
@@ -204,10 +220,10 @@ async def test_a_turn_streaming_on_a_refuses_a_second_turn_on_b_until_it_ended()
 
 
 @pytest.mark.timeout(180)
-async def test_two_posts_at_once_on_two_nodes_start_one_turn() -> None:
+async def test_two_posts_at_once_on_two_nodes_start_one_turn(nodes: Nodes) -> None:
     rounds = 12
+    a, b, http = nodes
     async with (
-        _two_nodes() as (a, b, http),
         responder(a.ws_url, lambda: True, name="agent-on-a"),
         HubClient(a.ws_url) as user,
     ):
@@ -297,55 +313,55 @@ def _answered(message: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("worker_on", "answer_on"), [("a", "b"), ("b", "b"), ("b", "a")])
 async def test_an_approval_and_a_steering_message_reach_a_turn_on_another_node(
-    worker_on: str, answer_on: str
+    nodes: Nodes, worker_on: str, answer_on: str
 ) -> None:
     """Posted on A; the responder on ``worker_on``; the page's answer and a steering
     message sent to ``answer_on``: each travels to the node whose responder waits."""
-    async with _two_nodes() as (a, b, http):
-        sid = f"approve-{worker_on}-{answer_on}"
-        worker = a if worker_on == "a" else b
-        answering = a if answer_on == "a" else b
-        async with responder(worker.ws_url, lambda: True, name=f"agent-on-{worker_on}"):
-            ask = text("u1", "approve it")
-            async with http.stream("POST", f"{_http(a)}/api/chat", json={"id": sid, "messages": [ask]}) as r:
-                assert r.status_code == 200
-                first = [c async for c in sse_chunks(r)]
-            assert any(isinstance(c, dict) and c["type"] == "tool-approval-request" for c in first)
-            reply_id = first[0]["messageId"]  # type: ignore[index]
-            async with HubClient(answering.ws_url) as client:
-                page = None
+    a, b, http = nodes
+    sid = f"approve-{worker_on}-{answer_on}"
+    worker = a if worker_on == "a" else b
+    answering = a if answer_on == "a" else b
+    async with responder(worker.ws_url, lambda: True, name=f"agent-on-{worker_on}"):
+        ask = text("u1", "approve it")
+        async with http.stream("POST", f"{_http(a)}/api/chat", json={"id": sid, "messages": [ask]}) as r:
+            assert r.status_code == 200
+            first = [c async for c in sse_chunks(r)]
+        assert any(isinstance(c, dict) and c["type"] == "tool-approval-request" for c in first)
+        reply_id = first[0]["messageId"]  # type: ignore[index]
+        async with HubClient(answering.ws_url) as client:
+            page = None
 
-                async def asked() -> bool:
-                    nonlocal page
-                    history = await client.session(sid).get_history()
-                    mine = [m for m in history if m.id == reply_id]
-                    if mine and any(p.get("state") == "approval-requested" for p in mine[0].parts):
-                        page = mine[0].to_dict()
-                        return True
-                    return False
+            async def asked() -> bool:
+                nonlocal page
+                history = await client.session(sid).get_history()
+                mine = [m for m in history if m.id == reply_id]
+                if mine and any(p.get("state") == "approval-requested" for p in mine[0].parts):
+                    page = mine[0].to_dict()
+                    return True
+                return False
 
-                await eventually(asked)
-                assert page is not None
-                body = {"id": sid, "messages": [ask, _answered(page)]}
-                async with http.stream("POST", f"{_http(answering)}/api/chat", json=body) as r:
-                    assert r.status_code == 200, await r.aread()
-                    rest = [c async for c in sse_chunks(r)]
-                assert _text(rest) == "Deployed."
-            await _until_no_turn(http, a, sid)
-            async with HubClient(a.ws_url) as stored:
-                message = await stored.session(sid).get_message(reply_id)
-            assert message is not None
-            tool = next(p for p in message.parts if p["type"] == "tool-deploy")
-            assert tool["state"] == "output-available" and tool["approval"]["approved"] is True
+            await eventually(asked)
+            assert page is not None
+            body = {"id": sid, "messages": [ask, _answered(page)]}
+            async with http.stream("POST", f"{_http(answering)}/api/chat", json=body) as r:
+                assert r.status_code == 200, await r.aread()
+                rest = [c async for c in sse_chunks(r)]
+            assert _text(rest) == "Deployed."
+        await _until_no_turn(http, a, sid)
+        async with HubClient(a.ws_url) as stored:
+            message = await stored.session(sid).get_message(reply_id)
+        assert message is not None
+        tool = next(p for p in message.parts if p["type"] == "tool-deploy")
+        assert tool["state"] == "output-available" and tool["approval"]["approved"] is True
 
-            # Steering across nodes too.
-            async with HubClient(answering.ws_url) as client, HubClient(a.ws_url) as poster:
-                steer = asyncio.create_task(_steer_when_started(poster, client, sid))
-                body = {"id": sid, "messages": [ask, message.to_dict(), text("u2", "steer it")]}
-                async with http.stream("POST", f"{_http(a)}/api/chat", json=body) as r:
-                    chunks = [c async for c in sse_chunks(r)]
-                await steer
-            assert _text(chunks) == "Working -> told: left Done."
+        # Steering across nodes too.
+        async with HubClient(answering.ws_url) as client, HubClient(a.ws_url) as poster:
+            steer = asyncio.create_task(_steer_when_started(poster, client, sid))
+            body = {"id": sid, "messages": [ask, message.to_dict(), text("u2", "steer it")]}
+            async with http.stream("POST", f"{_http(a)}/api/chat", json=body) as r:
+                chunks = [c async for c in sse_chunks(r)]
+            await steer
+        assert _text(chunks) == "Working -> told: left Done."
 
 
 async def _steer_when_started(poster: HubClient, client: HubClient, sid: str) -> None:

@@ -1,17 +1,21 @@
 """Turns (hub/server/turndispatch.py) over the WebSocket: ``start_turn``, who gets a turn, hand-over when
 a responder goes away, what a responder may answer, and the outcome in the log. Real
-uvicorn, real ``HubClient`` responders and raw sockets."""
+uvicorn, real ``HubClient`` responders and raw sockets; across nodes, real ``sessionhub
+serve`` pairs, one per bus for every test of the module (they take seconds to start, and
+no test here stops one; each test has its own session)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx2
 import msgspec
 import pytest
+import pytest_asyncio
 
 from clients import HubClient, HubError, Turn
 from hub.auth import issue_token
@@ -24,6 +28,21 @@ from tests.support.nodes import Node, scratch_database
 from tests.support.services import postgres_dsn, redis_url
 
 SECRET = "a-test-secret-of-at-least-32-bytes!!"
+
+#: The tests on a node pair run on the module's loop, the pair's processes' loop.
+on_nodes = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def nodes(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Node, Node]]:
+    """Nodes A and B on one scratch database, ringing each other on ``request.param``'s bus."""
+    url = redis_url() if request.param == "redis" else "postgres"
+    async with (
+        scratch_database(postgres_dsn()) as database,
+        Node(database, url, None, "--turn-timeout", "20") as a,
+        Node(database, url, None, "--turn-timeout", "20") as b,
+    ):
+        yield a, b
 
 
 async def _session(h: Served, sid: str = "s1") -> None:
@@ -185,82 +204,74 @@ async def test_no_responder_times_out_and_a_second_turn_waits_its_turn(tmp_path:
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("bus", ["postgres", "redis"])
-async def test_a_turn_posted_on_node_a_is_answered_by_a_worker_on_node_b(bus: str) -> None:
-    url = redis_url() if bus == "redis" else "postgres"
-    async with (
-        scratch_database(postgres_dsn()) as database,
-        Node(database, url, None, "--turn-timeout", "20") as a,
-        Node(database, url, None, "--turn-timeout", "20") as b,
-    ):
-        async with HubClient(a.ws_url) as user:
-            info = await user.sessions.create("across nodes")
-            await user.sessions.append(info.id, text("u1", "tool time"), None)
-        # The responder is on B only; A learns of it through the relay.
-        async with responder(b.ws_url, lambda: True, name="agent-on-b"):
-            body = {"id": info.id, "messages": [text("u1", "tool time")]}
-            base = a.ws_url.replace("ws://", "http://").removesuffix("/ws")
-            async with (
-                httpx2.AsyncClient(timeout=30) as http,
-                http.stream("POST", f"{base}/api/chat", json=body) as r,
-            ):
-                assert r.status_code == 200
-                chunks = [c async for c in sse_chunks(r)]
-        types = [c if isinstance(c, str) else c["type"] for c in chunks]
-        assert types[0] == "start" and types[-2:] == ["finish", "[DONE]"], chunks
-        assert "tool-output-available" in types and "reasoning-delta" in types
-        async with HubClient(a.ws_url) as user:
-            stored = await user.session(info.id).get_message(chunks[0]["messageId"])  # type: ignore[index]
-        assert stored is not None and stored.text() == "Found 3."
-        text_deltas = "".join(c["delta"] for c in chunks if isinstance(c, dict) and c["type"] == "text-delta")
-        assert text_deltas == "Found 3."
+@on_nodes
+@pytest.mark.parametrize("nodes", ["postgres", "redis"], indirect=True)
+async def test_a_turn_posted_on_node_a_is_answered_by_a_worker_on_node_b(nodes: tuple[Node, Node]) -> None:
+    a, b = nodes
+    async with HubClient(a.ws_url) as user:
+        info = await user.sessions.create("across nodes")
+        await user.sessions.append(info.id, text("u1", "tool time"), None)
+    # The responder is on B only; A learns of it through the relay.
+    async with responder(b.ws_url, lambda: True, name="agent-on-b"):
+        body = {"id": info.id, "messages": [text("u1", "tool time")]}
+        base = a.ws_url.replace("ws://", "http://").removesuffix("/ws")
+        async with (
+            httpx2.AsyncClient(timeout=30) as http,
+            http.stream("POST", f"{base}/api/chat", json=body) as r,
+        ):
+            assert r.status_code == 200
+            chunks = [c async for c in sse_chunks(r)]
+    types = [c if isinstance(c, str) else c["type"] for c in chunks]
+    assert types[0] == "start" and types[-2:] == ["finish", "[DONE]"], chunks
+    assert "tool-output-available" in types and "reasoning-delta" in types
+    async with HubClient(a.ws_url) as user:
+        stored = await user.session(info.id).get_message(chunks[0]["messageId"])  # type: ignore[index]
+    assert stored is not None and stored.text() == "Found 3."
+    text_deltas = "".join(c["delta"] for c in chunks if isinstance(c, dict) and c["type"] == "text-delta")
+    assert text_deltas == "Found 3."
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("bus", ["postgres", "redis"])
-async def test_a_turn_with_a_long_history_reaches_a_worker_on_another_node_whole(bus: str) -> None:
-    url = redis_url() if bus == "redis" else "postgres"
-    async with (
-        scratch_database(postgres_dsn()) as database,
-        Node(database, url, None, "--turn-timeout", "20") as a,
-        Node(database, url, None, "--turn-timeout", "20") as b,
-    ):
-        async with HubClient(a.ws_url) as user:
-            info = await user.sessions.create("long")
-            # Multi-byte text, so a piece boundary falls inside characters too.
-            chain = [
-                text(f"h{i}", f"{i} " + "é日🙂x" * 250, "assistant" if i % 2 else "user") for i in range(31)
-            ]
-            await user.sessions.append_all(info.id, chain, None)
-            history = [m.to_dict() for m in await user.session(info.id).get_history()]
-        # The offer is many NOTIFY payloads on Postgres (each under 8,000 bytes).
-        assert len(msgspec.json.encode(history)) > 10 * doorbell.MAX_PAYLOAD
-        given: list[Turn] = []
-        async with HubClient(b.ws_url, name="agent-on-b", role="worker") as agent:
+@on_nodes
+@pytest.mark.parametrize("nodes", ["postgres", "redis"], indirect=True)
+async def test_a_turn_with_a_long_history_reaches_a_worker_on_another_node_whole(
+    nodes: tuple[Node, Node],
+) -> None:
+    a, b = nodes
+    async with HubClient(a.ws_url) as user:
+        info = await user.sessions.create("long")
+        # Multi-byte text, so a piece boundary falls inside characters too.
+        chain = [text(f"h{i}", f"{i} " + "é日🙂x" * 250, "assistant" if i % 2 else "user") for i in range(31)]
+        await user.sessions.append_all(info.id, chain, None)
+        history = [m.to_dict() for m in await user.session(info.id).get_history()]
+    # The offer is many NOTIFY payloads on Postgres (each under 8,000 bytes).
+    assert len(msgspec.json.encode(history)) > 10 * doorbell.MAX_PAYLOAD
+    given: list[Turn] = []
+    async with HubClient(b.ws_url, name="agent-on-b", role="worker") as agent:
 
-            async def serve() -> None:
-                async for turn in agent.turns():
-                    given.append(turn)
-                    async with turn.reply() as st:
-                        await st.text(f"read {len(turn.history)} messages")
+        async def serve() -> None:
+            async for turn in agent.turns():
+                given.append(turn)
+                async with turn.reply() as st:
+                    await st.text(f"read {len(turn.history)} messages")
 
-            task = asyncio.create_task(serve())
-            try:
-                async with HubClient(a.ws_url) as user:
-                    session = user.session(info.id)
-                    turn = await session.start_turn()
+        task = asyncio.create_task(serve())
+        try:
+            async with HubClient(a.ws_url) as user:
+                session = user.session(info.id)
+                turn = await session.start_turn()
 
-                    async def replied() -> bool:
-                        reply = await session.get_message(turn["reply_id"])
-                        return reply is not None and reply.text() == "read 31 messages"
+                async def replied() -> bool:
+                    reply = await session.get_message(turn["reply_id"])
+                    return reply is not None and reply.text() == "read 31 messages"
 
-                    await eventually(replied, timeout=30)
-            finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        assert len(given) == 1 and given[0].message_id == "h30"
-        assert [m.to_dict() for m in given[0].history] == history
+                await eventually(replied, timeout=30)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    assert len(given) == 1 and given[0].message_id == "h30"
+    assert [m.to_dict() for m in given[0].history] == history
 
 
 async def test_stop_turn_ends_the_reply_as_it_stood_and_tells_the_responder_first(tmp_path: Path) -> None:
@@ -428,37 +439,35 @@ async def test_a_connection_never_given_the_turn_cannot_stream_its_reply(
 
 
 @pytest.mark.timeout(90)
-async def test_an_intruder_on_another_node_cannot_stream_the_reply() -> None:
-    async with (
-        scratch_database(postgres_dsn()) as database,
-        Node(database, "postgres", None, "--turn-timeout", "20") as a,
-        Node(database, "postgres", None, "--turn-timeout", "20") as b,
-    ):
-        async with HubClient(a.ws_url) as user:
-            info = await user.sessions.create("across nodes")
-            await user.sessions.append(info.id, text("u1", "hello"), None)
-        async with Client.connect(a.ws_url) as real, Client.connect(b.ws_url) as intruder:
-            await _taker(real)
-            body = {"id": info.id, "messages": [text("u1", "hello")]}
-            base = a.ws_url.replace("ws://", "http://").removesuffix("/ws")
-            async with (
-                httpx2.AsyncClient(timeout=30) as http,
-                http.stream("POST", f"{base}/api/chat", json=body) as r,
-            ):
-                chunks = sse_chunks(r)
-                await anext(chunks)
-                given = await real.take(lambda f: f["frame"] == "turn")
-                turn_id, reply_id = await _intrude(intruder, info.id)
-                assert reply_id == given["reply_id"]
-                fields = {"session_id": info.id, "message_id": reply_id}
-                await real.call("stream_start", **fields, turn_id=turn_id)
-                await real.call("stream_delta", **fields, kind="text", text="from A")
-                refused = await intruder.request("stream_delta", **fields, kind="text", text="from B")
-                assert refused["frame"] == "error" and refused["code"] in ("invalid", "conflict"), refused
-                await real.call("stream_end", **fields)
-                rest = [c async for c in chunks]
-        said = "".join(c["delta"] for c in rest if isinstance(c, dict) and c["type"] == "text-delta")
-        assert said == "from A"
-        async with HubClient(b.ws_url) as user:
-            stored = await user.session(info.id).get_message(reply_id)
-        assert stored is not None and stored.text() == "from A"
+@on_nodes
+@pytest.mark.parametrize("nodes", ["postgres"], indirect=True)
+async def test_an_intruder_on_another_node_cannot_stream_the_reply(nodes: tuple[Node, Node]) -> None:
+    a, b = nodes
+    async with HubClient(a.ws_url) as user:
+        info = await user.sessions.create("across nodes")
+        await user.sessions.append(info.id, text("u1", "hello"), None)
+    async with Client.connect(a.ws_url) as real, Client.connect(b.ws_url) as intruder:
+        await _taker(real)
+        body = {"id": info.id, "messages": [text("u1", "hello")]}
+        base = a.ws_url.replace("ws://", "http://").removesuffix("/ws")
+        async with (
+            httpx2.AsyncClient(timeout=30) as http,
+            http.stream("POST", f"{base}/api/chat", json=body) as r,
+        ):
+            chunks = sse_chunks(r)
+            await anext(chunks)
+            given = await real.take(lambda f: f["frame"] == "turn")
+            turn_id, reply_id = await _intrude(intruder, info.id)
+            assert reply_id == given["reply_id"]
+            fields = {"session_id": info.id, "message_id": reply_id}
+            await real.call("stream_start", **fields, turn_id=turn_id)
+            await real.call("stream_delta", **fields, kind="text", text="from A")
+            refused = await intruder.request("stream_delta", **fields, kind="text", text="from B")
+            assert refused["frame"] == "error" and refused["code"] in ("invalid", "conflict"), refused
+            await real.call("stream_end", **fields)
+            rest = [c async for c in chunks]
+    said = "".join(c["delta"] for c in rest if isinstance(c, dict) and c["type"] == "text-delta")
+    assert said == "from A"
+    async with HubClient(b.ws_url) as user:
+        stored = await user.session(info.id).get_message(reply_id)
+    assert stored is not None and stored.text() == "from A"
