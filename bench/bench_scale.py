@@ -5,7 +5,8 @@ Prints figures, never asserts. Run from the repository root:
 
     .venv/bin/python bench/bench_scale.py [--one 10000,19000] [--workers-subs 50000]
                                           [--workers 4] [--procs 4] [--events 10]
-                                          [--runs 1] [--sections one,workers] [--json]
+                                          [--runs 1] [--sections one,workers]
+                                          [--before DIR] [--json]
 
 Section ``one``: for each count of ``--one``, a fresh bare ``websockets`` broadcast server
 (bench/bench_hub.py's baseline) and a fresh ``sessionhub serve`` (SQLite, its defaults, so
@@ -15,13 +16,21 @@ source address 127.0.0.(11+i) so that no address runs out of ephemeral ports, op
 share of raw ``websockets`` connections, 64 at a time each, and subscribe each to one
 session. Figures: server RSS per connection (after all are subscribed and quiet, minus the
 idle RSS), connect + subscribe rate (connections / the wall time from the first connect to
-the last subscribe reply), then ``--events`` appends 0.5 s apart and their delivery
+the last subscribe reply), the server's CPU per connect (the server process's user + system
+CPU time over that span, divided by the connections: what the connect path costs the
+server, which the rate hides when the clients share its cores), then ``--events``
+appends 0.5 s apart and their delivery
 latency p50/p99 over every delivery, and completeness (every subscriber got every event
 exactly once, in order).
 
 Section ``workers``: ``sessionhub serve --workers N`` on a scratch Postgres database (the
 Postgres bus), ``--workers-subs`` subscribers of one session, the same figures; the RSS is
 the sum over the worker processes.
+
+``--before DIR``: another checkout (e.g. ``git archive`` of an older commit) served the same
+way as a third server of section ``one``, right after this checkout's hub in every run, so a
+change is measured against what it changes under the same load; the medians print both
+and their ratio.
 
 Each client process holds up to 20,000 descriptors (the hard limit here), so a count needs
 enough ``--procs``. Every process it starts is stopped at the end.
@@ -186,7 +195,8 @@ def tree_cpu_s(pid: int) -> float:
     return total
 
 
-async def start_hub(tmp: Path, workers: int, db: str | None) -> Server:
+async def start_hub(tmp: Path, workers: int, db: str | None, repo: Path | None = None) -> Server:
+    repo = repo or HUB_REPO[0]
     port = free_port()
     cmd = [sys.executable, "-m", "hub.apps.cli", "serve", "--port", str(port), "--log-level", "warning"]
     cmd += ["--db", db or str(tmp / f"hub-{uuid.uuid4().hex[:6]}.db")]
@@ -194,9 +204,12 @@ async def start_hub(tmp: Path, workers: int, db: str | None) -> Server:
         cmd += ["--loop", LOOP[0]]
     if workers > 1:
         cmd += ["--workers", str(workers)]
+    # PYTHONPATH as well as the working directory: the checkout's own packages, not the
+    # venv's editable install of another one.
+    env = {**os.environ, "PYTHONPATH": str(repo)}
     proc = await asyncio.create_subprocess_exec(
-        *cmd, cwd=HUB_REPO[0], stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
+        *cmd, cwd=repo, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE, env=env,
     )  # fmt: skip
     server = Server("hub", proc, port)
     await server.wait_ready(60)
@@ -223,6 +236,7 @@ async def measure(server: Server, subs: int, procs: int, events: int) -> dict[st
     try:
         sid = (await control.call("create", name="scale"))["id"]
         idle = await settle(server, 0.5)
+        cpu_before = tree_cpu_s(server.proc.pid)
         share = [subs // procs + (1 if i < subs % procs else 0) for i in range(procs)]
         for i, n in enumerate(share):
             clients.append(
@@ -253,6 +267,10 @@ async def measure(server: Server, subs: int, procs: int, events: int) -> dict[st
             readies.append(json.loads(await asyncio.wait_for(c.stdout.readline(), 900)))
         connected = sum(r["ready"] for r in readies)
         span = max(r["t1"] for r in readies) - min(r["t0"] for r in readies)
+        # From before the first client process started to after the last reply: the
+        # server is idle outside the span, so this is the connects' CPU (and the clock
+        # tick's resolution, 10 ms, is small beside it).
+        connect_cpu = tree_cpu_s(server.proc.pid) - cpu_before
         rss = await settle(server)
         for i in range(events):
             await control.call("append", session_id=sid, message=message(i))
@@ -280,6 +298,7 @@ async def measure(server: Server, subs: int, procs: int, events: int) -> dict[st
             "errors": [e for r in readies for e in r["errors"]][:3],
             "connect_s": round(span, 2),
             "connect_per_s": round(connected / span, 1) if span else None,
+            "cpu_us_per_connect": round(connect_cpu / max(1, connected) * 1e6),
             "rss_idle_mib": round(idle / 1024, 1),
             "rss_mib": round(rss / 1024, 1),
             "kib_per_conn": round((rss - idle) / max(1, connected), 2),
@@ -303,7 +322,8 @@ async def measure(server: Server, subs: int, procs: int, events: int) -> dict[st
 def show(label: str, r: dict[str, Any]) -> None:
     print(
         f"  {label:<22} {r['connected']:>6,}/{r['subscribers']:,} connected ({r['failed']} failed) "
-        f"in {r['connect_s']} s = {r['connect_per_s']} conn/s; RSS {r['rss_idle_mib']} -> {r['rss_mib']} MiB "
+        f"in {r['connect_s']} s = {r['connect_per_s']} conn/s, "
+        f"server CPU {r['cpu_us_per_connect']} µs/connect; RSS {r['rss_idle_mib']} -> {r['rss_mib']} MiB "
         f"= {r['kib_per_conn']} KiB/conn; delivery p50 {r['p50_ms']} ms p99 {r['p99_ms']} ms; "
         f"every one once: {r['every_one_once']} ({r['complete']:,} complete, {r['bad']} out of order)",
         flush=True,
@@ -330,9 +350,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 for n in args.one:
                     print(f"== run {run + 1}: {n:,} subscribers, one process", flush=True)
                     for name in args.servers:
-                        server = await (
-                            Server.start_baseline() if name == "baseline" else start_hub(tmp, 1, None)
-                        )
+                        if name == "baseline":
+                            server = await Server.start_baseline()
+                        else:
+                            server = await start_hub(tmp, 1, None, args.before if name == "before" else None)
                         try:
                             r = await measure(server, n, args.procs, args.events)
                         finally:
@@ -367,8 +388,23 @@ def summary(out: dict[str, Any]) -> None:
 
         print(
             f"  {server:<18} {subs:>6,}: {med('kib_per_conn')} KiB/conn, {med('connect_per_s')} conn/s, "
+            f"{med('cpu_us_per_connect')} µs server CPU/connect, "
             f"p50 {med('p50_ms')} ms, p99 {med('p99_ms')} ms, every one once in "
             f"{sum(r['every_one_once'] for r in rs)}/{len(rs)} runs"
+        )
+    for subs in sorted({subs for server, subs in groups if server == "before"}):
+        before, after = groups[("before", subs)], groups.get(("hub", subs), [])
+        if not after:
+            continue
+
+        def median(rs: list[dict[str, Any]], key: str) -> float:
+            return float(statistics.median(r[key] for r in rs if r[key] is not None))
+
+        rate = median(after, "connect_per_s") / median(before, "connect_per_s")
+        cpu = median(after, "cpu_us_per_connect") / median(before, "cpu_us_per_connect")
+        print(
+            f"  this checkout against --before at {subs:,}: connect rate {rate:.2f}x, "
+            f"server CPU per connect {cpu:.2f}x"
         )
 
 
@@ -385,8 +421,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--events", type=int, default=10, help="appends delivered to everyone (default 10)")
     p.add_argument("--runs", type=int, default=1, help="runs (default 1); medians printed at the end")
     p.add_argument("--sections", default="one,workers", help="one, workers (default both)")
-    p.add_argument("--servers", default="baseline,hub", help="of baseline, hub (default both)")
+    p.add_argument(
+        "--servers", default="baseline,hub", help="of baseline, hub, before (default baseline,hub)"
+    )
     p.add_argument("--hub-repo", default=None, help="run the hub from this checkout (default this one)")
+    p.add_argument(
+        "--before", type=Path, default=None, help="another checkout, served as a third server of section one"
+    )
     p.add_argument("--hub-loop", default="auto", help="serve --loop: auto, asyncio, uvloop (default auto)")
     p.add_argument("--json", action="store_true", help="print one JSON line at the end")
     p.add_argument("--worker", choices=["sub"], help=argparse.SUPPRESS)
@@ -399,6 +440,14 @@ def parse_args() -> argparse.Namespace:
     args.one = [int(x) for x in args.one.split(",") if x.strip()]
     args.sections = [x.strip() for x in args.sections.split(",") if x.strip()]
     args.servers = [x.strip() for x in args.servers.split(",") if x.strip()]
+    if "before" in args.servers and args.before is None:
+        p.error("--servers before needs --before DIR")
+    if args.before is not None:
+        args.before = args.before.resolve()
+        if "before" not in args.servers:
+            # Right after this checkout's hub: the two hubs meet the same load and heat.
+            at = args.servers.index("hub") + 1 if "hub" in args.servers else len(args.servers)
+            args.servers.insert(at, "before")
     return args
 
 

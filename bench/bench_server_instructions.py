@@ -2,7 +2,8 @@
 
 Prints figures, asserts nothing. Run from the repository root:
 
-    .venv/bin/python bench/bench_server_instructions.py [--n 1000] [--offers 100] [--tree PATH] [--json]
+    .venv/bin/python bench/bench_server_instructions.py [--n 1000] [--offers 100] [--connects 300]
+                                                        [--what ping,offer,connect] [--tree PATH] [--json]
 
 ``bench/bench_instructions.py`` counts the engine's operations; this counts the server's own
 path, where a change to the connection's state machine or its shell would show: a real
@@ -12,7 +13,13 @@ a stand-in socket whose ASGI send only counts, and
 - ``ping``: ``--n`` request frames read by ``receive`` (decoded, judged by the state
   machine, run, answered, drained), on one connection;
 - ``offer``: ``--offers`` event frames offered to each of the 100 connections (the tail's
-  live fan-out: queue, eager drain, send).
+  live fan-out: queue, eager drain, send);
+- ``connect``: ``--connects`` new connections, each opened with the same token (as a
+  deployment's subscribers share one) and subscribed from 0 to a session whose tail is
+  already followed (a first subscriber in the set-up): the shell, the token, the
+  ``subscribe`` up to its reply and the backlog's event sent, so the subscriber is live.
+  The store's reader thread is waited on, not spun for: its own instructions count (the
+  whole process is counted), which is what a read off the event loop costs.
 
 Each runs in a process under ``valgrind --tool=callgrind`` twice, with the work and without
 (set-up only), and ``PYTHONHASHSEED=0``; the difference divided by the count is the cost of
@@ -53,11 +60,33 @@ SECRET = "a secret of thirty-two bytes or more, for HS256"
 class Socket:
     def __init__(self):
         self.sent = 0
+        self.want = 0
+        self.done = None
 
         async def raw(message):
             self.sent += 1
+            if self.done is not None and self.sent >= self.want and not self.done.done():
+                self.done.set_result(None)
 
         self.scope = {RAW_SEND: raw}
+
+    def expect(self, n):
+        # A future done once n messages went out: awaited, so no spinning is counted.
+        self.want = n
+        self.done = asyncio.get_running_loop().create_future()
+        return self.done
+
+
+async def connect(hub, token, frame):
+    # One connection as Hub.serve makes it, subscribed: its reply and the backlog sent.
+    socket = Socket()
+    sent = socket.expect(2)
+    c = Connection(hub, socket)
+    c.open(token)
+    hub.connections.add(c)
+    receive(hub.ops, c, frame)
+    await sent
+    return c
 
 
 async def main():
@@ -73,6 +102,9 @@ async def main():
         frames = [f'{{"op":"ping","id":{i}}}' for i in range(n)]
         event = ('{"frame":"event","stream":"session","session_id":"s","seq":1,"epoch":"e",'
                  '"type":"x","data":{},"created_at":"t"}')
+        sid = (await hub.manager.create("followed")).id
+        subscribe = '{"op":"subscribe","id":1,"session_id":"%s","after_seq":0}' % sid
+        subscribers = [await connect(hub, token, subscribe)]  # the session's tail runs from here
         for _ in range(3):
             await asyncio.sleep(0)
         if what == "ping":
@@ -86,7 +118,10 @@ async def main():
                 for c in conns:
                     c.offer(event)
             assert sum(c.websocket.sent for c in conns) == 100 * n
-        for c in conns:
+        elif what == "connect":
+            for _ in range(n):
+                subscribers.append(await connect(hub, token, subscribe))
+        for c in conns + subscribers:
             if c.expiry is not None:
                 c.expiry.cancel()
         await hub.retention.close()
@@ -125,32 +160,39 @@ def count(tree: Path, what: str, n: int) -> int:
     return int(found.group(1))
 
 
-def measure(tree: Path, n: int, offers: int) -> dict[str, float]:
+def measure(tree: Path, what: list[str], n: int, offers: int, connects: int) -> dict[str, float]:
     base = count(tree, "nothing", 0)
-    return {
-        "ping": (count(tree, "ping", n) - base) / n,
-        "offer": (count(tree, "offer", offers) - base) / (100 * offers),
-    }
+    per = {"ping": (n, n), "offer": (offers, 100 * offers), "connect": (connects, connects)}
+    return {name: (count(tree, name, per[name][0]) - base) / per[name][1] for name in what}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=1000, help="ping requests")
     parser.add_argument("--offers", type=int, default=100, help="events offered to each of 100 connections")
+    parser.add_argument("--connects", type=int, default=300, help="connections opened and subscribed")
+    parser.add_argument("--what", default="ping,offer,connect", help="scenarios (default %(default)s)")
     parser.add_argument("--tree", type=Path, help="another checkout to measure beside this one")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("needs valgrind (apt-get install -y valgrind)")
     trees = {"this": ROOT} | ({"tree": args.tree.resolve()} if args.tree else {})
-    results = {name: measure(tree, args.n, args.offers) for name, tree in trees.items()}
+    what = [w.strip() for w in args.what.split(",") if w.strip()]
+    if unknown := set(what) - {"ping", "offer", "connect"}:
+        parser.error(f"--what: unknown scenarios {sorted(unknown)}")
+    results = {name: measure(tree, what, args.n, args.offers, args.connects) for name, tree in trees.items()}
     if args.json:
         print(json.dumps(results, indent=2))
         return
     print("instructions per operation (callgrind, PYTHONHASHSEED=0)")
     for name, figures in results.items():
-        ping, offer = figures["ping"], figures["offer"]
-        print(f"  {name:5} request dispatch (ping) {ping:>10,.0f}   fan-out delivery {offer:>8,.0f}")
+        labels = {
+            "ping": "request dispatch (ping)",
+            "offer": "fan-out delivery",
+            "connect": "connect + subscribe",
+        }
+        print(f"  {name:5} " + "   ".join(f"{labels[w]} {v:>10,.0f}" for w, v in figures.items()))
 
 
 if __name__ == "__main__":

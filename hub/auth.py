@@ -20,6 +20,7 @@ Verification failures never say why: a forged, expired or malformed token is sim
 
 from __future__ import annotations
 
+import collections
 import re
 import time
 from collections.abc import Mapping
@@ -34,7 +35,7 @@ from protocol.ops import BY_NAME, LEVELS, Level
 if TYPE_CHECKING:  # a typing name only (pyjwt 2.8, the oldest supported, may lack it)
     from jwt.types import Options
 
-__all__ = ["LEVELS", "OP_LEVELS", "Grant", "issue_token", "parse_ttl", "verify_token"]
+__all__ = ["LEVELS", "OP_LEVELS", "Grant", "VerifiedTokens", "issue_token", "parse_ttl", "verify_token"]
 
 _RANK = {level: i for i, level in enumerate(LEVELS)}
 _ALGORITHM = "HS256"
@@ -123,28 +124,81 @@ def verify_token(secret: str, token: str | None, now: float | None = None) -> Gr
     """The grant of a valid token; :class:`Forbidden` (saying nothing more) otherwise.
     ``now``: the time its ``exp`` is judged at (default: the wall clock), so that a caller
     that reads no clock (:class:`protocol.serverconn.ServerConnection`) can verify."""
+    claims, grant = _signed(secret, token)
+    if not _current(claims, time.time() if now is None else now):
+        raise Forbidden("forbidden")
+    return grant
+
+
+class VerifiedTokens:
+    """:func:`verify_token` for one secret, remembering the tokens whose signature it has
+    checked: many connections present the same token (a dashboard's, a deployment's
+    workers'), and the HMAC and JSON decoding are most of a connect's verification cost.
+
+    Only the signature and the claims' shape are remembered, never a verdict on time:
+    ``exp``, ``nbf`` and ``iat`` are judged again on every use, so a remembered token
+    expires exactly when an unremembered one does. The key is the whole token string, so a
+    forged token (another signature) is never a hit. At most ``size`` tokens are kept, the
+    least recently used dropped first, so a flood of distinct tokens costs only misses."""
+
+    __slots__ = ("_known", "secret", "size")
+
+    def __init__(self, secret: str, size: int = 1024) -> None:
+        self.secret = secret
+        self.size = size
+        self._known: collections.OrderedDict[str, tuple[Mapping[str, Any], Grant]] = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._known)
+
+    def verify(self, token: str | None, now: float | None = None) -> Grant:
+        """As :func:`verify_token` with this secret."""
+        if not token:
+            raise Forbidden("forbidden")
+        known = self._known.get(token)
+        if known is None:
+            known = _signed(self.secret, token)
+            self._known[token] = known
+            if len(self._known) > self.size:
+                self._known.popitem(last=False)
+        else:
+            self._known.move_to_end(token)
+        claims, grant = known
+        if not _current(claims, time.time() if now is None else now):
+            # Past exp it never verifies again; before nbf/iat it stays (it may verify later).
+            if grant.expired(time.time() if now is None else now):
+                self._known.pop(token, None)
+            raise Forbidden("forbidden")
+        return grant
+
+
+def _signed(secret: str, token: str | None) -> tuple[Mapping[str, Any], Grant]:
+    """A token's claims and grant once its signature and claims' shape are checked; its
+    times (exp, iat, nbf) are not judged here but by :func:`_current`, at the caller's time."""
     if not token:
         raise Forbidden("forbidden")
-    # With ``now``, the times (exp, iat, nbf) are judged below, at it, not by pyjwt at the
-    # wall clock.
-    wall = now is None
-    options: Options = {"require": ["exp", "sub"], "verify_exp": wall, "verify_iat": wall, "verify_nbf": wall}
+    options: Options = {
+        "require": ["exp", "sub"],
+        "verify_exp": False,
+        "verify_iat": False,
+        "verify_nbf": False,
+    }
     try:
         claims = jwt.decode(token, secret, algorithms=[_ALGORITHM], options=options, leeway=0)
     except jwt.PyJWTError:
         raise Forbidden("forbidden") from None
     exp = claims["exp"]
-    if now is not None and not _current(claims, now):
+    if isinstance(exp, bool) or not isinstance(exp, int | float):
         raise Forbidden("forbidden")
     scopes = claims.get("scopes")
     if not isinstance(scopes, dict) or not all(isinstance(k, str) and v in _RANK for k, v in scopes.items()):
         raise Forbidden("forbidden")
-    return Grant(subject=str(claims["sub"]), scopes=scopes, expires_at=float(exp))
+    return claims, Grant(subject=str(claims["sub"]), scopes=scopes, expires_at=float(exp))
 
 
 def _current(claims: Mapping[str, Any], now: float) -> bool:
-    """What pyjwt checks at the wall clock, at ``now``: before exp, not issued or valid
-    only in the future."""
+    """What pyjwt checks at the wall clock, judged at ``now``: before exp, not issued or
+    valid only in the future (no leeway)."""
 
     def number(name: str) -> float | None:
         value = claims.get(name)

@@ -98,12 +98,13 @@ class CfSocket(Socket):
     async def _tell_others(self) -> None:
         """The transcript to the other tabs, which (and this one) now show it."""
         room = self.joined
-        messages = await self.history()
-        text = _frame("cf_agent_chat_messages", messages=messages)
-        for socket in list(room.sockets):
-            if socket is not self:
-                socket.push(text)
-        room.shown(messages)
+        async with room.telling:
+            messages = await self.history()
+            text = _frame("cf_agent_chat_messages", messages=messages)
+            for socket in list(room.sockets):
+                if socket is not self:
+                    socket.push(text)
+            room.shown(messages)
 
     async def greet(self) -> None:
         self.push(_frame("cf_agent_identity", name=self.name, agent=self.agent))
@@ -264,18 +265,19 @@ class CfSocket(Socket):
     async def _clear(self) -> None:
         self._need("clear_messages")
         room = self.joined
-        # Marked before the write: the room's log follower may see the clear before this
-        # goes on, and must not tell these tabs again.
-        others = [socket for socket in room.sockets if socket is not self]
-        room.shown([])
-        try:
-            with contextlib.suppress(SessionNotFound):
-                await self.hub.manager.clear_messages(self.session_id)
-        except BaseException:
-            room.shown(None)
-            raise
-        for socket in others:
-            socket.push(_frame("cf_agent_chat_clear"))
+        async with room.telling:  # no transcript read runs across the clear (cf_rooms.Room)
+            # Marked before the write: the room's log follower may see the clear before this
+            # goes on, and must not tell these tabs again.
+            others = [socket for socket in room.sockets if socket is not self]
+            room.shown([])
+            try:
+                with contextlib.suppress(SessionNotFound):
+                    await self.hub.manager.clear_messages(self.session_id)
+            except BaseException:
+                room.shown(None)
+                raise
+            for socket in others:
+                socket.push(_frame("cf_agent_chat_clear"))
 
     async def _messages(self, frame: dict[str, Any]) -> None:
         messages = frame.get("messages")

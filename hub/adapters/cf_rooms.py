@@ -66,6 +66,11 @@ class Room:
         self.relays: dict[int, Relay] = {}  # id(turn) -> its relay to this room
         self.follower: asyncio.Task[None] | None = None
         self._soon: asyncio.Task[None] | None = None
+        #: Held by whatever reads the stored transcript and tells the sockets, and by a
+        #: clear: a read that was in flight across a clear would otherwise tell a tab the
+        #: transcript from before it, and mark it as shown after the clear was marked
+        #: (then the log's ``messages.cleared`` tells the clearing tab its own clear).
+        self.telling = asyncio.Lock()
 
     async def history(self) -> list[dict[str, Any]]:
         try:
@@ -81,17 +86,21 @@ class Room:
 
     async def transcript(self, *, only_stale: bool = False) -> None:
         """The stored transcript to every socket (``only_stale``: to those that show another)."""
-        if not self.sockets:
-            return
-        try:
-            messages = await self.history()
-        except SessionHubError:
-            return
-        key, text = transcript_key(messages), frame("cf_agent_chat_messages", messages=messages)
-        for member in list(self.sockets):
-            if not only_stale or member.transcript != key:
-                member.push(text)
-                member.transcript = key
+        async with self.telling:
+            if not self.sockets:
+                return
+            try:
+                messages = await self.history()
+            except SessionHubError:
+                return
+            key, text = transcript_key(messages), frame("cf_agent_chat_messages", messages=messages)
+            # An empty transcript read before the log's clear reached this room is that
+            # clear: a tab showing messages is told it as one (and the log's then finds it told).
+            cleared = frame("cf_agent_chat_clear") if not messages else text
+            for member in list(self.sockets):
+                if not only_stale or member.transcript != key:
+                    member.push(text if member.transcript in (key, None) else cleared)
+                    member.transcript = key
 
     # -- what other nodes do, from the log --------------------------------------------------
 
@@ -126,10 +135,11 @@ class Room:
                 self._soon = asyncio.get_running_loop().create_task(self._transcript_soon())
         elif kind == "messages.cleared":
             cleared, text = transcript_key([]), frame("cf_agent_chat_clear")
-            for member in list(self.sockets):
-                if member.transcript != cleared:
-                    member.push(text)
-                    member.transcript = cleared
+            async with self.telling:
+                for member in list(self.sockets):
+                    if member.transcript != cleared:
+                        member.push(text)
+                        member.transcript = cleared
         elif kind == "turn.started" and self.hub.turns.in_flight(self.session_id) is None:
             # Another node's turn (this node's own are relayed where they start).
             with contextlib.suppress(SessionHubError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+from ..auth import VerifiedTokens
 from ..store.base import Store
 from .config import HubConfig
 from .metrics import Metrics
@@ -27,6 +28,11 @@ class ConnectionHost(Protocol):
 
     @property
     def config(self) -> HubConfig: ...
+    @property
+    def tokens(self) -> VerifiedTokens | None:
+        """The hub's token verifier (None: no auth secret, tokens are not checked)."""
+        ...
+
     @property
     def held(self) -> Held: ...
     @property

@@ -10,6 +10,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from protocol import SessionNotFound
 
+from ..auth import VerifiedTokens
 from ..bus import RemoteBus
 from ..manager import SessionManager
 from ..session import Session
@@ -50,6 +51,8 @@ class Hub:
         self.manager = manager
         self.config = config
         self.metrics = Metrics()
+        #: The tokens whose signature was checked (hub/auth.py), shared by every connection.
+        self.tokens = None if config.auth_secret is None else VerifiedTokens(config.auth_secret)
         #: Connections served against ``max_connections`` (hub/server/admission.py).
         self.admission = Admission(config.max_connections)
         self.metrics.watch_admission(self.admission)

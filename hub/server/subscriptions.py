@@ -61,23 +61,30 @@ async def follow(connection: Connection, request: f.Subscribe) -> None:
     stream = REGISTRY if key is None else session_stream(key)
     store = connection.hub.store
     try:
-        if key is not None and await patiently(connection, lambda: store.get_session(key)) is None:
-            position = await patiently(connection, lambda: store.stream_position(stream))
-            if position.last_seq == 0:
-                raise SessionNotFound(key)
         tail = await patiently(connection, lambda: connection.hub.tails.acquire(stream))
     except StoreError as exc:
         await ended(connection, key, exc)
         return
-    except SessionHubError as exc:
-        await connection.send(error_frame(request.id, exc))
-        return
     handed_over = False  # from here on, pump owns the tail (and releases it)
     try:
         try:
-            position = await patiently(connection, lambda: store.stream_position(stream))
+            # One read of the position at most: none at the live head (the tail vouches
+            # for it), and the session's row only for an empty stream, to tell a session
+            # that is not there from one with no events yet.
+            position = tail.head(request.after_seq)
+            if position is None:
+                position = await patiently(connection, lambda: store.current_position(stream))
+            if (
+                key is not None
+                and position.last_seq == 0
+                and await patiently(connection, lambda: store.get_session(key)) is None
+            ):
+                raise SessionNotFound(key)
         except StoreError as exc:
             await ended(connection, key, exc)
+            return
+        except SessionHubError as exc:
+            await connection.send(error_frame(request.id, exc))
             return
         # The reply, or a reset for a position the log cannot serve (protocol.serverconn).
         answer = connection.protocol.opened(request, position.epoch, position.first_seq, position.last_seq)
@@ -142,6 +149,7 @@ async def pump(
                     return
                 events = [(e.seq, e.epoch, encode(event_frame(e)).decode()) for e in backlog]
                 del backlog
+                tail.backfill(events)  # the next subscriber from here reads memory, not the log
                 largest = max((len(data) for _, _, data in events), default=largest)
                 connection.hold_replay(sum(frame_cost(data) for _, _, data in events))
             if not events:

@@ -14,7 +14,7 @@ from typing import Protocol
 from protocol import PositionLost, StoreError
 from protocol.codec import encode
 
-from ..store.base import Store
+from ..store.base import Store, StreamPosition
 from .outbox import Held, frame_cost
 from .wire import event_frame
 
@@ -56,7 +56,12 @@ class Tail:
 
     The cache is bounded in events (``size``) and in bytes (``max_bytes``, and the hub's
     ``tail_bytes_total`` through :class:`Tails`): what falls out is read from the log by
-    whoever is behind it."""
+    whoever is behind it. What a catching-up subscriber reads from the log right before the
+    cache joins it (:meth:`backfill`), so the next subscriber from the same position is
+    served from memory.
+
+    A subscriber at the live head is answered by :meth:`head`, without reading the store,
+    while the tail's own view of the log is current (see there)."""
 
     def __init__(self, store: Store, stream: str, size: int, max_bytes: int = 1 << 62) -> None:
         self.store = store
@@ -68,6 +73,15 @@ class Tail:
         #: The largest frame this tail has read: how catching-up subscribers size a batch.
         self.largest = 0
         self.last_seq = 0
+        #: The log's epoch and first seq as of the tail's last read (what ``head`` tells).
+        self.epoch = ""
+        self.first_seq = 1
+        #: Whether the tail's last read of the log succeeded; whether it knows the epoch
+        #: and first seq (events of a new epoch leave the first seq unknown); and the bus
+        #: generation read before that read. ``head`` trusts only a current view.
+        self.ok = False
+        self.known = False
+        self.generation = -1
         self.changed = asyncio.Event()
         self.users = 0
         self.task: asyncio.Task[None] | None = None
@@ -81,10 +95,11 @@ class Tail:
         bus.follow(self.stream)
         try:
             generation = bus.generation
-            self.last_seq = (await self.store.stream_position(self.stream)).last_seq
+            position = await self.store.current_position(self.stream)
         except BaseException:
             bus.unfollow(self.stream)
             raise
+        self._at(position.epoch, position.first_seq, position.last_seq, generation)
         self.task = asyncio.get_running_loop().create_task(self._run(generation), name=f"tail {self.stream}")
 
     async def _run(self, generation: int) -> None:
@@ -108,16 +123,27 @@ class Tail:
                 # Pruned or re-epoched under us: start over at the log's end; subscribers
                 # notice the gap or the epoch and get a reset.
                 self.clear()
-                self.last_seq = exc.last_seq
+                self._at(exc.epoch, exc.first_seq, exc.last_seq, generation)
                 events = []
             except StoreError as exc:  # the database out of reach: the store logs the outage once
+                self.ok = False
                 log.debug("reading the log of %s failed (%s); retrying", self.stream, exc)
                 await asyncio.sleep(0.5)
                 continue
             except Exception:
+                self.ok = False
                 log.exception("reading the log of %s failed; retrying", self.stream)
                 await asyncio.sleep(0.5)
                 continue
+            else:
+                self.ok = True
+                self.generation = generation
+                if events:
+                    newest = events[-1].epoch
+                    # Events of another epoch than the tail knew (the log was rebuilt with
+                    # more events than we had): its first seq is unknown until a read says.
+                    self.known = self.known and (self.last_seq == 0 or newest == self.epoch)
+                    self.epoch = newest
             if events:
                 entries = [(e.seq, e.epoch, encode(event_frame(e)).decode()) for e in events]
                 del events  # the decoded events are not kept: the frames are what is sent
@@ -132,6 +158,62 @@ class Tail:
                 self._push(entries)
             waiter, self.changed = self.changed, asyncio.Event()
             waiter.set()
+
+    def _at(self, epoch: str, first_seq: int, last_seq: int, generation: int) -> None:
+        """The log stands at this position, read after the bus's ``generation``."""
+        self.epoch, self.first_seq, self.last_seq = epoch, first_seq, last_seq
+        self.generation = generation
+        self.ok = self.known = True
+
+    def head(self, after_seq: int) -> StreamPosition | None:
+        """The stream's position for a subscriber at the live head (``after_seq`` is the
+        tail's ``last_seq``), without reading the store; None when the tail cannot vouch
+        for it and the caller must read: the tail's task is not running, its last read of
+        the log failed or left the epoch unknown, or the bus reconnected since that read
+        (doorbells may have been missed, so the log may be ahead of the tail).
+
+        A position vouched for may still trail a commit whose doorbell the tail has not
+        handled yet: that is safe, as the subscriber goes live at ``last_seq`` and the tail
+        pushes everything after it, once."""
+        task = self.task
+        if (
+            task is None
+            or task.done()
+            or not (self.ok and self.known)
+            or after_seq != self.last_seq
+            or self.generation != self.store.bus.generation
+        ):
+            return None
+        return StreamPosition(
+            stream=self.stream, epoch=self.epoch, first_seq=self.first_seq, last_seq=self.last_seq
+        )
+
+    def backfill(self, entries: list[Entry]) -> None:
+        """Keep what a subscriber just read from the log (``entries``: contiguous, oldest
+        first) if it ends right where the cache begins (or, with nothing cached, at
+        ``last_seq``) in the cache's epoch, as far as ``size`` and ``max_bytes`` allow,
+        the newest first: many subscribers from the same position (a dashboard's page
+        load, a reconnect wave) then read the log once, not once each."""
+        cache = self.entries
+        if not entries:
+            return
+        last_seq, epoch = entries[-1][0], entries[-1][1]
+        joins = cache[0][0] - 1 if cache else self.last_seq
+        if last_seq != joins or epoch != (cache[0][1] if cache else self.epoch) or not self.known:
+            return
+        if entries[0][0] + len(entries) - 1 != last_seq:
+            return  # not contiguous: nothing is cached rather than a gap
+        added = 0
+        for entry in reversed(entries):
+            cost = frame_cost(entry[2])
+            if len(cache) >= self.size or self.bytes + cost > self.max_bytes or entry[1] != epoch:
+                break
+            cache.appendleft(entry)
+            self.bytes += cost
+            added += cost
+            self.largest = max(self.largest, len(entry[2]))
+        if added:
+            self.on_resized(self, added, 0)
 
     def trim(self, max_bytes: int, added: int = 0) -> None:
         """Drop the oldest entries until the cache is within ``size`` and ``max_bytes``."""

@@ -414,6 +414,17 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def stream_position(self, stream: str) -> StreamPosition: ...
 
+    def stream_position_nowait(self, stream: str) -> StreamPosition | None:
+        """:meth:`stream_position` answered at once, without awaiting, or None when this
+        store cannot right now (the default): what a subscribe asks first, one row, cheaper
+        on the calling thread than a trip to a store's reader thread."""
+        return None
+
+    async def current_position(self, stream: str) -> StreamPosition:
+        """:meth:`stream_position`, at once when the store can answer so."""
+        position = self.stream_position_nowait(stream)
+        return position if position is not None else await self.stream_position(stream)
+
     # -- LangGraph checkpoints (protocol/graphstate.py, the rules in graphpolicy) ----------
     # A thread is a session: each change is one transaction with its event on the
     # session's stream; the bytes are stored as given, never decoded.

@@ -12,7 +12,7 @@ import asyncio
 import json
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx2
 import pytest
@@ -272,3 +272,85 @@ async def test_a_tab_whose_token_expires_is_closed_with_4001(tmp_path: Path) -> 
             assert ws.close_code == 4001 and "expired" in (ws.close_reason or "")
             await _handled(other)  # the other tab, whose token lasts, is still served
             await eventually(lambda: len(cf_rooms._ROOMS[id(h.hub), sid].sockets) == 1)
+
+
+class _WatchedLock(asyncio.Lock):
+    """The room's ``telling`` lock, telling when someone had to wait for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waited = asyncio.Event()
+
+    async def acquire(self) -> Literal[True]:
+        if self.locked():
+            self.waited.set()
+        return await super().acquire()
+
+
+async def test_a_transcript_read_in_flight_across_a_clear_neither_undoes_it_nor_echoes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race behind a flaky clear across nodes (tests/js7/cf-agents-nodes.test.mjs): the
+    room's follower read the transcript, a tab cleared, then the read's (older) transcript
+    was sent and marked as shown, so the log's ``messages.cleared`` told the clearing tab its
+    own clear, and the other tab a second one. Here the read is held in flight, in order."""
+    real_history = cf_rooms.Room.history
+    held, release = asyncio.Event(), asyncio.Event()
+    hold = False
+
+    async def history(room: cf_rooms.Room) -> list[dict[str, Any]]:
+        messages = await real_history(room)
+        if hold and not held.is_set():
+            held.set()  # read, not yet told
+            await release.wait()
+        return messages
+
+    monkeypatch.setattr(cf_rooms.Room, "history", history)
+    async with served(db=tmp_path / "hub.db") as h:
+        name = uuid.uuid4().hex
+        sid = session_of("chat-agent", name)
+        await h.hub.store.create_session("chat", session_id=sid)
+        url = f"ws://127.0.0.1:{h.port}/agents/chat-agent/{name}"
+        async with connect(url) as clearing, connect(url) as other:
+            for tab in (clearing, other):
+                await _until(tab, "cf_agent_chat_messages")
+            await h.hub.manager.append(sid, _message("m1"), None)
+            await _until(other, "cf_agent_chat_messages")  # the follower's transcript
+            await _until(clearing, "cf_agent_chat_messages")
+            room = cf_rooms._ROOMS[id(h.hub), sid]
+            lock = room.telling = _WatchedLock()
+            hold = True
+            await h.hub.manager.append(sid, _message("m2"), None)  # the follower reads it (a root of its own)
+            async with asyncio.timeout(10):
+                await held.wait()
+            await clearing.send(json.dumps({"type": "cf_agent_chat_clear"}))
+
+            async def cleared() -> bool:
+                return await h.hub.manager.get_history(sid) == []
+
+            async def clear_went_on() -> bool:
+                """The clear is written, or waits for the read (then the read goes on)."""
+                return lock.waited.is_set() or await cleared()
+
+            await eventually(clear_went_on)
+            release.set()
+            await eventually(cleared)
+            # A write after the clear: once each tab is told it, the log's clear was handled.
+            await h.hub.manager.append(sid, _message("m3"), None)
+            told: dict[str, list[str | list[str]]] = {}
+            for tab_name, tab in (("clearing", clearing), ("other", other)):
+                seen = told[tab_name] = []
+                async with asyncio.timeout(10):
+                    while seen[-1:] != [["m3"]]:
+                        frame = json.loads(await tab.recv())
+                        if frame["type"] == "cf_agent_chat_clear":
+                            seen.append("clear")
+                        elif frame["type"] == "cf_agent_chat_messages":
+                            seen.append([m["id"] for m in frame["messages"]])
+        # The read's transcript went first (it was read first), the clear after it, once,
+        # to the other tab only; nothing from before the clear after it.
+        assert told == {"clearing": [["m2"], ["m3"]], "other": [["m2"], "clear", ["m3"]]}
+
+
+def _message(message_id: str) -> dict[str, Any]:
+    return {"id": message_id, "role": "user", "parts": [{"type": "text", "text": message_id}]}

@@ -469,6 +469,10 @@ class SqliteStore(SqliteGraphRows, Store):
     async def stream_position(self, stream: str) -> StreamPosition:
         return await self._read(sql.position, stream)
 
+    def stream_position_nowait(self, stream: str) -> StreamPosition | None:
+        # One row by primary key: on the event loop, not two cross-thread wake-ups away.
+        return self._read_inline(sql.position, stream)
+
     # -- retention, export and import (.maintenance) -------------------------------------
     async def prune_events(
         self,
