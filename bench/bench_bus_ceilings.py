@@ -4,7 +4,7 @@ Prints figures, never asserts timings. Run from the repository root (Postgres an
 running)::
 
     .venv/bin/python bench/bench_bus_ceilings.py [--sections postgres,redis] [--runs 3]
-        [--seconds 5] [--conns 1,4,16,32] [--messages 100000] [--subscribers 0,1,2,4,8,16] [--json]
+        [--seconds 5] [--conns 1,4,16,32] [--messages 20000] [--subscribers 0,1,2,4,8,16] [--json]
 
 **Postgres: commits/s, plain against with a NOTIFY.** On a scratch database (created and
 dropped here), ``--conns`` connections commit as fast as they can for ``--seconds``: each
@@ -398,7 +398,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=3, help="runs per figure, the median reported (default 3)")
     p.add_argument("--seconds", type=float, default=5.0, help="Postgres: seconds per run (default 5)")
     p.add_argument("--conns", type=ints, default=[1, 4, 16, 32], help="Postgres: committing connections")
-    p.add_argument("--messages", type=int, default=100_000, help="Redis: PUBLISHes per run (default 100,000)")
+    p.add_argument(
+        "--messages", type=int, default=20_000, help="Redis: pipelined PUBLISHes per run (default 20,000)"
+    )
     p.add_argument("--subscribers", type=ints, default=[0, 1, 2, 4, 8, 16], help="Redis: subscriber counts")
     p.add_argument(
         "--dsn",

@@ -137,8 +137,9 @@ class TurnAnswers(TurnNodes):
         if isinstance(turn, LiveTurn):
             if key in turn.answered:
                 raise Conflict("that tool was answered already")
-            turn.answered.add(key)
-        await self._deliver(turn, "answer", answer, by=None)
+            await self._answer_once(turn, key, answer, by=None)
+        else:
+            await self._deliver(turn, "answer", answer, by=None)
         return {"turn_id": turn.turn_id, "reply_id": turn.reply_id, "tool_call_id": answer["tool_call_id"]}
 
     async def steer(self, request: f.SteerTurn) -> dict[str, Any]:
@@ -149,6 +150,17 @@ class TurnAnswers(TurnNodes):
         turn = await self._target(request.session_id, request.turn_id)
         await self._deliver(turn, "steer", message.to_dict(), by=None)
         return {"turn_id": turn.turn_id, "reply_id": turn.reply_id}
+
+    async def _answer_once(self, turn: LiveTurn, key: str, answer: dict[str, Any], by: str | None) -> None:
+        """Deliver a tool's answer, which then counts as given: held while it is delivered
+        (a second answer meanwhile is refused), let go if the delivery fails (the reply
+        refused the answered part, it stopped streaming), so the user may answer again."""
+        turn.answered.add(key)
+        try:
+            await self._deliver(turn, "answer", answer, by)
+        except BaseException:
+            turn.answered.discard(key)
+            raise
 
     async def _deliver(
         self, turn: LiveTurn | RemoteTurn, kind: Word, data: dict[str, Any], by: str | None
@@ -202,9 +214,7 @@ class TurnAnswers(TurnNodes):
             if message.word.get("approval_id") is not None
             else f"c:{message.word.get('tool_call_id')}"
         )
-        kind: Word = "steer" if message.status == "steer" else "answer"
-        if kind == "answer":
-            if key in turn.answered:
-                return
-            turn.answered.add(key)
-        self._spawn(self._deliver(turn, kind, message.word, by=node))
+        if message.status == "steer":
+            self._spawn(self._deliver(turn, "steer", message.word, by=node))
+        elif key not in turn.answered:
+            self._spawn(self._answer_once(turn, key, message.word, by=node))

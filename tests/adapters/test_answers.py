@@ -21,7 +21,7 @@ import pytest
 
 from hub.auth import issue_token
 from hub.server import HubConfig
-from protocol import Conflict, NotFound
+from protocol import Conflict, InvalidInput, NotFound
 from tests.support.chatkit import responder, sse_chunks
 from tests.support.hubtest import Served, served
 
@@ -174,6 +174,34 @@ async def test_answer_tool_and_a_client_tool_result_over_the_socket(tmp_path: Pa
         tool = next(p for p in stored.parts if p.get("toolCallId") == call_id)
         assert tool["state"] == "output-available" and tool["output"] == "Lisbon"
         assert stored.text().endswith("You are in Lisbon.")
+
+
+async def test_an_answer_the_reply_refuses_does_not_count_as_given(tmp_path: Path) -> None:
+    """An answer is marked given once it reaches the reply: one whose output the reply
+    refuses (JSON nested past what a part may hold) is an error, and the user may answer
+    again, rather than be told the tool was answered already."""
+    from clients import HubClient
+
+    async with (
+        served(db=tmp_path / "hub.db") as h,
+        responder(h.ws_url, lambda: len(h.hub.turns.responders) == 1),
+        HubClient(h.ws_url) as client,
+        httpx2.AsyncClient(timeout=30) as http,
+    ):
+        first = await _post(http, h, {"id": "c5", "messages": [_user("client tool please")]})
+        reply_id = first[0]["messageId"]
+        session = client.session("c5")
+        call_id = next(p["toolCallId"] for p in _page_copy(h, "c5", reply_id)["parts"] if "toolCallId" in p)
+        deep: Any = "bottom"
+        for _ in range(200):
+            deep = [deep]
+        with pytest.raises(InvalidInput, match="nests deeper"):
+            await session.answer_tool(tool_call_id=call_id, output=deep)
+        done = await session.answer_tool(tool_call_id=call_id, output="Lisbon")
+        assert done["reply_id"] == reply_id
+        await _ended(h, "c5")
+        stored = await h.hub.manager.get_session("c5").get_message(reply_id)
+        assert stored is not None and stored.text().endswith("You are in Lisbon.")
 
 
 async def test_a_steering_message_reaches_the_running_turn(tmp_path: Path) -> None:
