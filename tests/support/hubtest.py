@@ -31,7 +31,6 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from hub.server import Hub, HubConfig, create_app
-from hub.server.wsprotocol import HubWebSocketProtocol
 
 __all__ = [
     "DEADLINE",
@@ -139,8 +138,6 @@ class Served:
             "log_level": "warning",
             "lifespan": "on",  # a hub that cannot start fails the test, not its first request
             "timeout_graceful_shutdown": 3,
-            # What `sessionhub serve` runs by default (--ws hub).
-            "ws": HubWebSocketProtocol,
             **options,
         }
         self.server: uvicorn.Server | None = None
