@@ -18,6 +18,7 @@ import contextlib
 import inspect
 import itertools
 import json
+import os
 import random
 import sqlite3
 import string
@@ -30,6 +31,7 @@ from starlette.applications import Starlette
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from hub.apps.serve import ws_protocol
 from hub.server import Hub, HubConfig, create_app
 
 __all__ = [
@@ -138,6 +140,9 @@ class Served:
             "log_level": "warning",
             "lifespan": "on",  # a hub that cannot start fails the test, not its first request
             "timeout_graceful_shutdown": 3,
+            # What `sessionhub serve` runs by default (--ws hub); SESSIONHUB_TEST_WS names
+            # another of its choices to run the suite on (websockets-sansio).
+            "ws": ws_protocol(os.environ.get("SESSIONHUB_TEST_WS", "hub")),
             **options,
         }
         self.server: uvicorn.Server | None = None
