@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-__all__ = ["RAW_SEND", "TRANSPORT", "Cuttable"]
+__all__ = ["RAW_SEND", "TRANSPORT", "WRITE_FRAME", "Cuttable"]
 
 #: Where the ASGI server's transport is kept in a WebSocket's scope (see ``KeepTransport``).
 TRANSPORT = "sessionhub.transport"
@@ -18,6 +18,10 @@ TRANSPORT = "sessionhub.transport"
 #: it, not through starlette's WebSocket and exception middleware, two coroutine layers
 #: that do nothing for a text frame (docs/benchmarks.md).
 RAW_SEND = "sessionhub.send"
+#: Where the hub's own WebSocket protocol keeps its ``write_frame`` (hub/server/wsprotocol.py):
+#: a live event framed once is written to every subscriber's transport as the same bytes,
+#: with no outbox, coroutine or ASGI message per subscriber. Absent under uvicorn's protocols.
+WRITE_FRAME = "sessionhub.write_frame"
 
 
 @runtime_checkable

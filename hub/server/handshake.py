@@ -14,7 +14,7 @@ from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from .asgiscope import RAW_SEND, TRANSPORT
+from .asgiscope import RAW_SEND, TRANSPORT, WRITE_FRAME
 from .config import HubConfig
 
 log = logging.getLogger("sessionhub.server")
@@ -58,9 +58,13 @@ def release_handshake(scope: Scope) -> None:
 
 def keep_transport(scope: Scope, send: Send) -> None:
     """What :class:`KeepTransport` keeps in a scope."""
+    server_protocol = getattr(send, "__self__", None)
     if scope["type"] == "websocket":
         scope[RAW_SEND] = send
-    transport = getattr(getattr(send, "__self__", None), "transport", None)
+        write_frame = getattr(server_protocol, "write_frame", None)
+        if write_frame is not None:
+            scope[WRITE_FRAME] = write_frame
+    transport = getattr(server_protocol, "transport", None)
     if transport is not None and _cuttable(type(transport)):
         scope[TRANSPORT] = transport
 

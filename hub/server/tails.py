@@ -17,6 +17,7 @@ from protocol.codec import encode
 from ..store.base import Store, StreamPosition
 from .outbox import Held, frame_cost
 from .wire import event_frame
+from .wsframes import text_frame
 
 log = logging.getLogger("sessionhub.server")
 
@@ -24,8 +25,9 @@ log = logging.getLogger("sessionhub.server")
 class Receiver(Protocol):
     """A live subscriber's connection, as the tail sees it: an outbox to put frames in."""
 
-    def try_put(self, data: str) -> bool:
-        """Queue a frame if there is room right now; False: it was not queued."""
+    def try_put(self, data: str, frame: bytes | None = None) -> bool:
+        """Queue a frame if there is room right now; False: it was not queued. ``frame``:
+        the same, framed as a WebSocket text frame once for every subscriber."""
         ...
 
 
@@ -237,11 +239,16 @@ class Tail:
 
     def _push(self, entries: list[Entry]) -> None:
         delivered = 0
+        if not self.live:
+            return
+        # Each event framed once, its bytes shared by every subscriber's socket (issue 28:
+        # the encode and the framing were per subscriber, as websockets.broadcast avoids).
+        framed = [(seq, epoch, data, text_frame(data.encode())) for seq, epoch, data in entries]
         for key, live in list(self.live.items()):
-            for seq, epoch, data in entries:
+            for seq, epoch, data, frame in framed:
                 if seq <= live.seq:
                     continue
-                if epoch != live.epoch or not live.connection.try_put(data):
+                if epoch != live.epoch or not live.connection.try_put(data, frame):
                     del self.live[key]
                     live.resume(live)
                     break

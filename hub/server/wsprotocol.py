@@ -436,6 +436,16 @@ class HubWebSocketProtocol(asyncio.Protocol):
             return
         self.transport.write(text_frame(text.encode()))
 
+    def write_frame(self, frame: bytes) -> bool:
+        """Write ``frame``, a text frame framed already (:func:`.wsframes.text_frame`, shared
+        by every subscriber of one event), if it can go as it is, now: the socket open, no
+        extension to transform it, the transport below its high-water mark. False: it was
+        not written; the caller sends it the ordinary way, behind whatever waits."""
+        if self.write_paused or self.close_sent or self.conn.extensions or self.conn.state is not OPEN:
+            return False
+        self.transport.write(frame)
+        return True
+
     def _send_with(self, sender: Any, data: bytes) -> None:
         try:
             sender(data)

@@ -28,7 +28,7 @@ class Inbox:
     def __init__(self) -> None:
         self.frames: list[str] = []
 
-    def try_put(self, data: str) -> bool:
+    def try_put(self, data: str, frame: bytes | None = None) -> bool:
         self.frames.append(data)
         return True
 

@@ -1,0 +1,153 @@
+"""A live event is framed once and its bytes written to every subscriber's socket
+(``Tail._push`` -> ``Connection.try_put(data, frame)`` -> ``HubWebSocketProtocol.write_frame``),
+the way ``websockets.broadcast`` writes one frame to many: no outbox, coroutine or ASGI
+message per subscriber while its socket has room. These pin what that must not change:
+every subscriber gets every event once and in order, also when its socket fills and later
+frames wait in its outbox behind the ones queued first; a peer that negotiated
+permessage-deflate still gets frames through its compressor.
+
+Real uvicorn, real hub protocol (the default), real ``websockets`` peers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+
+from hub.server import tails
+from hub.server.wsprotocol import HubWebSocketProtocol
+from tests.support.hubtest import Served, eventually, served, text
+
+KiB = 1 << 10
+
+
+class Counts:
+    """How often each path ran, patched into the hub's modules for one test."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.framed = 0  # events framed by the tail
+        self.direct = 0  # frames written straight to a socket
+        self.declined = 0  # frames the protocol could not write at once
+        framing, writing = tails.text_frame, HubWebSocketProtocol.write_frame
+
+        def text_frame(payload: bytes) -> bytes:
+            self.framed += 1
+            return framing(payload)
+
+        def write_frame(protocol: HubWebSocketProtocol, frame: bytes) -> bool:
+            written = writing(protocol, frame)
+            if written:
+                self.direct += 1
+            else:
+                self.declined += 1
+            return written
+
+        monkeypatch.setattr(tails, "text_frame", text_frame)
+        monkeypatch.setattr(HubWebSocketProtocol, "write_frame", write_frame)
+
+
+@contextlib.asynccontextmanager
+async def peer(h: Served, *, rcvbuf: int | None = None, **options: Any) -> AsyncIterator[ClientConnection]:
+    """A raw ``websockets`` client; ``rcvbuf``: a small receive buffer, so that a peer that
+    does not read fills its socket within a few frames."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if rcvbuf is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", h.port))
+    options.setdefault("compression", None)
+    async with connect(h.ws_url, sock=sock, proxy=None, max_size=None, **options) as ws:
+        yield ws
+
+
+async def subscribe(ws: ClientConnection, sid: str) -> None:
+    await ws.send(json.dumps({"op": "subscribe", "id": 1, "session_id": sid, "after_seq": 0}))
+    while json.loads(await ws.recv()).get("id") != 1:
+        pass
+
+
+async def live(h: Served, subscribers: int) -> None:
+    """Until ``subscribers`` connections are live: the tail pushes to them (a subscription
+    still catching up sends from its own task, not this path)."""
+    await eventually(lambda: sum(1 for c in h.hub.connections if c.parked) == subscribers)
+
+
+async def appended(ws: ClientConnection, count: int) -> list[tuple[int, str]]:
+    """The (seq, message id) of the next ``count`` messages appended, as read."""
+    got: list[tuple[int, str]] = []
+    async with asyncio.timeout(60):
+        while len(got) < count:
+            frame = json.loads(await ws.recv())
+            if frame.get("frame") == "event" and frame["type"] == "message.appended":
+                got.append((frame["seq"], frame["data"]["message"]["id"]))
+    return got
+
+
+async def test_every_subscriber_gets_one_event_framed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    counts = Counts(monkeypatch)
+    async with served() as h:
+        sid = (await h.hub.manager.create("fan-out")).id
+        async with peer(h) as a, peer(h) as b, peer(h) as c:
+            for ws in (a, b, c):
+                await subscribe(ws, sid)
+            await live(h, 3)
+            counts.framed = counts.direct = 0
+            for i in range(5):
+                await h.hub.manager.append(sid, text(f"m{i}", f"hello {i}"))
+            reads = await asyncio.gather(*(appended(ws, 5) for ws in (a, b, c)))
+        ids = [f"m{i}" for i in range(5)]
+        assert [[m for _, m in got] for got in reads] == [ids, ids, ids]
+        # Five events, each framed once for three subscribers, each written straight.
+        assert counts.framed == 5
+        assert counts.direct == 15
+
+
+async def test_frames_wait_behind_the_queued_ones_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A subscriber that stops reading: its transport passes its high-water mark, the
+    # protocol declines the direct write, frames queue in its outbox (8 MiB here, far
+    # below the 16 MiB that would evict it); it reads again and gets all, in order, once.
+    counts = Counts(monkeypatch)
+    count = 64
+    body = random.Random(1).randbytes(64 * KiB).hex()  # 128 KiB of text a message
+    async with served() as h:
+        sid = (await h.hub.manager.create("backlog")).id
+        async with peer(h) as fast, peer(h, rcvbuf=64 * KiB, max_queue=1) as slow:
+            await subscribe(fast, sid)
+            await subscribe(slow, sid)
+            await live(h, 2)
+            reading = asyncio.create_task(appended(fast, count))
+            for i in range(count):
+                await h.hub.manager.append(sid, text(f"m{i}", body))
+            fast_got = await reading
+            slow_got = await appended(slow, count)
+        expected = [f"m{i}" for i in range(count)]
+        assert [m for _, m in fast_got] == expected
+        assert [m for _, m in slow_got] == expected
+        seqs = [s for s, _ in slow_got]
+        assert seqs == sorted(seqs) and len(set(seqs)) == count
+        assert counts.direct > 0  # the reader's frames, and the slow one's first
+        assert counts.declined > 0  # the slow one's socket filled: later frames queued
+
+
+async def test_a_deflate_peer_gets_its_frames_through_its_compressor(monkeypatch: pytest.MonkeyPatch) -> None:
+    counts = Counts(monkeypatch)
+    async with served() as h:
+        sid = (await h.hub.manager.create("deflate")).id
+        async with peer(h, compression="deflate") as ws:
+            assert ws.protocol.extensions, "permessage-deflate was not negotiated"
+            await subscribe(ws, sid)
+            await live(h, 1)
+            counts.direct = counts.declined = 0
+            for i in range(3):
+                await h.hub.manager.append(sid, text(f"m{i}", "compressible " * 200))
+            got = await appended(ws, 3)
+        assert [m for _, m in got] == ["m0", "m1", "m2"]
+        assert counts.direct == 0 and counts.declined == 3
