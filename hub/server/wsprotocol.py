@@ -9,7 +9,10 @@ close handshake, limits), with what an idle connection holds cut down:
 
 - no queue and no event: received messages wait in a list made when one arrives, and a
   future is created only while the app waits for a message or for the transport to drain;
-- the handshake's request and response are dropped once the upgrade is answered;
+- the handshake's request and response are dropped once the upgrade is answered, and so is
+  the ``ServerProtocol`` that parsed it: its parser, a generator, holds the request (its
+  headers, ~2.4 KiB measured) for as long as it runs; the frames go to a fresh one, opened
+  with the extensions the handshake negotiated (:func:`frames_protocol`);
 - a text frame to a peer with no extension negotiated is framed here and written straight
   to the transport (an unmasked server frame is its header and the UTF-8 payload);
 - ``__slots__``: no instance dictionary.
@@ -27,6 +30,7 @@ import asyncio
 import logging
 import random
 import struct
+import uuid
 from http import HTTPStatus
 from typing import Any, cast
 
@@ -43,6 +47,7 @@ from websockets.frames import Frame, Opcode
 from websockets.http11 import Request, Response
 from websockets.protocol import OPEN
 from websockets.server import ServerProtocol
+from websockets.typing import LoggerLike
 
 from .wsframes import text_frame
 from .wshandshake import asgi_scope, deflate, denial_response
@@ -54,6 +59,22 @@ log = logging.getLogger("uvicorn.error")  # uvicorn's, so its level and our log 
 
 _CLOSE_TIMEOUT = 10.0  # uvicorn's: how long a sent close frame waits for the peer's
 
+#: The id every frames protocol carries (websockets gives each a fresh ``uuid4``, which it
+#: uses only in its own asyncio connection's logs; this one serves none of those).
+_NO_ID = uuid.UUID(int=0)
+
+
+def frames_protocol(handshake: ServerProtocol, max_size: int | None, logger: LoggerLike) -> ServerProtocol:
+    """The ``ServerProtocol`` that goes on from an accepted handshake: open, with what it
+    negotiated (extensions, subprotocol). Only for a peer that has sent nothing since its
+    request (RFC 6455 4.1: a client waits for the 101): the handshake's parser would be
+    somewhere in a frame of whatever came early."""
+    frames = ServerProtocol(state=OPEN, max_size=max_size, logger=logger)
+    frames.id = _NO_ID
+    frames.extensions = handshake.extensions
+    frames.subprotocol = handshake.subprotocol
+    return frames
+
 
 class HubWebSocketProtocol(asyncio.Protocol):
     """One WebSocket connection under uvicorn, served to an ASGI app."""
@@ -61,10 +82,10 @@ class HubWebSocketProtocol(asyncio.Protocol):
     # No instance dictionary (asyncio.Protocol has empty slots).
     __slots__ = (
         "app", "app_state", "close_sent", "close_timer", "config", "conn", "connect_pending",
-        "connections", "default_headers", "disconnected", "ending", "fragments", "fragments_text",
-        "handshake_complete", "inbox", "initial_response", "last_ping_rtt", "loop", "pending_ping",
-        "ping_sent_at", "ping_timer", "pong_timer", "read_paused", "receiver", "request", "response",
-        "scope", "tasks", "transport", "writable", "write_paused"
+        "connections", "default_headers", "disconnected", "early_data", "ending", "fragments",
+        "fragments_text", "handshake_complete", "inbox", "initial_response", "last_ping_rtt", "loop",
+        "pending_ping", "ping_sent_at", "ping_timer", "pong_timer", "read_paused", "receiver", "request",
+        "response", "scope", "tasks", "transport", "writable", "write_paused"
     )  # fmt: skip
 
     def __init__(
@@ -90,6 +111,7 @@ class HubWebSocketProtocol(asyncio.Protocol):
         self.response: Response | None = None
 
         self.handshake_complete = False
+        self.early_data = False
         self.close_sent = False
         self.disconnected = False
         self.close_timer: asyncio.TimerHandle | None = None
@@ -172,6 +194,10 @@ class HubWebSocketProtocol(asyncio.Protocol):
         self.transport.close()
 
     def data_received(self, data: bytes) -> None:
+        if not self.handshake_complete and not self.early_data:
+            # Anything but one whole request before the answer (uvicorn hands the request
+            # over in one piece) leaves the handshake's parser where only it knows.
+            self.early_data = self.request is not None or data.find(b"\r\n\r\n") != len(data) - 4
         conn = self.conn
         conn.receive_data(data)
         if conn.parser_exc is not None:
@@ -486,6 +512,8 @@ class HubWebSocketProtocol(asyncio.Protocol):
                 self.handshake_complete = True
                 self.conn.send_response(response)
                 self._flush()
+                if not self.early_data:
+                    self.conn = frames_protocol(self.conn, self.config.ws_max_size, log)
                 self.start_keepalive()
             # The upgrade is answered: the request and response are no longer read.
             self.request = None
