@@ -23,6 +23,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from hub.server import tails
+from hub.server.wsframes import text_frame as text_frame_of_record
 from hub.server.wsprotocol import HubWebSocketProtocol
 from tests.support.hubtest import Served, eventually, served, text
 
@@ -36,7 +37,7 @@ class Counts:
         self.framed = 0  # events framed by the tail
         self.direct = 0  # frames written straight to a socket
         self.declined = 0  # frames the protocol could not write at once
-        framing, writing = tails.text_frame, HubWebSocketProtocol.write_frame
+        framing, writing = text_frame_of_record, HubWebSocketProtocol.write_frame
 
         def text_frame(payload: bytes) -> bytes:
             self.framed += 1

@@ -16,6 +16,7 @@ import socket
 import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
@@ -23,7 +24,8 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.frames import Frame, Opcode
 
 from hub.server.wsframes import text_frame
-from tests.support.hubtest import text
+from hub.server.wsprotocol import HubWebSocketProtocol
+from tests.support.hubtest import served, text
 from tests.support.mcpkit import serve_process
 
 KiB = 1 << 10
@@ -200,3 +202,74 @@ def test_a_text_frame_is_the_one_websockets_writes(size: int) -> None:
     payload = b"x" * size
     expected = Frame(Opcode.TEXT, payload).serialize(mask=False)
     assert text_frame(payload) == expected
+
+
+# -- the handshake's protocol let go (the frames go to a fresh ServerProtocol) ---------------
+
+
+async def echo(scope: dict[str, object], receive: Any, send: Any) -> None:
+    """An ASGI app that accepts after a moment (so that a peer can send before the 101) and
+    echoes one text message."""
+    if scope["type"] == "lifespan":
+        await receive()
+        await send({"type": "lifespan.startup.complete"})
+        await receive()
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    assert (await receive())["type"] == "websocket.connect"
+    await asyncio.sleep(0.5)
+    await send({"type": "websocket.accept"})
+    message = await receive()
+    await send({"type": "websocket.send", "text": "echo " + message["text"]})
+    await receive()  # the disconnect
+
+
+def masked(payload: bytes) -> bytes:
+    return Frame(Opcode.TEXT, payload).serialize(mask=True)
+
+
+async def upgrade(port: int, writer: asyncio.StreamWriter) -> None:
+    key = base64.b64encode(os.urandom(16)).decode()
+    writer.write(
+        f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+    )
+    await writer.drain()
+
+
+async def test_frames_go_to_a_fresh_protocol_once_accepted() -> None:
+    async with served(app=echo, options={"ws": HubWebSocketProtocol}) as h, raw(h.ws_url) as ws:
+        assert h.server is not None
+        [protocol] = h.server.server_state.connections
+        assert isinstance(protocol, HubWebSocketProtocol)
+        assert protocol.conn.id.int == 0  # the frames protocol, not the handshake's
+        assert protocol.request is None and protocol.response is None
+        await ws.send("hello")
+        assert await ws.recv() == "echo hello"
+
+
+async def test_a_peer_that_sends_before_the_101_keeps_its_handshake_parser() -> None:
+    # Half a frame before the answer, the rest after it: the handshake's parser holds the
+    # first half, so the socket stays on it (a fresh parser would read garbage: 1002).
+    frame = masked(b"early bird")
+    async with served(app=echo, options={"ws": HubWebSocketProtocol}) as h:
+        reader, writer = await asyncio.open_connection("127.0.0.1", h.port)
+        try:
+            await upgrade(h.port, writer)
+            await asyncio.sleep(0.2)  # the app waits 0.5 s before it accepts
+            writer.write(frame[:5])
+            await writer.drain()
+            async with asyncio.timeout(10):
+                head = await reader.readuntil(b"\r\n\r\n")
+                assert head.startswith(b"HTTP/1.1 101 ")
+                assert h.server is not None
+                [protocol] = h.server.server_state.connections
+                assert isinstance(protocol, HubWebSocketProtocol)
+                assert protocol.conn.id.int != 0
+                writer.write(frame[5:])
+                await writer.drain()
+                header = await reader.readexactly(2)
+                assert header[0] == 0x81, header  # a text frame, not a close
+                assert await reader.readexactly(header[1] & 0x7F) == b"echo early bird"
+        finally:
+            writer.close()
