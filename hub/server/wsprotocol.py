@@ -20,8 +20,9 @@ close handshake, limits), with what an idle connection holds cut down:
 Everything else is uvicorn's behaviour, kept so that ``--ws websockets-sansio`` and this
 one answer alike: denial responses (``websocket.http.response.*``), a close before accepting
 is a 403, ``ws_max_size`` (1009), ``ws_ping_interval``/``ws_ping_timeout`` (1011 when a
-pong is late), reading paused while a message waits for the app, sends waiting while the
-transport is above its high-water mark, ``websocket.disconnect`` on connection loss.
+pong is late; one timer for all connections, :mod:`.wskeepalive`), reading paused while a
+message waits for the app, sends waiting while the transport is above its high-water mark,
+``websocket.disconnect`` on connection loss.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from websockets.typing import LoggerLike
 
 from .wsframes import text_frame
 from .wshandshake import asgi_scope, deflate, denial_response
+from .wskeepalive import Keepalive, keepalive_for
 
 __all__ = ["HubWebSocketProtocol"]
 
@@ -83,8 +85,8 @@ class HubWebSocketProtocol(asyncio.Protocol):
     __slots__ = (
         "app", "app_state", "close_sent", "close_timer", "config", "conn", "connect_pending",
         "connections", "default_headers", "disconnected", "early_data", "ending", "fragments",
-        "fragments_text", "handshake_complete", "inbox", "initial_response", "last_ping_rtt", "loop",
-        "pending_ping", "ping_sent_at", "ping_timer", "pong_timer", "read_paused", "receiver", "request",
+        "fragments_text", "handshake_complete", "inbox", "initial_response", "keepalive", "last_ping_rtt",
+        "loop", "next_ping_at", "pending_ping", "ping_sent_at", "read_paused", "receiver", "request",
         "response", "scope", "tasks", "transport", "writable", "write_paused"
     )  # fmt: skip
 
@@ -135,8 +137,8 @@ class HubWebSocketProtocol(asyncio.Protocol):
         self.fragments: list[bytes] | None = None
         self.fragments_text = False
 
-        self.ping_timer: asyncio.TimerHandle | None = None
-        self.pong_timer: asyncio.TimerHandle | None = None
+        self.keepalive: Keepalive | None = None
+        self.next_ping_at = 0.0
         self.pending_ping: bytes | None = None
         self.ping_sent_at = 0.0
         self.last_ping_rtt = 0.0
@@ -272,54 +274,52 @@ class HubWebSocketProtocol(asyncio.Protocol):
         self.conn.send_response(self.conn.reject(500, "Internal Server Error"))
         self._flush()
 
-    # -- keepalive ---------------------------------------------------------------------------
+    # -- keepalive (one timer for every connection: hub/server/wskeepalive.py) ----------------
 
     def start_keepalive(self) -> None:
         interval = self.config.ws_ping_interval
         if interval is not None and interval > 0:
-            self.schedule_ping()
+            self.keepalive = keepalive_for(self.loop, interval, self.config.ws_ping_timeout)
+            self.next_ping_at = self.loop.time() + interval
+            self.keepalive.add(self)
 
     def stop_keepalive(self) -> None:
-        if self.ping_timer is not None:
-            self.ping_timer.cancel()
-            self.ping_timer = None
-        if self.pong_timer is not None:
-            self.pong_timer.cancel()
-            self.pong_timer = None
+        if self.keepalive is not None:
+            self.keepalive.discard(self)
+            self.keepalive = None
         self.pending_ping = None
 
-    def schedule_ping(self) -> None:
-        interval = cast(float, self.config.ws_ping_interval)
-        self.ping_timer = self.loop.call_later(max(0.0, interval - self.last_ping_rtt), self.send_ping)
+    def keepalive_tick(self, now: float) -> None:
+        """The keepalive's visit: a ping when one is due, 1011 when its pong is overdue."""
+        timeout = self.config.ws_ping_timeout
+        if self.pending_ping is not None and timeout is not None:
+            if now - self.ping_sent_at >= timeout:
+                self.ping_timed_out()
+        elif now >= self.next_ping_at:
+            self.send_ping(now)
 
-    def send_ping(self) -> None:
-        self.ping_timer = None
+    def send_ping(self, now: float) -> None:
         if self.close_sent or self.transport.is_closing():
             return
         # A random payload names this ping: a stale or unsolicited pong is not its answer.
         self.pending_ping = struct.pack("!I", random.getrandbits(32))
-        self.ping_sent_at = self.loop.time()
+        self.ping_sent_at = now
         self.conn.send_ping(self.pending_ping)
         self._flush()
-        timeout = self.config.ws_ping_timeout
-        if timeout is not None:
-            self.pong_timer = self.loop.call_later(timeout, self.ping_timed_out)
-        else:
-            self.schedule_ping()
+        if self.config.ws_ping_timeout is None:  # ping on at the interval, pong or not
+            self.next_ping_at = now + cast(float, self.config.ws_ping_interval)
 
     def pong_received(self, payload: bytes) -> None:
         if self.pending_ping is None or payload != self.pending_ping:
             return
-        self.last_ping_rtt = self.loop.time() - self.ping_sent_at
+        now = self.loop.time()
+        self.last_ping_rtt = now - self.ping_sent_at
         self.pending_ping = None
-        if self.pong_timer is not None:  # with no timeout the next ping is scheduled already
-            self.pong_timer.cancel()
-            self.pong_timer = None
-            self.schedule_ping()
+        if self.config.ws_ping_timeout is not None:  # uvicorn's: the next one an interval on, less the rtt
+            self.next_ping_at = now + max(0.0, cast(float, self.config.ws_ping_interval) - self.last_ping_rtt)
 
     def ping_timed_out(self) -> None:
-        self.pong_timer = None
-        self.pending_ping = None
+        self.stop_keepalive()
         if self.close_sent or self.transport.is_closing():
             return
         self.conn.fail(1011, "keepalive ping timeout")
