@@ -28,6 +28,8 @@ from hub.server.wsprotocol import HubWebSocketProtocol
 from tests.support.hubtest import Served, eventually, served, text
 
 KiB = 1 << 10
+#: These test the hub's protocol, whatever SESSIONHUB_TEST_WS serves the rest of the suite on.
+HUB_PROTOCOL = {"ws": HubWebSocketProtocol}
 
 
 class Counts:
@@ -94,7 +96,7 @@ async def appended(ws: ClientConnection, count: int) -> list[tuple[int, str]]:
 
 async def test_every_subscriber_gets_one_event_framed_once(monkeypatch: pytest.MonkeyPatch) -> None:
     counts = Counts(monkeypatch)
-    async with served() as h:
+    async with served(options=HUB_PROTOCOL) as h:
         sid = (await h.hub.manager.create("fan-out")).id
         async with peer(h) as a, peer(h) as b, peer(h) as c:
             for ws in (a, b, c):
@@ -118,7 +120,7 @@ async def test_frames_wait_behind_the_queued_ones_in_order(monkeypatch: pytest.M
     counts = Counts(monkeypatch)
     count = 64
     body = random.Random(1).randbytes(64 * KiB).hex()  # 128 KiB of text a message
-    async with served() as h:
+    async with served(options=HUB_PROTOCOL) as h:
         sid = (await h.hub.manager.create("backlog")).id
         async with peer(h) as fast, peer(h, rcvbuf=64 * KiB, max_queue=1) as slow:
             await subscribe(fast, sid)
@@ -140,7 +142,7 @@ async def test_frames_wait_behind_the_queued_ones_in_order(monkeypatch: pytest.M
 
 async def test_a_deflate_peer_gets_its_frames_through_its_compressor(monkeypatch: pytest.MonkeyPatch) -> None:
     counts = Counts(monkeypatch)
-    async with served() as h:
+    async with served(options=HUB_PROTOCOL) as h:
         sid = (await h.hub.manager.create("deflate")).id
         async with peer(h, compression="deflate") as ws:
             assert ws.protocol.extensions, "permessage-deflate was not negotiated"

@@ -51,7 +51,7 @@ def protocols(h: Served) -> list[HubWebSocketProtocol]:
 
 
 async def test_one_timer_pings_every_connection_and_stops_with_the_last() -> None:
-    options = {"ws_ping_interval": 0.1, "ws_ping_timeout": 1.0}
+    options = {"ws": HubWebSocketProtocol, "ws_ping_interval": 0.1, "ws_ping_timeout": 1.0}
     async with served(options=options) as h:
         loop = asyncio.get_running_loop()
         async with connect(h.ws_url, proxy=None) as a, connect(h.ws_url, proxy=None) as b:
@@ -68,7 +68,7 @@ async def test_one_timer_pings_every_connection_and_stops_with_the_last() -> Non
 
 async def test_a_peer_that_answers_no_ping_is_dropped_after_the_timeout() -> None:
     interval, timeout = 0.2, 0.6
-    options = {"ws_ping_interval": interval, "ws_ping_timeout": timeout}
+    options = {"ws": HubWebSocketProtocol, "ws_ping_interval": interval, "ws_ping_timeout": timeout}
     async with served(options=options) as h, silent(h) as reader:
         opened = time.monotonic()
         opcode, payload = await asyncio.wait_for(next_frame(reader), 10)
@@ -84,7 +84,8 @@ async def test_a_peer_that_answers_no_ping_is_dropped_after_the_timeout() -> Non
 
 
 async def test_with_no_timeout_the_pings_go_on_unanswered() -> None:
-    async with served(options={"ws_ping_interval": 0.1, "ws_ping_timeout": None}) as h, silent(h) as reader:
+    options = {"ws": HubWebSocketProtocol, "ws_ping_interval": 0.1, "ws_ping_timeout": None}
+    async with served(options=options) as h, silent(h) as reader:
         payloads = set()
         for _ in range(3):
             opcode, payload = await asyncio.wait_for(next_frame(reader), 10)
