@@ -453,21 +453,28 @@ class HubWebSocketProtocol(asyncio.Protocol):
         # Shielded: one sender cancelled (a timeout) must not cancel the others' wait.
         await asyncio.shield(writable)
 
+    def _frames_as_is(self) -> bool:
+        """Whether a frame built here goes to the peer as it is: the socket open, with no
+        extension (permessage-deflate) to transform it."""
+        conn = self.conn
+        return not conn.extensions and conn.state is OPEN
+
     def write_text(self, text: str) -> None:
         """A text message, framed here and written at once (through ``ServerProtocol`` when
         an extension such as permessage-deflate transforms its frames)."""
-        conn = self.conn
-        if conn.extensions or conn.state is not OPEN:
-            self._send_with(conn.send_text, text.encode())
+        if not self._frames_as_is():
+            self._send_with(self.conn.send_text, text.encode())
             return
         self.transport.write(text_frame(text.encode()))
 
     def write_frame(self, frame: bytes) -> bool:
         """Write ``frame``, a text frame framed already (:func:`.wsframes.text_frame`, shared
-        by every subscriber of one event), if it can go as it is, now: the socket open, no
-        extension to transform it, the transport below its high-water mark. False: it was
-        not written; the caller sends it the ordinary way, behind whatever waits."""
-        if self.write_paused or self.close_sent or self.conn.extensions or self.conn.state is not OPEN:
+        by every subscriber of one event), if it can go as it is, now: the connection not
+        lost, no close sent, the transport below its high-water mark. False: it was not
+        written; the caller sends it the ordinary way, behind whatever waits (which, for a
+        lost connection, fails as ``send`` does: asyncio would log every write past the
+        fifth to a lost transport)."""
+        if self.disconnected or self.write_paused or self.close_sent or not self._frames_as_is():
             return False
         self.transport.write(frame)
         return True

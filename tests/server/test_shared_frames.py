@@ -154,3 +154,17 @@ async def test_a_deflate_peer_gets_its_frames_through_its_compressor(monkeypatch
             got = await appended(ws, 3)
         assert [m for _, m in got] == ["m0", "m1", "m2"]
         assert counts.direct == 0 and counts.declined == 3
+
+
+async def test_no_frame_is_written_to_a_connection_that_is_gone() -> None:
+    async with served(options=HUB_PROTOCOL) as h:
+        sid = (await h.hub.manager.create("gone")).id
+        async with peer(h) as ws:
+            await subscribe(ws, sid)
+            await live(h, 1)
+            assert h.server is not None
+            [protocol] = [p for p in h.server.server_state.connections if isinstance(p, HubWebSocketProtocol)]
+            assert protocol.write_frame(text_frame_of_record(b"{}"))  # while connected: written
+            ws.transport.abort()
+            await eventually(lambda: protocol.disconnected)
+            assert not protocol.write_frame(text_frame_of_record(b"{}"))
