@@ -171,23 +171,27 @@ class Connection:
         waits before it (no outbox, no drainer, no ASGI message; docs/benchmarks.md)."""
         if self.closed:
             return False
-        drainer = self.drainer
-        if (
-            frame is not None
-            and not self.queue.qsize()
-            and (drainer is None or drainer.done())
-            and not self.closing_output
-        ):
-            # Nothing queued (not even the close) and no drainer mid-send: in order.
-            write = self.websocket.scope.get(WRITE_FRAME)
-            if write is not None and write(frame):
-                return True
+        if frame is not None and self.try_write(frame):
+            return True
         try:
             self.queue.put_nowait(data)
         except asyncio.QueueFull:
             return False
         self._queued()
         return True
+
+    def try_write(self, frames: bytes) -> bool:
+        """Write ``frames`` (one or more text frames framed already, shared by every
+        subscriber) straight to the socket if nothing waits before them: no outbox entry
+        (not even the close), no drainer mid-send, the transport below its high-water mark.
+        False: nothing was written; the caller queues them the ordinary way."""
+        if self.closed or self.closing_output or self.queue.qsize():
+            return False
+        drainer = self.drainer
+        if drainer is not None and not drainer.done():
+            return False
+        write = self.websocket.scope.get(WRITE_FRAME)
+        return write is not None and bool(write(frames))
 
     async def send_text(self, data: str, *, reply: bool = True) -> None:
         """Queue an encoded frame (see :meth:`send`). ``reply=False``: a subscription's

@@ -32,6 +32,9 @@ class Inbox:
         self.frames.append(data)
         return True
 
+    def try_write(self, frames: bytes) -> bool:
+        return False  # never at once: every frame through try_put, one by one
+
 
 def seqs(frames: list[str]) -> list[int]:
     return [decode_frame(f).seq for f in frames]  # type: ignore[union-attr]
