@@ -57,6 +57,10 @@ class Live:
 #: with a turn every 64 subscribers rather than every 256 (docs/benchmarks.md, session 12).
 PUSH_SLICE = 0.0005
 PUSH_CHUNK = 16
+#: The most bytes of frames joined for one write. Past it a subscriber gets them one by
+#: one, each write checked against the transport's high-water mark, so a batch of large
+#: events never lands in a socket's buffer whole.
+JOIN_BYTES = 64 << 10
 
 #: One cached event: its seq, its epoch and its encoded frame (the only large part; the
 #: tail keeps no decoded Event, which would cost as much again).
@@ -271,6 +275,8 @@ class Tail:
         if framed[-1][0] - first != n - 1:
             uniform = None
         joined: dict[int, bytes] = {}  # the frames from index i on, written as one
+        # Bytes of frames from index i on: the joined write is for batches within JOIN_BYTES.
+        tail_bytes = list(itertools.accumulate(reversed([len(f[3]) for f in framed])))[::-1]
         delivered = 0
         pending = list(self.live.items())
         clock = time.perf_counter
@@ -289,7 +295,7 @@ class Tail:
                     i = max(0, live.seq + 1 - first)
                     if i >= n:
                         continue
-                    if i < n - 1 and uniform == live.epoch:
+                    if i < n - 1 and uniform == live.epoch and tail_bytes[i] <= JOIN_BYTES:
                         frames = joined.get(i)
                         if frames is None:
                             frames = joined[i] = b"".join(f[3] for f in framed[i:])

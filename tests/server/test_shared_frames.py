@@ -157,6 +157,27 @@ async def test_a_subscriber_owed_several_events_gets_them_in_one_write(
         assert (counts.writes, counts.direct) == (4, 40)
 
 
+async def test_events_past_the_join_budget_go_one_write_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ten events of 16 KiB at once: more than JOIN_BYTES together, so each goes in a write
+    # of its own, checked against the transport's high-water mark (a batch of big events
+    # never lands in a socket's buffer whole).
+    counts = Counts(monkeypatch)
+    async with served(options=HUB_PROTOCOL) as h:
+        sid = (await h.hub.manager.create("big")).id
+        async with peer(h) as a, peer(h) as b:
+            for ws in (a, b):
+                await subscribe(ws, sid)
+            await live(h, 2)
+            counts.framed = counts.direct = counts.writes = 0
+            body = "x" * (16 * KiB)
+            await h.hub.manager.append_all(sid, [text(f"m{i}", body) for i in range(10)])
+            reads = await asyncio.gather(*(appended(ws, 10) for ws in (a, b)))
+        ids = [f"m{i}" for i in range(10)]
+        assert [[m for _, m in got] for got in reads] == [ids] * 2
+        assert 10 * 16 * KiB > tails.JOIN_BYTES
+        assert (counts.writes, counts.direct) == (20, 20)
+
+
 async def test_a_push_lets_the_loop_run_between_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     # A slice of one subscriber: what the loop was asked to run during the first write
     # runs before the second subscriber's write, not after the whole fan-out (at 19,000
