@@ -103,6 +103,18 @@ async def live(h: Served, subscribers: int) -> None:
     await eventually(lambda: sum(1 for c in h.hub.connections if c.parked) == subscribers)
 
 
+@contextlib.asynccontextmanager
+async def subscribers(h: Served, name: str, count: int) -> AsyncIterator[tuple[str, list[ClientConnection]]]:
+    """A new session and ``count`` raw peers subscribed to it, all live."""
+    sid = (await h.hub.manager.create(name)).id
+    async with contextlib.AsyncExitStack() as stack:
+        peers = [await stack.enter_async_context(peer(h)) for _ in range(count)]
+        for ws in peers:
+            await subscribe(ws, sid)
+        await live(h, count)
+        yield sid, peers
+
+
 async def appended(ws: ClientConnection, count: int) -> list[tuple[int, str]]:
     """The (seq, message id) of the next ``count`` messages appended, as read."""
     got: list[tuple[int, str]] = []
@@ -117,11 +129,7 @@ async def appended(ws: ClientConnection, count: int) -> list[tuple[int, str]]:
 async def test_every_subscriber_gets_one_event_framed_once(monkeypatch: pytest.MonkeyPatch) -> None:
     counts = Counts(monkeypatch)
     async with served(options=HUB_PROTOCOL) as h:
-        sid = (await h.hub.manager.create("fan-out")).id
-        async with peer(h) as a, peer(h) as b, peer(h) as c:
-            for ws in (a, b, c):
-                await subscribe(ws, sid)
-            await live(h, 3)
+        async with subscribers(h, "fan-out", 3) as (sid, [a, b, c]):
             counts.framed = counts.direct = 0
             for i in range(5):
                 await h.hub.manager.append(sid, text(f"m{i}", f"hello {i}"))
@@ -142,11 +150,7 @@ async def test_a_subscriber_owed_several_events_gets_them_in_one_write(
     # gets one write of ten frames, the bytes joined once for all of them.
     counts = Counts(monkeypatch)
     async with served(options=HUB_PROTOCOL) as h:
-        sid = (await h.hub.manager.create("coalesce")).id
-        async with peer(h) as a, peer(h) as b, peer(h) as c, peer(h) as d:
-            for ws in (a, b, c, d):
-                await subscribe(ws, sid)
-            await live(h, 4)
+        async with subscribers(h, "coalesce", 4) as (sid, [a, b, c, d]):
             counts.framed = counts.direct = counts.writes = 0
             await h.hub.manager.append_all(sid, [text(f"m{i}", f"hello {i}") for i in range(10)])
             reads = await asyncio.gather(*(appended(ws, 10) for ws in (a, b, c, d)))
@@ -163,11 +167,7 @@ async def test_events_past_the_join_budget_go_one_write_each(monkeypatch: pytest
     # never lands in a socket's buffer whole).
     counts = Counts(monkeypatch)
     async with served(options=HUB_PROTOCOL) as h:
-        sid = (await h.hub.manager.create("big")).id
-        async with peer(h) as a, peer(h) as b:
-            for ws in (a, b):
-                await subscribe(ws, sid)
-            await live(h, 2)
+        async with subscribers(h, "big", 2) as (sid, [a, b]):
             counts.framed = counts.direct = counts.writes = 0
             body = "x" * (16 * KiB)
             await h.hub.manager.append_all(sid, [text(f"m{i}", body) for i in range(10)])
@@ -194,11 +194,7 @@ async def test_a_push_lets_the_loop_run_between_chunks(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(HubWebSocketProtocol, "write_frame", write_frame)
     async with served(options=HUB_PROTOCOL) as h:
-        sid = (await h.hub.manager.create("chunks")).id
-        async with peer(h) as a, peer(h) as b, peer(h) as c:
-            for ws in (a, b, c):
-                await subscribe(ws, sid)
-            await live(h, 3)
+        async with subscribers(h, "chunks", 3) as (sid, [a, b, c]):
             counts.log.clear()
             await h.hub.manager.append(sid, text("m0", "hello"))
             reads = await asyncio.gather(*(appended(ws, 1) for ws in (a, b, c)))
