@@ -53,8 +53,8 @@ class Live:
 #: How long a push writes before it lets the loop run (appends, replies, pings), in
 #: seconds; the clock is read every ``PUSH_CHUNK`` subscribers. Letting the writer's next
 #: append in sooner is also what lets events gather for one write per socket: at 1,000
-#: subscribers the burst's deliveries/s went 1.28x -> ~3x the ``websockets`` broadcast
-#: with a turn every 64 subscribers rather than every 256 (docs/benchmarks.md, session 12).
+#: subscribers the burst's deliveries/s went from 0.93x to 3.5-4x the ``websockets``
+#: broadcast (docs/benchmarks.md, session 12).
 PUSH_SLICE = 0.0005
 PUSH_CHUNK = 16
 #: The most bytes of frames joined for one write. Past it a subscriber gets them one by
@@ -262,7 +262,7 @@ class Tail:
         Each event is framed once, its bytes shared by every subscriber's socket (issue 28:
         the encode and the framing were per subscriber, as ``websockets.broadcast`` avoids).
         A subscriber owed several events gets them in one write: under load (events
-        committed while a push is under way, which the loop's turns between chunks let
+        committed while a push is under way, which the loop's turns between slices let
         happen) the next push carries them all, one syscall per socket instead of one per
         event; at 19,000 subscribers a push no longer holds the loop for ~95 ms."""
         if not self.live:
@@ -275,8 +275,11 @@ class Tail:
         if framed[-1][0] - first != n - 1:
             uniform = None
         joined: dict[int, bytes] = {}  # the frames from index i on, written as one
-        # Bytes of frames from index i on: the joined write is for batches within JOIN_BYTES.
-        tail_bytes = list(itertools.accumulate(reversed([len(f[3]) for f in framed])))[::-1]
+        # Bytes of frames from index i on (a joined write stays within JOIN_BYTES); only a
+        # batch of several events is ever joined.
+        tail_bytes = [0] * n
+        if n > 1 and uniform is not None:
+            tail_bytes = list(itertools.accumulate(reversed([len(f[3]) for f in framed])))[::-1]
         delivered = 0
         pending = list(self.live.items())
         clock = time.perf_counter

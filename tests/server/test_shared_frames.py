@@ -178,7 +178,7 @@ async def test_events_past_the_join_budget_go_one_write_each(monkeypatch: pytest
         assert (counts.writes, counts.direct) == (20, 20)
 
 
-async def test_a_push_lets_the_loop_run_between_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_push_lets_the_loop_run_between_slices(monkeypatch: pytest.MonkeyPatch) -> None:
     # A slice of one subscriber: what the loop was asked to run during the first write
     # runs before the second subscriber's write, not after the whole fan-out (at 19,000
     # subscribers a push would otherwise hold the loop ~95 ms: no append, reply or ping).
